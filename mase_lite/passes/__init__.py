@@ -1,0 +1,43 @@
+"""Passes: every registered pass is an attribute of this module, by name.
+
+Example::
+
+    import mase_lite as ml
+    mg, info = ml.passes.count(mg)
+    mg, info = ml.passes.quantize(mg, {"by": "type", "default": {"name": None}, "linear": {...}})
+"""
+
+import importlib
+import pkgutil
+
+from mase_lite.passes.registry import (
+    NoParams,
+    PassError,
+    PassInfo,
+    PassParams,
+    all_passes,
+    get_pass,
+    register_pass,
+)
+
+for _family in ("analysis", "transforms"):
+    _pkg = importlib.import_module(f"{__name__}.{_family}")
+    for _mod in pkgutil.iter_modules(_pkg.__path__):
+        if not _mod.name.startswith("_"):
+            importlib.import_module(f"{_pkg.__name__}.{_mod.name}")
+
+
+def __getattr__(name: str) -> PassInfo:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    try:
+        return get_pass(name)
+    except PassError as err:
+        raise AttributeError(str(err)) from None
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(all_passes()))
+
+
+__all__ = ["NoParams", "PassError", "PassInfo", "PassParams", "all_passes", "get_pass", "register_pass"]
