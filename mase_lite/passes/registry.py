@@ -63,6 +63,7 @@ class PassInfo:
     provides: tuple[str, ...] = ()
     doc: str = ""
     module: str = field(default="")
+    replay: bool = False
 
     @property
     def summary(self) -> str:
@@ -88,7 +89,7 @@ class PassInfo:
     def __call__(self, mg, params: PassParams | dict | None = None):
         validated = self.validate(params)
         mg, info = self.fn(mg, validated)
-        if self.kind == "transform" and hasattr(mg, "record_transform"):
+        if self.replay and hasattr(mg, "record_transform"):
             mg.record_transform(self.name, validated.model_dump(mode="json"))
         return mg, dict(info or {})
 
@@ -104,11 +105,14 @@ def register_pass(
     params: type[PassParams] = NoParams,
     requires: tuple[str, ...] | list[str] = (),
     provides: tuple[str, ...] | list[str] = (),
+    replay: bool | None = None,
 ) -> Callable[[Callable], PassInfo]:
     """Register ``fn(mg, params) -> (mg, info)`` as pass ``name``; returns the callable pass.
 
     ``requires`` and ``provides`` name metadata facts (e.g. ``"profile"``) so a pipeline's
-    order is checked before it runs.
+    order is checked before it runs. ``replay`` (default: true for transforms) records the
+    call in the graph's history so ``MaseGraph.load`` can rebuild the same structure;
+    passes that only change weights (training) set it to false.
     """
     if kind not in ("analysis", "transform"):
         raise PassError(f"pass '{name}': kind must be 'analysis' or 'transform', got {kind!r}")
@@ -127,6 +131,7 @@ def register_pass(
             provides=tuple(provides),
             doc=fn.__doc__ or "",
             module=getattr(fn, "__module__", ""),
+            replay=(kind == "transform") if replay is None else replay,
         )
         _REGISTRY[name] = info
         return info

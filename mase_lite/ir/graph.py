@@ -1,0 +1,213 @@
+"""MaseGraph: a captured model, its module-level fx graph, and per-node metadata.
+
+Example::
+
+    import mase_lite as ml
+    mg = ml.MaseGraph(bert, hf_input_names=["input_ids", "attention_mask", "labels"])
+    out = mg.model(input_ids=ids, attention_mask=mask, labels=labels)   # SequenceClassifierOutput
+    [n.name for n in mg.nodes if n.meta["mase"]["op"] == "linear"]
+    mg.draw("bert.svg")
+    mg.save("runs/bert"); mg2 = ml.MaseGraph.load("runs/bert")
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from mase_lite.errors import UserError
+from mase_lite.ir import meta as meta_mod
+from mase_lite.ir.capture import MaseGraphModule, capture, default_dynamic_shapes
+from mase_lite.ir.inputs import TOKEN_INPUTS, forward_parameters, hf_example_inputs
+
+logger = logging.getLogger(__name__)
+
+
+def _check_inputs(names: tuple[str, ...], module: nn.Module, args: tuple, kwargs: dict) -> None:
+    given = list(names[: len(args)]) + list(kwargs)
+    unknown = [k for k in kwargs if k not in names]
+    missing = [n for n in names if n not in given]
+    if unknown or missing or len(args) > len(names):
+        detail = []
+        if missing:
+            detail.append(f"missing: {', '.join(missing)}")
+        if unknown:
+            detail.append(f"not captured: {', '.join(unknown)}")
+        if len(args) > len(names):
+            detail.append(f"{len(args)} positional inputs for {len(names)} captured")
+        raise UserError(
+            f"this graph was captured with inputs ({', '.join(names)}); {'; '.join(detail)}. "
+            "Capture again with the inputs you want to call it with."
+        )
+
+
+class _InputCheck:
+    """Forward pre-hook naming the captured inputs when a call does not match them."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = names
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        _check_inputs(self.names, module, args, kwargs)
+
+
+class MaseGraph:
+    """A model captured with ``torch.export`` and raised to module level.
+
+    Args:
+        model: any ``nn.Module`` taking keyword tensors; HF transformers models included.
+        hf_input_names: for a HF model, the inputs to capture with; examples are made from its config.
+        example_inputs: for any model, ``{name: tensor}`` examples of its keyword inputs.
+        leaf_modules: extra module classes kept as single ``call_module`` nodes.
+        dynamic_shapes: ``torch.export`` dynamic shapes; by default dim 0 (batch) of every input
+            and dim 1 (sequence) of token inputs are dynamic.
+        recipe: how to rebuild the model on load (``{"factory": "pkg.mod:fn", "kwargs": {...}}``);
+            HF models need none.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        hf_input_names: list[str] | None = None,
+        example_inputs: dict[str, Any] | None = None,
+        leaf_modules: tuple[type, ...] | list[type] = (),
+        dynamic_shapes: dict[str, Any] | None = None,
+        recipe: dict[str, Any] | None = None,
+    ):
+        if not isinstance(model, nn.Module):
+            raise UserError(f"MaseGraph needs an nn.Module, got {type(model).__name__}")
+        if hf_input_names is not None and example_inputs is not None:
+            raise UserError("give either hf_input_names or example_inputs, not both")
+        if example_inputs is None:
+            if hf_input_names is None:
+                if not hasattr(model, "config"):
+                    raise UserError(
+                        f"{type(model).__name__} is not a transformers model: pass example_inputs={{name: tensor}}"
+                    )
+                hf_input_names = [n for n in ("input_ids", "attention_mask") if n in forward_parameters(model)]
+            if getattr(getattr(model, "config", None), "use_cache", False):
+                model.config.use_cache = False
+            example_inputs = hf_example_inputs(model, list(hf_input_names))
+        else:
+            accepted = forward_parameters(model)
+            unknown = [k for k in example_inputs if k not in accepted]
+            if unknown:
+                raise UserError(
+                    f"example_inputs: {type(model).__name__}.forward takes no input {unknown[0]!r}; "
+                    f"it accepts: {', '.join(accepted)}"
+                )
+        self.hf_input_names = list(hf_input_names) if hf_input_names is not None else None
+        self.leaf_modules = tuple(leaf_modules)
+        self.input_specs = {
+            k: {"shape": list(v.shape), "dtype": meta_mod.dtype_name(v.dtype)}
+            for k, v in example_inputs.items()
+            if isinstance(v, torch.Tensor)
+        }
+        seq_inputs = TOKEN_INPUTS if self.hf_input_names is not None else set()
+        if dynamic_shapes is None:
+            dynamic_shapes = default_dynamic_shapes(example_inputs, seq_inputs)
+        self.source_model = model
+        self.recipe = recipe
+        self.history: list[dict[str, Any]] = []
+        self.data: Any = None
+        self.run_dir: Path | None = None
+        self.model: MaseGraphModule
+        self.model, _ = capture(model, example_inputs, dynamic_shapes, self.leaf_modules)
+        self.input_names = tuple(example_inputs)
+        self.model.register_forward_pre_hook(_InputCheck(self.input_names), with_kwargs=True)
+        input_dims = {
+            name: ({0: "batch", 1: "seq"} if name in seq_inputs else {0: "batch"}) for name in example_inputs
+        }
+        self.symbol_names = meta_mod.symbol_names(self.model.graph, input_dims)
+        meta_mod.refresh(self)
+
+    @property
+    def nodes(self) -> list[fx.Node]:
+        """The graph's nodes in order."""
+        return list(self.model.graph.nodes)
+
+    @property
+    def modules(self) -> dict[str, nn.Module]:
+        """Every submodule of the graph by qualified name."""
+        return dict(self.model.named_modules())
+
+    def refresh_metadata(self) -> None:
+        """Re-derive ``node.meta["mase"]`` (formats set by transforms are kept)."""
+        meta_mod.refresh(self)
+
+    def recompile(self) -> None:
+        """Check the graph, regenerate the module's code and refresh metadata."""
+        self.model.graph.lint()
+        self.model.recompile()
+        meta_mod.refresh(self)
+
+    def replace_module(self, target: str, new_module: nn.Module) -> None:
+        """Swap submodule ``target`` for ``new_module``; nodes that call it now call the new one."""
+        modules = self.modules
+        if target not in modules or not target:
+            raise UserError(f"no submodule named {target!r} in the graph")
+        parent_name, _, child = target.rpartition(".")
+        parent = modules[parent_name] if parent_name else self.model
+        setattr(parent, child, new_module)
+        meta_mod.refresh(self)
+
+    def erase_node(self, node: fx.Node) -> None:
+        """Remove ``node``; if it still has users, say which and how to rewire them."""
+        if node.users:
+            users = ", ".join(u.name for u in node.users)
+            source = node.all_input_nodes[0].name if node.all_input_nodes else "another node"
+            raise UserError(
+                f"cannot erase node {node.name!r}: still used by {users}. Rewire them first, "
+                f"e.g. node.replace_all_uses_with({source}) to pass its input through, then erase it"
+            )
+        self.model.graph.erase_node(node)
+        if node.op == "call_module" and not any(
+            n.op == "call_module" and n.target == node.target for n in self.model.graph.nodes
+        ):
+            logger.debug("module %s is no longer called", node.target)
+
+    def record_transform(self, name: str, params: dict[str, Any]) -> None:
+        """Append a structural transform to the history that :meth:`load` replays."""
+        self.history.append({"pass": name, "params": params})
+
+    def to(self, device: torch.device | str) -> "MaseGraph":
+        """Move parameters, buffers and every device constant in the graph to ``device``."""
+        device = torch.device(device)
+        self.model.to(device)
+        for node in self.model.graph.nodes:
+            node.args = fx.node.map_aggregate(node.args, lambda a: device if isinstance(a, torch.device) else a)
+            node.kwargs = fx.node.map_aggregate(
+                node.kwargs, lambda a: device if isinstance(a, torch.device) else a
+            )
+        self.model.recompile()
+        return self
+
+    def draw(self, path: str | Path, timeout: float = 60.0) -> Path:
+        """Render the graph with graphviz to ``path`` (.svg, .png or .pdf; .dot writes the source)."""
+        from mase_lite.ir.draw import draw
+
+        return draw(self, path, timeout=timeout)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write weights (safetensors) and the recipe to rebuild this graph (JSON) to ``directory``."""
+        from mase_lite.ir.serialize import save
+
+        return save(self, directory)
+
+    @classmethod
+    def load(cls, directory: str | Path, model: nn.Module | None = None) -> "MaseGraph":
+        """Rebuild a graph saved by :meth:`save` (``model`` is needed only when no recipe was saved)."""
+        from mase_lite.ir.serialize import load
+
+        return load(directory, model=model)
+
+    def __repr__(self) -> str:
+        ops: dict[str, int] = {}
+        for n in self.model.graph.nodes:
+            ops[n.op] = ops.get(n.op, 0) + 1
+        return f"MaseGraph({type(self.source_model).__name__}, inputs={list(self.input_names)}, nodes={ops})"

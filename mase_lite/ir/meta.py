@@ -1,0 +1,145 @@
+"""Node metadata (``node.meta["mase"]``) derived from export's fake tensors, with no eager run.
+
+Each node gets::
+
+    {"op": "linear", "type": "module", "module": "Linear",
+     "args": [{"shape": ["batch", "seq", 128], "dtype": "float32", "format": "float32"}],
+     "results": [{"shape": ["batch", "seq", 128], "dtype": "float32", "format": "float32"}],
+     "params": {"weight": {"shape": [128, 128], "dtype": "float32", "format": "float32"}, ...}}
+
+Example::
+
+    refresh(mg)                       # after a transform
+    mg.nodes[5].meta["mase"]["op"]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from mase_lite.ir.ops import function_packet_name, op_of_function, op_of_module
+
+_NODE_TYPES = {
+    "call_module": "module",
+    "call_function": "function",
+    "call_method": "method",
+    "placeholder": "placeholder",
+    "get_attr": "get_attr",
+    "output": "output",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dim(d: Any, names: dict[str, str]) -> int | str:
+    if isinstance(d, int):
+        return d
+    if isinstance(d, torch.SymInt):
+        expr = d.node.expr
+        if expr.is_number:
+            return int(expr)
+        text = str(expr)
+        for sym, name in sorted(names.items(), key=lambda kv: -len(kv[0])):
+            text = text.replace(sym, name)
+        return text
+    return str(d)
+
+
+def tensor_meta(value: Any, names: dict[str, str], fmt: Any = None) -> dict[str, Any] | None:
+    """Shape, dtype and format of a (fake) tensor; ``None`` for non-tensors."""
+    if isinstance(value, torch.Tensor):
+        dtype = dtype_name(value.dtype)
+        return {"shape": [_dim(d, names) for d in value.shape], "dtype": dtype, "format": fmt or dtype}
+    if isinstance(value, (torch.SymInt, int, float, bool)):
+        return {"shape": [], "dtype": type(value).__name__.lower(), "format": type(value).__name__.lower()}
+    return None
+
+
+def _values(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return [v for item in value for v in _values(item)]
+    return [value]
+
+
+def _arg_values(node: fx.Node) -> list[Any]:
+    vals = []
+    for a in node.all_input_nodes:
+        vals.append(a.meta.get("val"))
+    return vals
+
+
+def _previous_formats(node: fx.Node) -> dict[str, Any]:
+    """Formats set by transforms survive a refresh."""
+    old = node.meta.get("mase") or {}
+    keep: dict[str, Any] = {}
+    for key in ("args", "results"):
+        keep[key] = [e.get("format") if isinstance(e, dict) else None for e in old.get(key, [])]
+    keep["params"] = {k: v.get("format") for k, v in (old.get("params") or {}).items()}
+    return keep
+
+
+def node_meta(node: fx.Node, modules: dict[str, torch.nn.Module], names: dict[str, str]) -> dict[str, Any]:
+    """The ``meta["mase"]`` dict of one node."""
+    previous = _previous_formats(node)
+    meta: dict[str, Any] = {"type": _NODE_TYPES.get(node.op, node.op), "module": None}
+    if node.op == "call_module":
+        module = modules[node.target]
+        meta["op"] = op_of_module(module)
+        meta["module"] = type(module).__name__
+        params = {}
+        for pname, p in list(module.named_parameters()) + list(module.named_buffers()):
+            fmt = previous["params"].get(pname)
+            params[pname] = tensor_meta(p, names, fmt) | {"trainable": bool(p.requires_grad)}
+        meta["params"] = params
+    elif node.op == "call_function":
+        meta["op"] = op_of_function(node.target)
+        if meta["op"] == "unknown":
+            meta["target"] = function_packet_name(node.target)
+    elif node.op == "placeholder":
+        meta["op"] = "placeholder"
+    elif node.op == "output":
+        meta["op"] = "output"
+    elif node.op == "get_attr":
+        meta["op"] = "constant"
+    else:
+        meta["op"] = "unknown"
+        meta["target"] = str(node.target)
+    arg_fmts = previous["args"]
+    meta["args"] = [
+        tensor_meta(v, names, arg_fmts[i] if i < len(arg_fmts) else None)
+        for i, v in enumerate(_arg_values(node))
+    ]
+    res_fmts = previous["results"]
+    results = [] if node.op == "output" else _values(node.meta.get("val"))
+    meta["results"] = [
+        tensor_meta(v, names, res_fmts[i] if i < len(res_fmts) else None) for i, v in enumerate(results)
+    ]
+    meta.setdefault("params", {})
+    return meta
+
+
+def symbol_names(graph: fx.Graph, input_dims: dict[str, dict[int, str]]) -> dict[str, str]:
+    """Map export's shape symbols (``s0``) to names (``batch``) from the inputs' dimensions."""
+    names: dict[str, str] = {}
+    for node in graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val")
+        for dim, name in input_dims.get(node.target, {}).items():
+            if isinstance(val, torch.Tensor) and dim < val.dim():
+                d = val.shape[dim]
+                if isinstance(d, torch.SymInt) and d.node.expr.is_symbol:
+                    names.setdefault(str(d.node.expr), name)
+    return names
+
+
+def refresh(mg) -> None:
+    """Re-derive ``meta["mase"]`` for every node of ``mg`` (keeps formats set by transforms)."""
+    modules = dict(mg.model.named_modules())
+    for node in mg.model.graph.nodes:
+        node.meta["mase"] = node_meta(node, modules, mg.symbol_names)

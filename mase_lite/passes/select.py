@@ -1,0 +1,66 @@
+"""Node selection shared by every pass that targets part of a graph: by op type, node name or regex.
+
+Example::
+
+    nodes = select_nodes(mg, by="type", targets=["linear"])
+    nodes = select_nodes(mg, by="regex", targets=[r".*attention_self_(query|key)$"])
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Literal
+
+import torch.fx as fx
+from pydantic import Field
+
+from mase_lite.passes.registry import PassError, PassParams
+
+logger = logging.getLogger(__name__)
+
+SelectBy = Literal["type", "name", "regex"]
+
+
+class Selection(PassParams):
+    """Which nodes a pass acts on."""
+
+    by: SelectBy = Field("type", description="match targets against op types, node names, or regexes on node names")
+    targets: list[str] = Field(default_factory=lambda: ["linear"], description="op types, node names or patterns")
+    allow_empty: bool = Field(False, description="warn instead of failing when nothing matches")
+
+
+def node_matches(node: fx.Node, by: SelectBy, target: str) -> bool:
+    """Whether ``node`` is selected by one ``target`` under rule ``by``."""
+    meta = node.meta.get("mase", {})
+    if by == "type":
+        return target in (meta.get("op"), meta.get("module"))
+    if by == "name":
+        return target in (node.name, node.target if node.op == "call_module" else None)
+    return re.fullmatch(target, node.name) is not None or (
+        node.op == "call_module" and re.fullmatch(target, str(node.target)) is not None
+    )
+
+
+def select_nodes(
+    mg, by: SelectBy, targets: list[str], allow_empty: bool = False, modules_only: bool = False
+) -> list[fx.Node]:
+    """Nodes of ``mg`` matched by any of ``targets``; a clear error (or a warning) when none match."""
+    if by == "regex":
+        for t in targets:
+            try:
+                re.compile(t)
+            except re.error as err:
+                raise PassError(f"targets: {t!r} is not a valid regex ({err})") from None
+    candidates = [n for n in mg.model.graph.nodes if not modules_only or n.op == "call_module"]
+    chosen = [n for n in candidates if any(node_matches(n, by, t) for t in targets)]
+    if not chosen:
+        if by == "type":
+            known = sorted({str(n.meta.get("mase", {}).get("op")) for n in candidates})
+        else:
+            known = [n.name for n in candidates][:40]
+        msg = f"selection by {by} with targets {targets} matches no node; available: {', '.join(known)}"
+        if not allow_empty:
+            raise PassError(msg)
+        logger.warning(msg)
+    return chosen
