@@ -1,3 +1,25 @@
-"""mase_lite: capture a PyTorch model into a graph IR, then annotate, compress and explore it."""
+"""mase_lite: capture a PyTorch model into a graph IR, then annotate, compress and explore it.
+
+Example::
+
+    import mase_lite as ml
+    mg = ml.MaseGraph(model, hf_input_names=["input_ids", "attention_mask", "labels"])
+    mg, info = ml.passes.count(mg)
+    result = ml.run_pipeline("pipelines/quickstart.json")
+"""
+
+from mase_lite import passes
+from mase_lite.errors import UserError
+from mase_lite.ir.graph import MaseGraph
 
 __version__ = "0.1.0"
+
+
+def run_pipeline(source, output_dir=None):
+    """Run a pipeline spec (path, dict or PipelineSpec); see :func:`mase_lite.pipeline.runner.run_pipeline`."""
+    from mase_lite.pipeline.runner import run_pipeline as run
+
+    return run(source, output_dir=output_dir)
+
+
+__all__ = ["MaseGraph", "UserError", "passes", "run_pipeline", "__version__"]

@@ -129,11 +129,18 @@ def _group_inputs(nodes: list[fx.Node]) -> list[fx.Node]:
     return inputs
 
 
-def _order_by_signature(inputs: list[fx.Node], signature) -> list[fx.Node] | None:
-    by_name = {n.name: n for n in inputs}
-    names = [getattr(a, "name", None) for a in signature.inputs]
-    ordered = [by_name[n] for n in names if n in by_name]
-    return ordered if len(ordered) == len(inputs) else None
+def _order_by_signature(
+    inputs: list[fx.Node], signature, by_name: dict[str, fx.Node], replaced: dict[fx.Node, fx.Node]
+) -> list[fx.Node]:
+    """``inputs`` in the order of the module's recorded call signature; [] when they do not match."""
+    ordered = []
+    for arg in signature.inputs:
+        node = by_name.get(getattr(arg, "name", None))
+        while node in replaced:
+            node = replaced[node]
+        if node in inputs:
+            ordered.append(node)
+    return ordered if len(ordered) == len(inputs) else []
 
 
 def raise_leaf_calls(
@@ -153,6 +160,8 @@ def raise_leaf_calls(
             groups.setdefault(key, (fqn, []))[1].append(node)
 
     order = {n: i for i, n in enumerate(graph.nodes)}
+    by_name = {n.name: n for n in graph.nodes}
+    replaced: dict[fx.Node, fx.Node] = {}
     calls_seen: dict[str, int] = {}
     raised = 0
     for key, (fqn, nodes) in groups.items():
@@ -163,9 +172,10 @@ def raise_leaf_calls(
         outputs = [n for n in nodes if any(u not in members for u in n.users)]
         if len(inputs) > 1:
             calls = (signatures or {}).get(fqn, [])
-            inputs = _order_by_signature(inputs, calls[call_index]) if call_index < len(calls) else None
+            sig = calls[call_index] if call_index < len(calls) else None
+            inputs = _order_by_signature(inputs, sig, by_name, replaced) if sig is not None else []
         if len(outputs) != 1 or not inputs:
-            logger.debug("leaving %s (%s) inlined: %d inputs, %d outputs", key, fqn, len(inputs), len(outputs))
+            logger.debug("leaving %s (%s) inlined: %d outputs, inputs not matched", key, fqn, len(outputs))
             continue
         out = outputs[0]
         if any(order[a] > order[out] for a in inputs):
@@ -174,6 +184,7 @@ def raise_leaf_calls(
             new = graph.create_node("call_module", fqn, tuple(inputs))
         new.meta = dict(out.meta)
         order[new] = order[out]
+        replaced[out] = new
         out.replace_all_uses_with(new)
         for n in sorted(nodes, key=order.__getitem__, reverse=True):
             graph.erase_node(n)

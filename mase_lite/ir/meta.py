@@ -5,7 +5,11 @@ Each node gets::
     {"op": "linear", "type": "module", "module": "Linear",
      "args": [{"shape": ["batch", "seq", 128], "dtype": "float32", "format": "float32"}],
      "results": [{"shape": ["batch", "seq", 128], "dtype": "float32", "format": "float32"}],
-     "params": {"weight": {"shape": [128, 128], "dtype": "float32", "format": "float32"}, ...}}
+     "params": {"weight": {"shape": [128, 128], "dtype": "float32", "format": "float32", "trainable": True},
+                "mask": {..., "buffer": True}}}
+
+A module that stores its weight packed (no ``weight`` parameter) describes it with a
+``mase_weight_meta()`` method returning the same kind of dict.
 
 Example::
 
@@ -92,9 +96,12 @@ def node_meta(node: fx.Node, modules: dict[str, torch.nn.Module], names: dict[st
         meta["op"] = op_of_module(module)
         meta["module"] = type(module).__name__
         params = {}
-        for pname, p in list(module.named_parameters()) + list(module.named_buffers()):
-            fmt = previous["params"].get(pname)
-            params[pname] = tensor_meta(p, names, fmt) | {"trainable": bool(p.requires_grad)}
+        for pname, p in module.named_parameters():
+            params[pname] = tensor_meta(p, names, previous["params"].get(pname)) | {"trainable": p.requires_grad}
+        for pname, b in module.named_buffers():
+            params[pname] = tensor_meta(b, names, previous["params"].get(pname)) | {"buffer": True}
+        if hasattr(module, "mase_weight_meta"):
+            params["weight"] = module.mase_weight_meta()
         meta["params"] = params
     elif node.op == "call_function":
         meta["op"] = op_of_function(node.target)

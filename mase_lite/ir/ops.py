@@ -191,15 +191,24 @@ _PYTHON_OPS = {
 }
 
 
+def _known_base(cls: type) -> str | None:
+    for base in cls.__mro__:
+        if base.__name__ in MODULE_OPS:
+            return base.__name__
+    return None
+
+
 def is_leaf_class(cls: type, extra: tuple[type, ...] = ()) -> bool:
-    """Whether modules of class ``cls`` become one ``call_module`` node."""
-    return cls.__name__ in MODULE_OPS or (bool(extra) and issubclass(cls, extra))
+    """Whether modules of class ``cls`` (or a subclass of a leaf class) become one ``call_module`` node."""
+    return _known_base(cls) is not None or hasattr(cls, "mase_op") or (bool(extra) and issubclass(cls, extra))
 
 
 def op_of_module(module: nn.Module) -> str:
-    """The op name of a leaf module; user leaf classes are named after their class."""
-    name = type(module).__name__
-    return MODULE_OPS.get(name, getattr(module, "mase_op", name.lower()))
+    """The op name of a leaf module: its ``mase_op`` attribute, its (base) class's op, or its class name."""
+    if hasattr(module, "mase_op"):
+        return module.mase_op
+    base = _known_base(type(module))
+    return MODULE_OPS[base] if base else type(module).__name__.lower()
 
 
 def function_packet_name(target: Any) -> str:

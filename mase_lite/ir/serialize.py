@@ -1,0 +1,197 @@
+"""Save and load a MaseGraph: safetensors weights plus a JSON recipe; nothing is pickled.
+
+The recipe says how to rebuild the model (HF class and config, or a factory), which inputs it
+was captured with, and which structural transforms to replay before the weights are loaded.
+
+Example::
+
+    mg.save("runs/bert.v1")            # dots in paths are fine
+    mg = MaseGraph.load("runs/bert.v1")
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import safetensors
+import safetensors.torch
+import torch
+import torch.nn as nn
+
+from mase_lite.errors import UserError
+
+RECIPE = "recipe.json"
+WEIGHTS = "model.safetensors"
+FORMAT_VERSION = 1
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _import(qualname: str) -> Any:
+    module_name, _, attr = qualname.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as err:
+        raise UserError(f"cannot import {qualname!r}: {err}") from None
+    return obj
+
+
+def model_recipe(model: nn.Module) -> dict[str, Any] | None:
+    """How to rebuild ``model`` without its weights; ``None`` when mase_lite cannot tell."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "to_dict") and type(model).__module__.startswith("transformers"):
+        return {
+            "hf_class": type(model).__name__,
+            "hf_config": config.to_dict(),
+            "attn_implementation": getattr(config, "_attn_implementation", None),
+        }
+    return None
+
+
+def build_from_recipe(recipe: dict[str, Any]) -> nn.Module:
+    """A freshly initialised model from a recipe written by :func:`model_recipe` or a factory."""
+    if "factory" in recipe:
+        factory = _import(recipe["factory"])
+        return factory(**recipe.get("kwargs", {}))
+    import transformers
+
+    cls = getattr(transformers, recipe["hf_class"], None)
+    if cls is None:
+        raise UserError(f"recipe: transformers has no model class {recipe['hf_class']!r}")
+    config = cls.config_class.from_dict(recipe["hf_config"])
+    kwargs = {"attn_implementation": recipe["attn_implementation"]} if recipe.get("attn_implementation") else {}
+    return cls._from_config(config, **kwargs)
+
+
+def _example_inputs(specs: dict[str, dict[str, Any]]) -> dict[str, torch.Tensor]:
+    inputs = {}
+    for name, spec in specs.items():
+        dtype = getattr(torch, spec["dtype"])
+        if dtype.is_floating_point:
+            inputs[name] = torch.randn(spec["shape"], dtype=dtype)
+        else:
+            inputs[name] = torch.zeros(spec["shape"], dtype=dtype)
+    return inputs
+
+
+def save(mg, directory: str | Path) -> Path:
+    """Write ``model.safetensors`` and ``recipe.json`` into ``directory`` (replaced atomically)."""
+    directory = Path(directory)
+    recipe = {
+        "format": FORMAT_VERSION,
+        "model": mg.recipe or model_recipe(mg.source_model),
+        "hf_input_names": mg.hf_input_names,
+        "input_specs": mg.input_specs,
+        "leaf_modules": [_qualname(c) for c in mg.leaf_modules],
+        "transforms": mg.history,
+    }
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        state = {k: v.detach().to("cpu") for k, v in mg.model.state_dict().items()}
+        unique = _drop_aliases(state)
+        safetensors.torch.save_file(unique, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / RECIPE).write_text(json.dumps(recipe, indent=2, default=str))
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def _drop_aliases(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Keep one name per shared tensor (tied weights); the rest are restored by the model itself."""
+    seen: dict[tuple, str] = {}
+    unique = {}
+    for name, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
+        if t.numel() and key in seen:
+            continue
+        seen[key] = name
+        unique[name] = t.contiguous()
+    return unique
+
+
+def _read_recipe(directory: Path) -> dict[str, Any]:
+    path = directory / RECIPE
+    if not path.is_file():
+        raise UserError(f"{directory} is not a saved MaseGraph: {RECIPE} is missing")
+    try:
+        recipe = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path} is not valid JSON: {err}") from None
+    if recipe.get("format") != FORMAT_VERSION:
+        raise UserError(f"{path}: unsupported format {recipe.get('format')!r} (expected {FORMAT_VERSION})")
+    return recipe
+
+
+def _load_weights(model: nn.Module, path: Path) -> None:
+    try:
+        state = safetensors.torch.load_file(str(path), device="cpu")
+    except (safetensors.SafetensorError, OSError, ValueError) as err:
+        raise UserError(f"{path} is not a readable safetensors checkpoint: {err}") from None
+    expected = model.state_dict()
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise UserError(f"{path}: checkpoint has tensors the model lacks: {', '.join(unexpected[:5])}")
+    missing = []
+    for name, target in expected.items():
+        if name not in state:
+            missing.append(name)
+            continue
+        if tuple(state[name].shape) != tuple(target.shape):
+            raise UserError(
+                f"{path}: tensor {name!r} has shape {list(state[name].shape)} in the checkpoint "
+                f"but {list(target.shape)} in the model"
+            )
+    tied = _tied_names(model)
+    really_missing = [m for m in missing if m not in tied]
+    if really_missing:
+        raise UserError(f"{path}: checkpoint lacks tensors the model needs: {', '.join(really_missing[:5])}")
+    model.load_state_dict(state, strict=False)
+
+
+def _tied_names(model: nn.Module) -> set[str]:
+    names: dict[int, list[str]] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        names.setdefault(id(t), []).append(name)
+    return {n for group in names.values() if len(group) > 1 for n in group}
+
+
+def load(directory: str | Path, model: nn.Module | None = None):
+    """Rebuild the graph saved in ``directory``: model, capture, replayed transforms, weights."""
+    from mase_lite.ir.graph import MaseGraph
+    from mase_lite.passes.registry import get_pass
+
+    directory = Path(directory)
+    recipe = _read_recipe(directory)
+    if model is None:
+        if recipe["model"] is None:
+            raise UserError(
+                f"{directory}: no recipe to rebuild the model was saved; pass the model: MaseGraph.load(dir, model=...)"
+            )
+        model = build_from_recipe(recipe["model"])
+    leaf = tuple(_import(q) for q in recipe["leaf_modules"])
+    if recipe["hf_input_names"] is not None:
+        mg = MaseGraph(model, hf_input_names=recipe["hf_input_names"], leaf_modules=leaf, recipe=recipe["model"])
+    else:
+        mg = MaseGraph(
+            model, example_inputs=_example_inputs(recipe["input_specs"]), leaf_modules=leaf, recipe=recipe["model"]
+        )
+    for step in recipe["transforms"]:
+        mg, _ = get_pass(step["pass"])(mg, step["params"])
+    _load_weights(mg.model, directory / WEIGHTS)
+    mg.model.eval()
+    return mg
