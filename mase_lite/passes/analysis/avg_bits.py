@@ -1,0 +1,66 @@
+"""The ``avg_bits`` pass: element-weighted average stored bits of weights and activations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from mase_lite.ir.shapes import numel
+from mase_lite.passes.registry import PassParams, register_pass
+
+# Ops whose inputs are the activations a precision search cares about.
+COMPUTE_OPS = ("linear", "hf_conv1d", "conv1d", "conv2d", "conv3d", "matmul", "bmm")
+
+
+class AvgBitsParams(PassParams):
+    ops: list[str] = Field(default_factory=lambda: list(COMPUTE_OPS), description="ops whose weights and inputs count")
+    dims: dict[str, int] = Field(
+        default_factory=lambda: {"batch": 1, "seq": 128}, description="values of symbolic dims for activation sizes"
+    )
+
+
+def format_bits(fmt: Any) -> float:
+    """Stored bits per element of a metadata format: a dtype name or a number-format dict."""
+    if isinstance(fmt, dict):
+        from mase_lite.numerics import bits_per_element
+
+        return float(bits_per_element(fmt))
+    dtype = getattr(torch, str(fmt), None)
+    if isinstance(dtype, torch.dtype):
+        return float(torch.finfo(dtype).bits if dtype.is_floating_point else torch.iinfo(dtype).bits)
+    return 32.0
+
+
+def _average(pairs: list[tuple[int, float]]) -> float | None:
+    total = sum(n for n, _ in pairs)
+    return sum(n * b for n, b in pairs) / total if total else None
+
+
+@register_pass("avg_bits", kind="analysis", params=AvgBitsParams)
+def avg_bits_pass(mg, params: AvgBitsParams):
+    """Average stored bits per element of weights and of activations (inputs) of compute ops.
+
+    Shared scales count (an MXINT8 weight is 8.25 bits). Example:
+    ``ml.passes.avg_bits(mg)[1]["weights"]`` → 32.0 before quantization.
+    """
+    weights: list[tuple[int, float]] = []
+    acts: list[tuple[int, float]] = []
+    per_node = {}
+    for node in mg.model.graph.nodes:
+        meta = node.meta["mase"]
+        if meta["op"] not in params.ops:
+            continue
+        w = [(numel(p["shape"], params.dims), format_bits(p["format"])) for p in meta["params"].values() if p and not p.get("buffer")]
+        a = [(numel(x["shape"], params.dims), format_bits(x["format"])) for x in meta["args"] if x and x["shape"]]
+        weights += w
+        acts += a
+        per_node[node.name] = {"weights": _average(w), "activations": _average(a)}
+    return mg, {
+        "weights": _average(weights),
+        "activations": _average(acts),
+        "weight_elements": sum(n for n, _ in weights),
+        "activation_elements": sum(n for n, _ in acts),
+        "per_node": per_node,
+    }

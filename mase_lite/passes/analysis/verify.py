@@ -1,0 +1,58 @@
+"""The ``verify`` pass: graph lint plus metadata consistency."""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from mase_lite.ir.meta import dtype_name
+from mase_lite.passes.registry import PassError, PassParams, register_pass
+
+
+class VerifyParams(PassParams):
+    strict: bool = Field(True, description="raise on the first inconsistency instead of only reporting it")
+
+
+def _check_node(node, modules) -> list[str]:
+    problems = []
+    meta = node.meta.get("mase")
+    if meta is None:
+        return [f"{node.name}: no meta['mase'] (run the metadata pass)"]
+    if node.op == "call_module":
+        module = modules.get(node.target)
+        if module is None:
+            return [f"{node.name}: calls missing submodule {node.target!r}"]
+        for name, p in list(module.named_parameters()) + list(module.named_buffers()):
+            recorded = meta["params"].get(name)
+            if recorded is None:
+                problems.append(f"{node.name}: parameter {name!r} missing from metadata")
+            elif recorded["dtype"] != dtype_name(p.dtype) or recorded["shape"] != list(p.shape):
+                problems.append(f"{node.name}: parameter {name!r} metadata {recorded['shape']} does not match {list(p.shape)}")
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and meta["results"]:
+        res = meta["results"][0]
+        if res is None or len(res["shape"]) != val.dim() or res["dtype"] != dtype_name(val.dtype):
+            problems.append(f"{node.name}: result metadata {res} does not match the traced value")
+    if meta.get("op") == "unknown" and "target" not in meta:
+        problems.append(f"{node.name}: unknown op without a target")
+    return problems
+
+
+@register_pass("verify", kind="analysis", params=VerifyParams)
+def verify_pass(mg, params: VerifyParams):
+    """Lint the graph and check every node's metadata against the graph and its modules.
+
+    Example: ``mg, info = ml.passes.verify(mg, {"strict": False}); info["problems"]``.
+    """
+    problems = []
+    try:
+        mg.model.graph.lint()
+    except Exception as err:
+        problems.append(f"graph lint: {err}")
+    modules = mg.modules
+    for node in mg.model.graph.nodes:
+        problems.extend(_check_node(node, modules))
+    unknown = sorted({n.meta["mase"].get("target", "") for n in mg.model.graph.nodes if n.meta.get("mase", {}).get("op") == "unknown"})
+    if problems and params.strict:
+        raise PassError("verify found problems:\n" + "\n".join(problems))
+    return mg, {"ok": not problems, "problems": problems, "unknown_ops": unknown}
