@@ -1,0 +1,80 @@
+"""``MXInt8Linear``: a Linear layer whose weight is stored packed as MXINT8 codes and scales.
+
+Example::
+
+    >>> import torch
+    >>> packed = MXInt8Linear.from_linear(torch.nn.Linear(64, 8))
+    >>> sorted(packed.state_dict())
+    ['bias', 'codes', 'scales']
+    >>> packed(torch.randn(3, 64)).shape
+    torch.Size([3, 8])
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from mase_lite.errors import UserError
+from mase_lite.kernels.mxint8.codec import DEFAULT_BLOCK_SIZE, quantize
+from mase_lite.kernels.mxint8.ops import dequantize, mxint8_linear
+
+
+class MXInt8Linear(nn.Module):
+    """``y = x @ W.T + b`` with W held as int8 ``codes`` and uint8 E8M0 ``scales`` buffers.
+
+    The bias stays a float parameter. 1 + 1/32 bytes per weight instead of 4: 74.2 % less.
+    The state dict holds only tensors (``codes``, ``scales``, ``bias``), so it saves as safetensors.
+    In a graph its op is ``linear``; its metadata shows the packed weight in the MXINT8 format.
+    """
+
+    mase_op = "linear"
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 block_size: int = DEFAULT_BLOCK_SIZE, scale_rule: str = "floor",
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        if in_features < 1 or out_features < 1 or block_size < 1:
+            raise UserError(f"MXInt8Linear needs positive sizes, got in_features={in_features}, "
+                            f"out_features={out_features}, block_size={block_size}")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.block_size = block_size
+        self.scale_rule = scale_rule
+        blocks = -(-in_features // block_size)
+        self.register_buffer("codes", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
+        self.register_buffer("scales", torch.zeros(out_features, blocks, dtype=torch.uint8, device=device))
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device))
+        else:
+            self.register_parameter("bias", None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, block_size: int = DEFAULT_BLOCK_SIZE,
+                    scale_rule: str = "floor") -> MXInt8Linear:
+        """Pack ``linear``'s weight on its own device; the bias is copied with its dtype."""
+        weight = linear.weight.detach()
+        module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                     block_size=block_size, scale_rule=scale_rule, device=weight.device, dtype=weight.dtype)
+        codes, scales = quantize(weight, block_size, scale_rule)
+        module.codes.copy_(codes)
+        module.scales.copy_(scales)
+        if linear.bias is not None:
+            module.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=linear.bias.requires_grad)
+        return module
+
+    def forward(self, x: Tensor) -> Tensor:
+        return mxint8_linear(x, self.codes, self.scales, self.bias, self.block_size)
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """The weight these codes stand for, ``[out_features, in_features]`` in ``dtype``."""
+        return dequantize(self.codes, self.scales, self.block_size, dtype)
+
+    def mase_weight_meta(self) -> dict:
+        """The packed weight as graph metadata: its logical shape and its MXINT8 format."""
+        fmt = {"name": "mxint", "element_width": 8, "block_size": self.block_size, "scale_rule": self.scale_rule}
+        return {"shape": [self.out_features, self.in_features], "dtype": "int8", "format": fmt, "trainable": False}
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, block_size={self.block_size}, scale_rule={self.scale_rule!r}")

@@ -1,0 +1,173 @@
+"""Block formats: ``block_fp``, ``block_minifloat``, ``block_log`` — a shared exponent or bias per block.
+
+A block is ``block_size`` consecutive elements of the last dimension; rows are zero-padded on their
+own. The shared value is chosen from the block's largest *finite* magnitude: NaN stays NaN, ±Inf
+saturates to the block's largest value, an all-zero block stays zero. Rounding is half to even;
+elements saturate at the block's largest value.
+
+``block_fp``: a shared exponent ``E = floor(log2(amax))`` (``exponent_width`` bits, bias
+``exponent_bias``, so E is clamped to ``[-bias, 2**e - 1 - bias]``) and sign-magnitude integer
+mantissas of ``width`` bits (sign included): element = ``q * 2**(E - (width - 2))``,
+``|q| <= 2**(width-1) - 1``. Bits per element: ``width + exponent_width / block_size``.
+
+``block_minifloat``: elements are minifloats (IEEE style, ``exponent_width`` exponent bits,
+``width - 1 - exponent_width`` mantissa bits) whose exponent bias is shared per block, stored as
+a signed ``exponent_bias_width``-bit integer. The bias puts the block's top binade on its largest
+magnitude (``bias = 2**e - 1 - floor(log2(amax))``, clamped to the bias range), so blocks of small
+values keep their precision. Bits per element: ``width + exponent_bias_width / block_size``.
+
+``block_log``: elements are ``log`` values (sign + ``width - 1``-bit exponent code, code 0 = zero)
+with a shared signed ``exponent_bias_width``-bit bias that puts the top code on the power of two
+nearest the block's largest magnitude. Bits per element: ``width + exponent_bias_width / block_size``.
+
+Example::
+
+    quantize(torch.tensor([[0.01, 0.003, -0.0071, 0.0]]), "block_minifloat",
+             width=8, exponent_width=4, block_size=4)   # small blocks keep their values
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor
+
+from mase_lite.numerics.blocks import finite_amax, from_blocks, per_element, to_blocks
+from mase_lite.numerics.exponents import (
+    floor_log2,
+    largest_float,
+    largest_float32_at_most,
+    mul_pow2,
+    round_to_float,
+)
+from mase_lite.numerics.registry import FormatParams, register_format
+
+
+class BlockFPParams(FormatParams):
+    width: int = Field(ge=2, le=32, description="mantissa bits per element, sign included")
+    exponent_width: int = Field(8, ge=1, le=8, description="bits of the shared exponent")
+    exponent_bias: int | None = Field(None, ge=-127, le=127, description="shared-exponent bias; default 2**(e-1) - 1")
+    block_size: int = Field(16, ge=1, description="elements of the last dimension per shared exponent")
+
+    @property
+    def bias(self) -> int:
+        return self.exponent_bias if self.exponent_bias is not None else 2 ** (self.exponent_width - 1) - 1
+
+    @property
+    def shared_bits(self) -> int:
+        return self.exponent_width
+
+
+class BlockMinifloatParams(FormatParams):
+    width: int = Field(ge=2, le=32, description="bits per element: sign + exponent + mantissa")
+    exponent_width: int = Field(ge=1, le=7, description="exponent bits per element (less than width)")
+    exponent_bias_width: int = Field(8, ge=1, le=8, description="bits of the shared, signed exponent bias")
+    block_size: int = Field(16, ge=1, description="elements of the last dimension per shared bias")
+
+    @property
+    def shared_bits(self) -> int:
+        return self.exponent_bias_width
+
+    @model_validator(mode="after")
+    def _fits(self) -> "BlockMinifloatParams":
+        if self.exponent_width >= self.width:
+            raise ValueError(
+                f"exponent_width={self.exponent_width} must be < width={self.width} "
+                f"(allowed: 1..{self.width - 1}; one bit is the sign)"
+            )
+        return self
+
+
+class BlockLogParams(FormatParams):
+    width: int = Field(ge=2, le=8, description="bits per element: sign + exponent code")
+    exponent_bias_width: int = Field(8, ge=1, le=8, description="bits of the shared, signed exponent bias")
+    block_size: int = Field(16, ge=1, description="elements of the last dimension per shared bias")
+
+    @property
+    def shared_bits(self) -> int:
+        return self.exponent_bias_width
+
+
+def _block_bits(p: BlockFPParams | BlockMinifloatParams | BlockLogParams) -> float:
+    """Element bits plus the block's shared exponent (or bias) spread over its elements."""
+    return p.width + p.shared_bits / p.block_size
+
+
+def _signed_range(bits: int) -> tuple[int, int]:
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
+def _block_fp_layout(blocks: Tensor, p: BlockFPParams) -> tuple[Tensor, Tensor]:
+    """Per block: the quantum exponent and the largest magnitude."""
+    shared = floor_log2(finite_amax(blocks)).clamp(-p.bias, 2**p.exponent_width - 1 - p.bias)
+    quantum = shared - (p.width - 2)
+    largest_code = largest_float32_at_most(2.0 ** (p.width - 1) - 1)
+    largest = mul_pow2(torch.full_like(blocks[..., :1], largest_code), quantum)
+    return quantum, largest
+
+
+def _bounds_from(layout):
+    def bounds(x: Tensor, p) -> tuple[Tensor, Tensor]:
+        blocks = to_blocks(x, p.block_size)
+        largest = per_element(layout(blocks, p)[-1], blocks, x.shape)
+        return -largest, largest
+
+    return bounds
+
+
+@register_format(
+    "block_fp", params=BlockFPParams, bits=lambda p, shape: _block_bits(p), bounds=_bounds_from(_block_fp_layout)
+)
+def block_fp(x: Tensor, p: BlockFPParams) -> Tensor:
+    """Block floating point: integer mantissas sharing one exponent per block."""
+    blocks = to_blocks(x, p.block_size)
+    quantum, largest = _block_fp_layout(blocks, p)
+    codes = torch.round(mul_pow2(blocks, -quantum))
+    values = mul_pow2(codes, quantum)
+    return from_blocks(torch.minimum(torch.maximum(values, -largest), largest), x.shape)
+
+
+def _block_minifloat_layout(blocks: Tensor, p: BlockMinifloatParams) -> tuple[Tensor, Tensor, Tensor]:
+    """Per block: min normal exponent, max exponent and largest magnitude of the elements."""
+    lo, hi = _signed_range(p.exponent_bias_width)
+    top = 2**p.exponent_width - 1
+    bias = (top - floor_log2(finite_amax(blocks))).clamp(lo, hi)
+    mantissa = p.width - 1 - p.exponent_width
+    return 1 - bias, top - bias, largest_float(mantissa, top - bias)
+
+
+@register_format(
+    "block_minifloat",
+    params=BlockMinifloatParams,
+    bits=lambda p, shape: _block_bits(p),
+    bounds=_bounds_from(_block_minifloat_layout),
+)
+def block_minifloat(x: Tensor, p: BlockMinifloatParams) -> Tensor:
+    """Minifloat elements with a per-block exponent bias aligned to the block's largest magnitude."""
+    blocks = to_blocks(x, p.block_size)
+    min_exponent, max_exponent, _ = _block_minifloat_layout(blocks, p)
+    return from_blocks(round_to_float(blocks, p.width - 1 - p.exponent_width, min_exponent, max_exponent), x.shape)
+
+
+def _nearest_power_exponent(amax: Tensor) -> Tensor:
+    """The exponent of the power of two nearest ``amax`` by value (ties up), at most 127."""
+    mantissa, exponent = torch.frexp(amax)
+    return (exponent - 1 + (mantissa >= 0.75).to(exponent.dtype)).clamp(max=127)
+
+
+def _block_log_layout(blocks: Tensor, p: BlockLogParams) -> tuple[Tensor, Tensor, Tensor]:
+    """Per block: smallest and largest nonzero exponent, and the largest magnitude."""
+    lo, hi = _signed_range(p.exponent_bias_width)
+    top = 2 ** (p.width - 1) - 1
+    bias = (top - _nearest_power_exponent(finite_amax(blocks))).clamp(lo, hi)
+    return 1 - bias, top - bias, largest_float(0, top - bias)
+
+
+@register_format(
+    "block_log", params=BlockLogParams, bits=lambda p, shape: _block_bits(p), bounds=_bounds_from(_block_log_layout)
+)
+def block_log(x: Tensor, p: BlockLogParams) -> Tensor:
+    """Powers of two with a per-block exponent bias aligned to the block's largest magnitude."""
+    blocks = to_blocks(x, p.block_size)
+    min_exponent, max_exponent, _ = _block_log_layout(blocks, p)
+    return from_blocks(round_to_float(blocks, 0, min_exponent, max_exponent), x.shape)

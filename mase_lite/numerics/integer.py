@@ -1,0 +1,54 @@
+"""Fixed point: ``integer`` — a ``width``-bit integer code times ``2**-frac_width``.
+
+Signed codes are two's complement, ``[-2**(width-1), 2**(width-1) - 1]``; unsigned codes
+``[0, 2**width - 1]``. Rounding is half to even (``floor=True``: toward -inf); out-of-range
+values and ±Inf saturate to the end codes; NaN stays NaN. Stored bits per element: ``width``.
+
+Example::
+
+    quantize(torch.tensor([0.3, 100.0, -9.0]), "integer", width=8, frac_width=4)
+    # tensor([0.3125, 7.9375, -8.0])
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor
+
+from mase_lite.numerics.exponents import largest_float32_at_most
+from mase_lite.numerics.registry import FormatParams, register_format
+
+
+class IntegerParams(FormatParams):
+    width: int = Field(ge=1, le=32, description="total bits, sign included when signed")
+    frac_width: int = Field(ge=0, description="bits after the binary point (at most width)")
+    signed: bool = Field(True, description="two's complement codes; false: unsigned codes")
+    floor: bool = Field(False, description="round toward -inf instead of half to even")
+
+    @model_validator(mode="after")
+    def _frac_fits(self) -> "IntegerParams":
+        if self.frac_width > self.width:
+            raise ValueError(f"frac_width={self.frac_width} must be <= width={self.width} (allowed: 0..{self.width})")
+        return self
+
+
+def integer_codes(p: IntegerParams) -> tuple[float, float]:
+    """The smallest and largest integer code (the largest is rounded down to a float32 value)."""
+    if p.signed:
+        return -(2.0 ** (p.width - 1)), largest_float32_at_most(2.0 ** (p.width - 1) - 1)
+    return 0.0, largest_float32_at_most(2.0**p.width - 1)
+
+
+def integer_bounds(x: Tensor, p: IntegerParams) -> tuple[float, float]:
+    lo, hi = integer_codes(p)
+    return lo * 2.0**-p.frac_width, hi * 2.0**-p.frac_width
+
+
+@register_format("integer", params=IntegerParams, bits=lambda p, shape: float(p.width), bounds=integer_bounds)
+def integer(x: Tensor, p: IntegerParams) -> Tensor:
+    """Fixed point with ``width`` bits of which ``frac_width`` are fractional."""
+    scaled = x * 2.0**p.frac_width
+    codes = torch.floor(scaled) if p.floor else torch.round(scaled)
+    lo, hi = integer_codes(p)
+    return codes.clamp(lo, hi) * 2.0**-p.frac_width

@@ -1,0 +1,125 @@
+"""Minifloats: ``minifloat_ieee`` (implicit leading one) and ``minifloat_denorm`` (no implicit one).
+
+Both have a sign bit, ``exponent_width`` exponent bits with bias ``exponent_bias`` (default
+``2**(e-1) - 1``) and ``m = width - 1 - exponent_width`` mantissa bits, and no Inf/NaN codes: every
+exponent code holds numbers. Rounding is half to even; magnitudes beyond the largest value and ±Inf
+saturate; NaN stays NaN; zero stays zero. Stored bits per element: ``width``.
+
+``minifloat_ieee``: code E = 0 is subnormal, ``0.M * 2**(1-bias)``; E >= 1 is ``1.M * 2**(E-bias)``;
+largest ``(2 - 2**-m) * 2**(2**e - 1 - bias)``.
+``minifloat_denorm``: every code is ``0.M * 2**(E-bias)`` (needs m >= 1), so powers of two inside
+the range are exact (1.0 = 0.1b * 2**1); largest ``(1 - 2**-m) * 2**(2**e - 1 - bias)``.
+
+Example::
+
+    quantize(torch.tensor([1.0, 0.3, 1000.0]), "minifloat_ieee", width=8, exponent_width=4)
+    # tensor([1.0, 0.3125, 480.0])  (largest: 1.875 * 2**8)
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+from torch import Tensor
+
+from mase_lite.numerics.exponents import (
+    FLOAT32_MAX_EXPONENT,
+    FLOAT32_MIN_EXPONENT,
+    largest_float,
+    round_to_float,
+)
+from mase_lite.numerics.registry import FormatParams, register_format
+
+
+class MinifloatParams(FormatParams):
+    width: int = Field(ge=2, le=32, description="total bits: sign + exponent + mantissa")
+    exponent_width: int = Field(ge=1, le=8, description="exponent bits (less than width)")
+    exponent_bias: int | None = Field(None, description="exponent bias; default 2**(exponent_width-1) - 1")
+
+    @property
+    def bias(self) -> int:
+        return self.exponent_bias if self.exponent_bias is not None else 2 ** (self.exponent_width - 1) - 1
+
+    @property
+    def mantissa_bits(self) -> int:
+        return self.width - 1 - self.exponent_width
+
+    @model_validator(mode="after")
+    def _fits(self) -> "MinifloatParams":
+        if self.exponent_width >= self.width:
+            raise ValueError(
+                f"exponent_width={self.exponent_width} must be < width={self.width} "
+                f"(allowed: 1..{self.width - 1}; one bit is the sign)"
+            )
+        return self
+
+
+def check_exponent_range(min_exponent: int, max_exponent: int, what: str) -> None:
+    """Refuse exponent ranges that float32 (the compute type) cannot hold."""
+    if max_exponent > FLOAT32_MAX_EXPONENT or min_exponent < FLOAT32_MIN_EXPONENT:
+        raise ValueError(
+            f"{what} gives exponents {min_exponent}..{max_exponent}; they must lie in float32's "
+            f"{FLOAT32_MIN_EXPONENT}..{FLOAT32_MAX_EXPONENT}: change exponent_bias"
+        )
+
+
+def ieee_layout(p: MinifloatParams) -> tuple[int, int, int]:
+    """(mantissa bits, min normal exponent, max exponent) of an IEEE-style minifloat."""
+    return p.mantissa_bits, 1 - p.bias, 2**p.exponent_width - 1 - p.bias
+
+
+def denorm_layout(p: MinifloatParams) -> tuple[int, int, int]:
+    """The denormalised minifloat as an IEEE-style layout with one fraction bit less.
+
+    ``0.M * 2**(E-bias)`` with an m-bit M has the values of a float with m-1 fraction bits,
+    exponents ``-bias-1 .. 2**e - 2 - bias`` and subnormals below.
+    """
+    return p.mantissa_bits - 1, -p.bias - 1, 2**p.exponent_width - 2 - p.bias
+
+
+class MinifloatIeeeParams(MinifloatParams):
+    @model_validator(mode="after")
+    def _in_float32(self) -> "MinifloatIeeeParams":
+        _, lo, hi = ieee_layout(self)
+        check_exponent_range(lo, hi, f"exponent_width={self.exponent_width} with exponent_bias={self.bias}")
+        return self
+
+
+class MinifloatDenormParams(MinifloatParams):
+    @model_validator(mode="after")
+    def _has_mantissa_in_float32(self) -> "MinifloatDenormParams":
+        if self.mantissa_bits < 1:
+            raise ValueError(
+                f"exponent_width={self.exponent_width} leaves no mantissa bit in width={self.width}; "
+                f"minifloat_denorm needs exponent_width <= width - 2 = {self.width - 2}"
+            )
+        _, lo, hi = denorm_layout(self)
+        check_exponent_range(lo, hi, f"exponent_width={self.exponent_width} with exponent_bias={self.bias}")
+        return self
+
+
+def _bounds(layout):
+    def bounds(x: Tensor, p: MinifloatParams) -> tuple[float, float]:
+        m, _, hi = layout(p)
+        largest = largest_float(m, hi)
+        return -largest, largest
+
+    return bounds
+
+
+@register_format(
+    "minifloat_ieee", params=MinifloatIeeeParams, bits=lambda p, shape: float(p.width), bounds=_bounds(ieee_layout)
+)
+def minifloat_ieee(x: Tensor, p: MinifloatParams) -> Tensor:
+    """IEEE-style minifloat with subnormals and no Inf/NaN codes."""
+    return round_to_float(x, *ieee_layout(p))
+
+
+@register_format(
+    "minifloat_denorm",
+    params=MinifloatDenormParams,
+    bits=lambda p, shape: float(p.width),
+    bounds=_bounds(denorm_layout),
+)
+def minifloat_denorm(x: Tensor, p: MinifloatParams) -> Tensor:
+    """Minifloat without an implicit leading one: every code is ``0.M * 2**(E - bias)``."""
+    return round_to_float(x, *denorm_layout(p))

@@ -1,0 +1,150 @@
+"""The number-format registry: name -> params model, value function, saturation bounds, stored bits.
+
+A format is registered once, by the module of its family::
+
+    @register_format("integer", params=IntegerParams, bits=lambda p, shape: float(p.width),
+                     bounds=integer_bounds)
+    def integer(x: Tensor, p: IntegerParams) -> Tensor: ...
+
+Value functions receive a float32 tensor and return a float32 tensor of the same shape; the
+public entry point :func:`mase_lite.numerics.quantize` handles dtypes, devices and gradients.
+A format dict ``{"name": "integer", "width": 8, "frac_width": 4}`` is the canonical spelling of
+a format in configs and metadata.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from torch import Tensor
+
+from mase_lite.errors import UserError
+
+Shape = tuple[int, ...]
+Bounds = tuple[Tensor | float, Tensor | float]
+
+
+class FormatError(UserError):
+    """A format name or format parameter the user got wrong."""
+
+
+class FormatParams(BaseModel):
+    """Base of every format's params: unknown keys are errors, no silent type coercion, frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+@dataclass(frozen=True)
+class NumberFormat:
+    """One registered number format.
+
+    ``quantize(x32, params)`` gives the quantized float32 values; ``bounds(x32, params)`` the
+    smallest and largest value each element can take (broadcastable), used by the clipped
+    straight-through estimator; ``bits(params, shape)`` the stored bits per element, shared
+    scales included (``shape`` matters only for formats with per-row or per-tensor scales);
+    ``operands`` limits the operands the format is usable for (``None``: any).
+    """
+
+    name: str
+    params: type[FormatParams]
+    quantize: Callable[[Tensor, Any], Tensor]
+    bounds: Callable[[Tensor, Any], Bounds]
+    bits: Callable[[Any, Shape | None], float]
+    operands: frozenset[str] | None = None
+    doc: str = ""
+
+    def validate(self, params: Mapping[str, Any] | FormatParams) -> FormatParams:
+        """``params`` as this format's frozen params model; a :class:`FormatError` naming the key otherwise."""
+        if isinstance(params, self.params):
+            return params
+        if isinstance(params, FormatParams):
+            params = params.model_dump()
+        try:
+            return self.params.model_validate(dict(params))
+        except ValidationError as err:
+            raise FormatError(describe_validation_error(self, err)) from None
+
+    def as_dict(self, params: FormatParams) -> dict[str, Any]:
+        """The canonical format dict: ``{"name": ..., every parameter with its value}``."""
+        return {"name": self.name, **params.model_dump(mode="json")}
+
+
+_FORMATS: dict[str, NumberFormat] = {}
+
+
+def register_format(
+    name: str,
+    *,
+    params: type[FormatParams],
+    bits: Callable[[Any, Shape | None], float],
+    bounds: Callable[[Tensor, Any], Bounds],
+    operands: tuple[str, ...] | None = None,
+) -> Callable[[Callable[[Tensor, Any], Tensor]], Callable[[Tensor, Any], Tensor]]:
+    """Register the value function it decorates as format ``name``; returns the function unchanged."""
+
+    def decorate(fn: Callable[[Tensor, Any], Tensor]) -> Callable[[Tensor, Any], Tensor]:
+        if name in _FORMATS and _FORMATS[name].quantize is not fn:
+            raise FormatError(f"a number format named '{name}' is already registered")
+        _FORMATS[name] = NumberFormat(
+            name=name,
+            params=params,
+            quantize=fn,
+            bounds=bounds,
+            bits=bits,
+            operands=frozenset(operands) if operands is not None else None,
+            doc=(fn.__doc__ or "").strip(),
+        )
+        return fn
+
+    return decorate
+
+
+def format_names() -> list[str]:
+    """Names of every registered number format, sorted."""
+    return sorted(_FORMATS)
+
+
+def get_format(name: Any) -> NumberFormat:
+    """The registered format ``name``; a :class:`FormatError` listing the known formats otherwise."""
+    if not isinstance(name, str) or name not in _FORMATS:
+        raise FormatError(f"format name: unknown format {name!r}; known formats: {', '.join(format_names())}")
+    return _FORMATS[name]
+
+
+def parse_format(fmt: Mapping[str, Any] | str, **params: Any) -> tuple[NumberFormat, FormatParams]:
+    """A format given as a name plus keyword params, or as a format dict, validated.
+
+    >>> fmt, p = parse_format({"name": "integer", "width": 8, "frac_width": 4})
+    >>> fmt.as_dict(p)
+    {'name': 'integer', 'width': 8, 'frac_width': 4, 'signed': True, 'floor': False}
+    """
+    if isinstance(fmt, Mapping):
+        if params:
+            raise FormatError(
+                f"give format params either in the format dict or as keywords, not both (got {sorted(params)})"
+            )
+        if "name" not in fmt:
+            raise FormatError(f"a format dict needs a 'name' key; known formats: {', '.join(format_names())}")
+        params = {k: v for k, v in fmt.items() if k != "name"}
+        fmt = fmt["name"]
+    number_format = get_format(fmt)
+    return number_format, number_format.validate(params)
+
+
+def describe_validation_error(fmt: NumberFormat, err: ValidationError) -> str:
+    """One line per problem, naming the format, the key, the bad value and what is allowed."""
+    allowed = ", ".join(fmt.params.model_fields)
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"format '{fmt.name}': unknown key '{key}'; allowed keys: {allowed}")
+        elif e["type"] == "missing":
+            lines.append(f"format '{fmt.name}': {key} is required; keys: {allowed}")
+        elif not key:
+            lines.append(f"format '{fmt.name}': {e['msg'].removeprefix('Value error, ')}")
+        else:
+            lines.append(f"format '{fmt.name}': {key}={e.get('input')!r}: {e['msg']}")
+    return "\n".join(lines)
