@@ -1,0 +1,218 @@
+"""Quantized Linear, Conv1d and Conv2d: one generic layer per kind, driven by a per-operand config.
+
+Each operand (``data_in``, ``weight``, ``bias``, ``data_out``) is fake-quantized with its own number
+format (see :mod:`mase_lite.nn.quant_config` for the config forms); gradients are straight-through,
+so the same module serves post-training quantization (evaluate) and quantization-aware training
+(train it). ``from_float`` keeps the original module's Parameter objects (no copy), device and dtype.
+
+Example::
+
+    config = {"name": "integer", "data_in_width": 8, "data_in_frac_width": 4,
+              "weight_width": 8, "weight_frac_width": 4}
+    qlinear = QuantizedLinear.from_float(linear, config)
+    y = qlinear(x)                     # = F.linear(q_in(x), q_w(linear.weight), linear.bias)
+    layer = quantize_module(conv, {"weight": {"name": "minifloat_ieee", "width": 8, "exponent_width": 4}})
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from mase_lite.nn.quant_config import LAYER_OPERANDS, OperandFormat, QuantConfig, QuantConfigError, parse_quant_config
+from mase_lite.numerics import residual_level_means, residual_sign
+
+RESIDUAL_SIGN = "binary_residual_sign"
+
+
+class OperandQuantizer(nn.Module):
+    """Quantizes one operand. For ``binary_residual_sign`` it owns the learnable ``level_means``.
+
+    Level means start from the tensor's own statistics: the weight's at construction, an
+    activation's at the first forward call (``initialized`` records it, and is saved with the model).
+    """
+
+    def __init__(self, spec: OperandFormat, init_from: Tensor | None = None,
+                 device: torch.device | None = None, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.spec = spec
+        if spec.format.name == RESIDUAL_SIGN:
+            self.level_means = nn.Parameter(torch.zeros(spec.params.levels, device=device, dtype=dtype))
+            self.register_buffer("initialized", torch.tensor(False, device=device))
+            if init_from is not None:
+                self._initialize(init_from)
+        else:
+            self.level_means = None
+
+    @torch.no_grad()
+    def _initialize(self, x: Tensor) -> None:
+        self.level_means.copy_(residual_level_means(x.detach().float(), self.spec.params.levels))
+        self.initialized.fill_(True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.level_means is None:
+            return self.spec(x)
+        if not bool(self.initialized):
+            self._initialize(x)
+        return residual_sign(x, self.level_means, self.spec.ste)
+
+    def extra_repr(self) -> str:
+        fmt = self.spec.as_dict()
+        params = ", ".join(f"{k}={v}" for k, v in fmt.items() if k != "name" and v is not None)
+        ste = "" if self.spec.ste == "identity" else f", ste={self.spec.ste}"
+        return f"{fmt['name']}({params}){ste}"
+
+
+class QuantizedLayer:
+    """Mixin of the quantized layers: one optional quantizer per operand, named ``<operand>_quantizer``."""
+
+    weight: nn.Parameter
+    bias: nn.Parameter | None
+
+    def _set_quantizers(self, config: QuantConfig) -> None:
+        self.quant_config = config
+        for operand in LAYER_OPERANDS:
+            spec = config.get(operand)
+            if operand == "bias" and self.bias is None:
+                spec = None
+            quantizer = None
+            if spec is not None:
+                init_from = self.weight if operand == "weight" else None
+                quantizer = OperandQuantizer(spec, init_from, device=self.weight.device, dtype=self.weight.dtype)
+            setattr(self, f"{operand}_quantizer", quantizer)
+
+    def _adopt(self, source: nn.Module) -> None:
+        """Take over ``source``'s parameters, buffers and train/eval mode (same objects)."""
+        for name, param in source._parameters.items():
+            self._parameters[name] = param
+        for name, buf in source._buffers.items():
+            self._buffers[name] = buf
+        self.train(source.training)
+
+    def _operand(self, operand: str, x: Tensor | None) -> Tensor | None:
+        quantizer = getattr(self, f"{operand}_quantizer")
+        return x if quantizer is None or x is None else quantizer(x)
+
+    def quant_formats(self) -> dict[str, dict[str, Any]]:
+        """``{operand: format dict}`` of the operands this layer quantizes."""
+        return {
+            operand: getattr(self, f"{operand}_quantizer").spec.as_dict()
+            for operand in LAYER_OPERANDS
+            if getattr(self, f"{operand}_quantizer") is not None
+        }
+
+
+def _config(config: Mapping[str, Any] | QuantConfig) -> QuantConfig:
+    parsed = parse_quant_config(config, LAYER_OPERANDS)
+    if parsed is None:
+        raise QuantConfigError("config: this config quantizes nothing ({'name': null}); keep the float module instead")
+    if parsed.storage != "fake":
+        raise QuantConfigError(f"config.storage: {parsed.storage!r} makes a packed module; use quantize_module")
+    return parsed
+
+
+class QuantizedLinear(QuantizedLayer, nn.Linear):
+    """``F.linear`` on quantized input, weight and bias, with a quantized output."""
+
+    mase_op = "linear"
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None, *,
+                 config: Mapping[str, Any] | QuantConfig):
+        nn.Linear.__init__(self, in_features, out_features, bias, device=device, dtype=dtype)
+        self._set_quantizers(_config(config))
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, config: Mapping[str, Any] | QuantConfig) -> "QuantizedLinear":
+        """A quantized Linear sharing ``linear``'s weight and bias."""
+        parsed = _config(config)
+        layer = cls.__new__(cls)
+        nn.Linear.__init__(layer, linear.in_features, linear.out_features, linear.bias is not None,
+                           device="meta", dtype=linear.weight.dtype)
+        layer._adopt(linear)
+        layer._set_quantizers(parsed)
+        return layer
+
+    def forward(self, x: Tensor) -> Tensor:
+        weight, bias = self._operand("weight", self.weight), self._operand("bias", self.bias)
+        y = F.linear(self._operand("data_in", x), weight, bias)
+        return self._operand("data_out", y)
+
+
+class _QuantizedConv(QuantizedLayer):
+    """Shared ``from_float`` and ``forward`` of the quantized convolutions."""
+
+    float_class: type[nn.Module]
+
+    @classmethod
+    def from_float(cls, conv: nn.Module, config: Mapping[str, Any] | QuantConfig):
+        """A quantized convolution sharing ``conv``'s weight and bias, with its geometry."""
+        parsed = _config(config)
+        layer = cls.__new__(cls)
+        cls.float_class.__init__(
+            layer, conv.in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride,
+            padding=conv.padding, dilation=conv.dilation, groups=conv.groups, bias=conv.bias is not None,
+            padding_mode=conv.padding_mode, device="meta", dtype=conv.weight.dtype,
+        )
+        layer._adopt(conv)
+        layer._set_quantizers(parsed)
+        return layer
+
+    def forward(self, x: Tensor) -> Tensor:
+        weight = self._operand("weight", self.weight)
+        y = self._conv_forward(self._operand("data_in", x), weight, self._operand("bias", self.bias))
+        return self._operand("data_out", y)
+
+
+class QuantizedConv1d(_QuantizedConv, nn.Conv1d):
+    """``Conv1d`` on quantized input, weight and bias, with a quantized output."""
+
+    mase_op = "conv1d"
+    float_class = nn.Conv1d
+
+    def __init__(self, *args, config: Mapping[str, Any] | QuantConfig, **kwargs):
+        nn.Conv1d.__init__(self, *args, **kwargs)
+        self._set_quantizers(_config(config))
+
+
+class QuantizedConv2d(_QuantizedConv, nn.Conv2d):
+    """``Conv2d`` on quantized input, weight and bias, with a quantized output."""
+
+    mase_op = "conv2d"
+    float_class = nn.Conv2d
+
+    def __init__(self, *args, config: Mapping[str, Any] | QuantConfig, **kwargs):
+        nn.Conv2d.__init__(self, *args, **kwargs)
+        self._set_quantizers(_config(config))
+
+
+QUANTIZED_LAYERS: tuple[tuple[type[nn.Module], type[nn.Module]], ...] = (
+    (nn.Linear, QuantizedLinear),
+    (nn.Conv1d, QuantizedConv1d),
+    (nn.Conv2d, QuantizedConv2d),
+)
+
+
+def quantize_module(module: nn.Module, config: Mapping[str, Any] | QuantConfig) -> nn.Module:
+    """The quantized replacement of a Linear, Conv1d or Conv2d (a packed MXINT8 Linear for ``storage: packed``).
+
+    Fake-quantized layers share the module's parameters; the packed layer holds int8 codes and scales.
+    """
+    parsed = parse_quant_config(config, LAYER_OPERANDS)
+    if parsed is None:
+        raise QuantConfigError("config: this config quantizes nothing ({'name': null})")
+    if parsed.storage == "packed":
+        if not isinstance(module, nn.Linear):
+            raise QuantConfigError(f"storage 'packed' is available for Linear only, not {type(module).__name__}")
+        from mase_lite.kernels.mxint8 import MXInt8Linear
+
+        weight = parsed.get("weight").params
+        return MXInt8Linear.from_linear(module, block_size=weight.block_size, scale_rule=weight.scale_rule)
+    for float_cls, quantized_cls in QUANTIZED_LAYERS:
+        if isinstance(module, float_cls):
+            return quantized_cls.from_float(module, parsed)
+    quantizable = ", ".join(cls.__name__ for cls, _ in QUANTIZED_LAYERS)
+    raise QuantConfigError(f"no quantized version of {type(module).__name__}; quantizable modules: {quantizable}")

@@ -1,0 +1,305 @@
+"""``quantize``: replace Linear/Conv modules and matmul/bmm/add/mul nodes with quantized versions.
+
+Rules map a selector — an op type (``by: "type"``), a node name (``"name"``) or a regex on node
+names (``"regex"``) — to a layer config (flat MASE keys or the nested per-operand form, see
+:mod:`mase_lite.nn.quant_config`). The first matching rule wins; ``null`` or ``{"name": null}``
+leaves the node alone. ``default`` applies to the Linear/Conv modules no rule matched; matmul, bmm,
+add and mul nodes are quantized only when a rule selects them. ``bypass: true`` skips the pass.
+Every config is validated against every node it applies to before the graph changes.
+
+Canonical form::
+
+    mg, info = ml.passes.quantize(mg, {
+        "by": "type",
+        "rules": {"linear": {"name": "integer", "data_in_width": 8, "data_in_frac_width": 4,
+                             "weight_width": 8, "weight_frac_width": 4}},
+        "default": None})
+
+MASE's form (rules as top-level keys, each wrapped in ``{"config": ...}``) is accepted too::
+
+    {"by": "type", "default": {"config": {"name": None}},
+     "linear": {"config": {"name": "integer", "data_in_width": 8, ...}}}
+
+PTQ: run the pass, then evaluate. QAT: run the pass, then train (gradients are straight-through).
+``{"name": "mxint", "element_width": 8, "storage": "packed"}`` on a Linear gives a packed
+``MXInt8Linear`` instead of a fake-quantized layer.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from mase_lite.ir.ops import function_packet_name
+from mase_lite.nn.quant_config import FUNCTION_OPERANDS, LAYER_OPERANDS, QuantConfig, parse_quant_config
+from mase_lite.nn.quant_functional import QUANTIZED_FUNCTIONS, QuantizedFunction
+from mase_lite.nn.quantized import QUANTIZED_LAYERS, quantize_module
+from mase_lite.passes.registry import PassError, PassParams, register_pass
+from mase_lite.passes.select import SelectBy, node_matches
+
+logger = logging.getLogger(__name__)
+
+# aten packet names of the functional ops that can be quantized, and the op each becomes.
+FUNCTION_TARGETS = {"matmul": "matmul", "mm": "matmul", "bmm": "bmm", "add": "add", "mul": "mul"}
+QUANTIZABLE = "Linear, Conv1d and Conv2d modules, and matmul, bmm, add and mul nodes"
+
+
+class QuantizeParams(PassParams):
+    """Which nodes to quantize, and how."""
+
+    by: SelectBy = Field("type", description="match rule keys against op types, node names, or regexes on node names")
+    rules: dict[str, dict[str, Any] | None] = Field(
+        default_factory=dict, description="selector -> layer config (flat or nested); null skips the node"
+    )
+    default: dict[str, Any] | None = Field(
+        None, description="config for the Linear/Conv modules no rule matched; null: leave them alone"
+    )
+    bypass: bool = Field(False, description="do nothing")
+    allow_unmatched: bool = Field(False, description="warn instead of failing when a rule matches no quantizable node")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mase_rules(cls, data: Any) -> Any:
+        """MASE puts rules next to ``by`` and ``default``: move them into ``rules`` (on a copy)."""
+        if not isinstance(data, dict):
+            return data
+        extra = {k: v for k, v in data.items() if k not in cls.model_fields}
+        if not extra:
+            return data
+        rules = dict(data.get("rules") or {})
+        for key, value in extra.items():
+            if key in rules:
+                raise PydanticCustomError(
+                    "quant_rules", f"rule {key!r} is given twice: as a top-level key and in 'rules'"
+                )
+            rules[key] = value
+        return {**{k: v for k, v in data.items() if k in cls.model_fields}, "rules": rules}
+
+    @field_validator("rules", mode="before")
+    @classmethod
+    def _unwrap_rules(cls, rules: Any) -> Any:
+        if not isinstance(rules, dict):
+            return rules
+        return {key: _checked(value, f"rules.{key}") for key, value in rules.items()}
+
+    @field_validator("default", mode="before")
+    @classmethod
+    def _unwrap_default(cls, default: Any) -> Any:
+        return _checked(default, "default")
+
+    @model_validator(mode="after")
+    def _valid_regexes(self) -> "QuantizeParams":
+        if self.by == "regex":
+            for key in self.rules:
+                try:
+                    re.compile(key)
+                except re.error as err:
+                    raise PydanticCustomError("quant_regex", f"rules.{key}: not a valid regex ({err})") from None
+        return self
+
+
+def _checked(value: Any, where: str) -> Any:
+    """Unwrap MASE's ``{"config": {...}}`` and check the config parses for a layer or a functional op."""
+    if isinstance(value, dict) and set(value) == {"config"}:
+        value = value["config"]
+    if value is None or not isinstance(value, dict):
+        return value
+    try:
+        parse_quant_config(value, LAYER_OPERANDS, where)
+    except ValueError as layer_error:
+        try:
+            parse_quant_config(value, FUNCTION_OPERANDS, where)
+        except ValueError:
+            raise PydanticCustomError("quant_config", str(layer_error)) from None
+    return value
+
+
+@dataclass
+class _Planned:
+    """One replacement decided before anything changes."""
+
+    nodes: list[fx.Node]
+    rule: str
+    config: QuantConfig
+    module: nn.Module
+    kind: str  # "layer" or "function"
+
+
+def _kind(node: fx.Node, modules: dict[str, nn.Module]) -> str | None:
+    """``"layer"``, ``"function"`` or ``None`` (not quantizable)."""
+    if node.op == "call_module":
+        module = modules.get(node.target)
+        if isinstance(module, tuple(float_cls for float_cls, _ in QUANTIZED_LAYERS)):
+            return "layer"
+        return "function" if isinstance(module, QuantizedFunction) else None
+    if node.op == "call_function" and isinstance(node.meta.get("val"), torch.Tensor):
+        return "function" if function_packet_name(node.target) in FUNCTION_TARGETS else None
+    return None
+
+
+def _function_op(node: fx.Node, modules: dict[str, nn.Module]) -> str:
+    if node.op == "call_module":
+        return modules[node.target].mase_op
+    return FUNCTION_TARGETS[function_packet_name(node.target)]
+
+
+def _rule_of(node: fx.Node, params: QuantizeParams) -> str | None:
+    return next((key for key in params.rules if node_matches(node, params.by, key)), None)
+
+
+def _check_rules_matched(mg, params: QuantizeParams, matched: set[str], modules: dict[str, nn.Module]) -> None:
+    for key in params.rules:
+        if key in matched:
+            continue
+        hits = [n for n in mg.model.graph.nodes if node_matches(n, params.by, key)]
+        quantizable_hits = [n.name for n in hits if _kind(n, modules)]
+        if quantizable_hits:
+            msg = f"rules.{key}: every node it matches ({', '.join(quantizable_hits[:5])}) is taken by an earlier rule"
+        elif hits:
+            ops = sorted({str(n.meta.get("mase", {}).get("op")) for n in hits})
+            raise PassError(
+                f"rules.{key}: matches only nodes that cannot be quantized ({', '.join(n.name for n in hits[:5])}; "
+                f"ops {', '.join(ops)}); quantizable: {QUANTIZABLE}"
+            )
+        else:
+            quantizable = sorted({n.name for n in mg.model.graph.nodes if _kind(n, modules)})
+            listed = ", ".join(quantizable[:40]) or "none"
+            msg = f"rules.{key}: matches no node (by {params.by}); quantizable nodes: {listed}"
+        if not params.allow_unmatched:
+            raise PassError(msg)
+        logger.warning(msg)
+
+
+def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str]]:
+    """Every replacement, built and validated, without touching the graph."""
+    modules = mg.modules
+    layers: dict[str, _Planned] = {}
+    functions: list[_Planned] = []
+    skipped: list[str] = []
+    matched: set[str] = set()
+    parsed: dict[tuple[str, str], QuantConfig | None] = {}
+    for node in mg.model.graph.nodes:
+        kind = _kind(node, modules)
+        if kind is None:
+            continue
+        rule = _rule_of(node, params)
+        if rule is not None:
+            matched.add(rule)
+            raw, where = params.rules[rule], f"rules.{rule}"
+        elif kind == "layer" and params.default is not None:
+            raw, where = params.default, "default"
+        else:
+            continue
+        if (where, kind) not in parsed:
+            operands = LAYER_OPERANDS if kind == "layer" else FUNCTION_OPERANDS
+            try:
+                parsed[where, kind] = parse_quant_config(raw, operands, where)
+            except ValueError as err:
+                raise PassError(f"{err} (for node {node.name!r})") from None
+        config = parsed[where, kind]
+        if config is None:
+            skipped.append(node.name)
+            continue
+        if kind == "layer":
+            planned = layers.get(node.target)
+            if planned is not None and planned.config != config:
+                raise PassError(
+                    f"module {node.target!r} is called by nodes {planned.nodes[0].name!r} and {node.name!r} "
+                    f"with different configs ({planned.rule} and {where}); one module has one config"
+                )
+            if planned is None:
+                try:
+                    module = quantize_module(modules[node.target], config)
+                except ValueError as err:
+                    raise PassError(f"{where}: node {node.name!r}: {err}") from None
+                layers[node.target] = _Planned([node], where, config, module, kind)
+            else:
+                planned.nodes.append(node)
+        else:
+            val = node.meta["val"]
+            module = QUANTIZED_FUNCTIONS[_function_op(node, modules)](config, device=val.device, dtype=val.dtype)
+            module.train(mg.model.training)
+            functions.append(_Planned([node], where, config, module, kind))
+    _check_rules_matched(mg, params, matched, modules)
+    return list(layers.values()) + functions, skipped
+
+
+def _free_name(mg, base: str) -> str:
+    modules = mg.modules
+    name, i = base, 1
+    while name in modules or hasattr(mg.model, name):
+        name, i = f"{base}_{i}", i + 1
+    return name
+
+
+def _apply(mg, planned: _Planned) -> None:
+    node = planned.nodes[0]
+    if planned.kind == "layer" or node.op == "call_module":
+        mg.replace_module(node.target, planned.module)
+        return
+    name = _free_name(mg, f"{node.name}_quantized")
+    mg.model.add_submodule(name, planned.module)
+    node.op = "call_module"
+    node.target = name
+
+
+def _operand_of_inputs(node: fx.Node, kind: str) -> dict[fx.Node, str]:
+    names = ("data_in",) if kind == "layer" else ("data_in_0", "data_in_1")
+    operands: dict[fx.Node, str] = {}
+    for arg, operand in zip(node.args, names):
+        if isinstance(arg, fx.Node):
+            operands.setdefault(arg, operand)
+    return operands
+
+
+def _annotate(node: fx.Node, planned: _Planned) -> dict[str, Any]:
+    """Write the operand formats into ``node.meta["mase"]`` (dtype names where not quantized)."""
+    formats = planned.config.formats()
+    meta = node.meta["mase"]
+    inputs = _operand_of_inputs(node, planned.kind)
+    for inp, entry in zip(node.all_input_nodes, meta["args"]):
+        if entry is not None:
+            entry["format"] = formats.get(inputs.get(inp), entry["dtype"])
+    for entry in meta["results"][:1]:
+        if entry is not None:
+            entry["format"] = formats.get("data_out", entry["dtype"])
+    for pname in ("weight", "bias"):
+        entry = meta["params"].get(pname)
+        if entry is not None:
+            entry["format"] = formats.get(pname, entry["dtype"])
+    return formats
+
+
+@register_pass("quantize", kind="transform", params=QuantizeParams)
+def quantize(mg, params: QuantizeParams):
+    """Swap matched Linear/Conv modules and matmul/bmm/add/mul nodes for quantized ones; formats go to metadata."""
+    if params.bypass:
+        return mg, {"bypassed": True, "replaced": [], "skipped": []}
+    plan, skipped = _plan(mg, params)
+    for planned in plan:
+        _apply(mg, planned)
+    mg.recompile()
+    replaced = []
+    for planned in plan:
+        for node in planned.nodes:
+            formats = _annotate(node, planned)
+            replaced.append(
+                {
+                    "node": node.name,
+                    "target": str(node.target),
+                    "op": node.meta["mase"]["op"],
+                    "module": type(planned.module).__name__,
+                    "rule": planned.rule,
+                    "formats": formats,
+                }
+            )
+    logger.info("quantized %d nodes (%d left alone by a null config)", len(replaced), len(skipped))
+    return mg, {"replaced": replaced, "skipped": skipped, "count": len(replaced)}
