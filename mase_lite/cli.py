@@ -15,7 +15,6 @@ import argparse
 import json
 import logging
 import sys
-from pathlib import Path
 
 from mase_lite import __version__
 from mase_lite.errors import UserError
@@ -44,13 +43,19 @@ def _cmd_draw(args: argparse.Namespace) -> int:
     return 0
 
 
+def _type_name(annotation) -> str:
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
 def _cmd_passes(args: argparse.Namespace) -> int:
     from mase_lite.passes import all_passes
 
     listing = {}
     for name, info in all_passes().items():
         fields = {
-            key: {"type": str(f.annotation).replace("typing.", ""), "default": f.get_default(call_default_factory=True)}
+            key: {"type": _type_name(f.annotation), "default": f.get_default(call_default_factory=True)}
             for key, f in info.params.model_fields.items()
         }
         listing[name] = {"kind": info.kind, "doc": info.summary, "params": fields}

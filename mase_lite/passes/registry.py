@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Callable, Literal
+from types import UnionType
+from typing import Any, Callable, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -167,18 +168,31 @@ def all_passes() -> dict[str, PassInfo]:
     return dict(sorted(_REGISTRY.items()))
 
 
+def _strip_optional(tp: Any) -> Any:
+    args = [a for a in get_args(tp) if a is not type(None)]
+    if get_origin(tp) in (Union, UnionType) and len(args) == 1:
+        return args[0]
+    return tp
+
+
+def _field_keys(model: type[BaseModel]) -> dict[str, Any]:
+    return {(f.alias or name): f.annotation for name, f in model.model_fields.items()}
+
+
 def _allowed_keys(model: type[BaseModel] | None, loc: tuple) -> list[str]:
-    """The field names allowed at the parent of ``loc`` when it can be followed through ``model``."""
+    """The keys allowed where ``loc`` points, when the path can be followed through ``model``."""
     current: Any = model
     for part in loc[:-1]:
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+        current = _strip_optional(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            current = _field_keys(current).get(str(part))
+        elif get_origin(current) in (list, dict) and get_args(current):
+            current = get_args(current)[-1]
+        else:
             return []
-        info = current.model_fields.get(str(part))
-        if info is None:
-            return []
-        current = info.annotation
+    current = _strip_optional(current)
     if isinstance(current, type) and issubclass(current, BaseModel):
-        return sorted(current.model_fields)
+        return sorted(_field_keys(current))
     return []
 
 

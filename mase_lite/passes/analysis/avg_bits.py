@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
+import math
+
 from pydantic import Field
 
-from mase_lite.ir.shapes import numel
+from mase_lite.ir.shapes import concrete
+from mase_lite.numerics import bits_per_element
 from mase_lite.passes.registry import PassParams, register_pass
 
 # Ops whose inputs are the activations a precision search cares about.
@@ -21,16 +23,10 @@ class AvgBitsParams(PassParams):
     )
 
 
-def format_bits(fmt: Any) -> float:
-    """Stored bits per element of a metadata format: a dtype name or a number-format dict."""
-    if isinstance(fmt, dict):
-        from mase_lite.numerics import bits_per_element
-
-        return float(bits_per_element(fmt))
-    dtype = getattr(torch, str(fmt), None)
-    if isinstance(dtype, torch.dtype):
-        return float(torch.finfo(dtype).bits if dtype.is_floating_point else torch.iinfo(dtype).bits)
-    return 32.0
+def _sized(entry: dict[str, Any], dims: dict[str, int]) -> tuple[int, float]:
+    """(elements, stored bits per element) of one tensor's metadata entry."""
+    shape = concrete(entry["shape"], dims)
+    return math.prod(shape), bits_per_element(entry["format"], shape)
 
 
 def _average(pairs: list[tuple[int, float]]) -> float | None:
@@ -52,8 +48,8 @@ def avg_bits_pass(mg, params: AvgBitsParams):
         meta = node.meta["mase"]
         if meta["op"] not in params.ops:
             continue
-        w = [(numel(p["shape"], params.dims), format_bits(p["format"])) for p in meta["params"].values() if p and not p.get("buffer")]
-        a = [(numel(x["shape"], params.dims), format_bits(x["format"])) for x in meta["args"] if x and x["shape"]]
+        w = [_sized(p, params.dims) for p in meta["params"].values() if p and not p.get("buffer")]
+        a = [_sized(x, params.dims) for x in meta["args"] if x and x["shape"]]
         weights += w
         acts += a
         per_node[node.name] = {"weights": _average(w), "activations": _average(a)}
