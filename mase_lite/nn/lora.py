@@ -1,0 +1,93 @@
+"""LoRA: a frozen Linear plus a trainable low-rank update ``(alpha / rank) * B @ A``.
+
+B starts at zero, so wrapping a Linear leaves its output unchanged; the bias is kept; only
+``lora_A`` and ``lora_B`` are trainable. ``merged()`` folds the update back into a plain Linear.
+
+Example::
+
+    lora = LoRALinear(nn.Linear(128, 64), rank=8, alpha=16, dropout=0.1)
+    y = lora(x)                  # == base(x) until lora_B is trained
+    plain = lora.merged()        # nn.Linear with weight W + (alpha / rank) * B @ A
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mase_lite.errors import UserError
+
+
+class LoRALinear(nn.Module):
+    """``y = base(x) + scaling * dropout(x) @ A^T @ B^T`` with ``A: rank x in``, ``B: out x rank``."""
+
+    mase_op = "lora_linear"
+
+    def __init__(
+        self,
+        base: nn.Linear,
+        rank: int = 8,
+        alpha: float = 8.0,
+        dropout: float = 0.0,
+        generator: torch.Generator | None = None,
+    ):
+        super().__init__()
+        if not isinstance(base, nn.Linear):
+            raise UserError(f"LoRA wraps nn.Linear modules, got {type(base).__name__}")
+        if rank < 1:
+            raise UserError(f"rank: {rank!r} must be a positive integer")
+        if not 0.0 <= dropout < 1.0:
+            raise UserError(f"dropout: {dropout!r} must be in [0, 1)")
+        self.base = base
+        self.base.requires_grad_(False)
+        self.rank = rank
+        self.alpha = alpha
+        self.scaling = alpha / rank
+        weight = base.weight
+        factory = {"device": weight.device, "dtype": weight.dtype}
+        a = torch.empty(rank, base.in_features, dtype=torch.float32)
+        nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
+        self.lora_A = nn.Parameter(a.to(**factory))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, **factory))
+        self.dropout = nn.Dropout(dropout)
+
+    @property
+    def in_features(self) -> int:
+        return self.base.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base.out_features
+
+    def delta_weight(self) -> torch.Tensor:
+        """The update ``scaling * B @ A``, shaped like the base weight."""
+        return (self.lora_B @ self.lora_A) * self.scaling
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        update = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B) * self.scaling
+        return self.base(x) + update
+
+    @torch.no_grad()
+    def merged(self) -> nn.Linear:
+        """A plain Linear computing the same function (in eval mode): weight ``W + scaling * B @ A``, same bias.
+
+        The new parameters copy the base's device, dtype and ``requires_grad``.
+        """
+        weight = self.base.weight
+        wide = torch.promote_types(weight.dtype, torch.float32)
+        merged_weight = (weight.to(wide) + self.delta_weight().to(wide)).to(weight.dtype)
+        plain = nn.Linear(
+            self.in_features, self.out_features, bias=self.base.bias is not None, device=weight.device, dtype=weight.dtype
+        )
+        plain.weight.copy_(merged_weight)
+        plain.weight.requires_grad_(weight.requires_grad)
+        if self.base.bias is not None:
+            plain.bias.copy_(self.base.bias)
+            plain.bias.requires_grad_(self.base.bias.requires_grad)
+        return plain
+
+    def extra_repr(self) -> str:
+        return f"rank={self.rank}, alpha={self.alpha}, dropout={self.dropout.p}"

@@ -1,0 +1,52 @@
+"""``sparsity``: achieved weight and activation sparsity of each selected node.
+
+Weight sparsity is the fraction of exact zeros in the weight the module computes with (masks
+applied). Activation sparsity is the fraction of zeros in the inputs that a module's
+activation-pruning hook has passed on since it was attached (None for modules without one, or
+before the first forward call).
+
+Example::
+
+    mg, info = ml.passes.sparsity(mg)
+    info["nodes"]["classifier"]     # {"weight_sparsity": 0.5, "weight_zeros": 128, ..., "activation_sparsity": None}
+    info["weight_sparsity"]         # over every selected weight together
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from mase_lite.nn.pruning import activation_pruner_of, weight_mask_of
+from mase_lite.passes.registry import register_pass
+from mase_lite.passes.select import Selection, select_nodes
+from mase_lite.passes.transforms.prune import PRUNABLE_OPS
+
+
+class SparsityParams(Selection):
+    """Which nodes to report on."""
+
+    targets: list[str] = Field(default_factory=lambda: list(PRUNABLE_OPS), description="ops, node names or patterns")
+
+
+@register_pass("sparsity", kind="analysis", params=SparsityParams)
+def sparsity(mg, params: SparsityParams):
+    """Report achieved weight and activation sparsity per node, and over all selected weights."""
+    nodes = select_nodes(mg, params.by, params.targets, params.allow_empty, modules_only=True)
+    modules = mg.modules
+    report, zeros, total = {}, 0, 0
+    for node in nodes:
+        module = modules[node.target]
+        entry: dict = {"masked": weight_mask_of(module) is not None}
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor):
+            with torch.no_grad():
+                n_zero = int((weight == 0).sum())
+            entry.update(weight_zeros=n_zero, weight_total=weight.numel(), weight_sparsity=n_zero / max(weight.numel(), 1))
+            zeros, total = zeros + n_zero, total + weight.numel()
+        pruner = activation_pruner_of(module)
+        entry["activation_sparsity"] = pruner.achieved if pruner is not None else None
+        if pruner is not None:
+            entry["activation_target"] = pruner.sparsity
+        report[node.name] = entry
+    return mg, {"nodes": report, "weight_sparsity": zeros / total if total else None}

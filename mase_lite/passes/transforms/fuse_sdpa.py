@@ -1,0 +1,284 @@
+"""``fuse_sdpa`` and ``unfuse_sdpa``: naive attention <-> ``F.scaled_dot_product_attention``.
+
+The naive pattern is ``matmul(q, kᵀ)`` → ``· scale`` (mul or div by a number; optional) →
+``+ mask`` (optional, float) → ``softmax(-1)`` → dropout (optional: a Dropout module node or an
+eval-mode ``aten.dropout``) → ``matmul(·, v)``; ``kᵀ`` may be a transpose or permute of k. It becomes
+one ``ScaledDotProductAttention`` module node whose dropout follows the module's train/eval mode,
+like the Dropout it replaces. ``unfuse_sdpa`` writes the same chain back as aten nodes (a bool mask
+becomes ``masked_fill(-inf)``; the dropout becomes an ``nn.Dropout`` module node).
+
+Example::
+
+    bert = BertForSequenceClassification(config)          # attn_implementation="eager"
+    mg = ml.MaseGraph(bert, hf_input_names=["input_ids", "attention_mask"])
+    mg, info = ml.passes.fuse_sdpa(mg)                     # info["fused"]: one entry per layer
+    mg, info = ml.passes.unfuse_sdpa(mg)
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from mase_lite.ir.modules import ScaledDotProductAttention
+from mase_lite.passes.registry import NoParams, register_pass
+
+logger = logging.getLogger(__name__)
+
+_ATEN = torch.ops.aten
+_MATMULS = (_ATEN.matmul.default, _ATEN.bmm.default)
+_SOFTMAXES = (_ATEN.softmax.int, _ATEN._softmax.default, _ATEN._safe_softmax.default)
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def _is_call(node: Any, targets: tuple) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _last_dim(node: fx.Node, dim: Any) -> bool:
+    val = _val(node)
+    return isinstance(dim, int) and val is not None and dim in (-1, val.dim() - 1)
+
+
+def _swaps_last_two(node: fx.Node) -> bool:
+    """Whether ``node`` is a transpose/permute of its input swapping only the last two dims."""
+    val = _val(node.args[0]) if node.args and isinstance(node.args[0], fx.Node) else None
+    if val is None or val.dim() < 2:
+        return False
+    rank = val.dim()
+    if _is_call(node, (_ATEN.transpose.int,)):
+        return sorted(d % rank for d in node.args[1:3]) == [rank - 2, rank - 1]
+    if _is_call(node, (_ATEN.permute.default,)):
+        return [d % rank for d in node.args[1]] == [*range(rank - 2), rank - 1, rank - 2]
+    return False
+
+
+def _owner(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    return list(stack.values())[-1][0].replace(".", "_") if stack else ""
+
+
+def _add_module(gm: fx.GraphModule, base: str, module: nn.Module) -> str:
+    name, i = base, 1
+    while hasattr(gm, name):
+        name, i = f"{base}_{i}", i + 1
+    module.train(gm.training)
+    gm.add_submodule(name, module)
+    return name
+
+
+def _single_user(node: fx.Node) -> bool:
+    return len(node.users) == 1
+
+
+@dataclass
+class NaiveAttention:
+    """One matched naive-attention chain."""
+
+    output: fx.Node
+    query: fx.Node
+    key_t: fx.Node
+    value: fx.Node
+    mask: fx.Node | None
+    scale: float
+    dropout_p: float
+    chain: list[fx.Node] = field(default_factory=list)
+
+
+def _scaled_scores(node: Any) -> tuple[fx.Node, float] | None:
+    """``(matmul node, scale)`` when ``node`` is ``matmul(q, kᵀ)``, optionally times or over a number."""
+    if _is_call(node, (_ATEN.mul.Tensor, _ATEN.mul.Scalar)):
+        a, b = node.args[:2]
+        inner, number = (a, b) if isinstance(b, (int, float)) else (b, a)
+        if not isinstance(number, (int, float)) or isinstance(number, bool):
+            return None
+        scale = float(number)
+    elif _is_call(node, (_ATEN.div.Tensor, _ATEN.div.Scalar)) and not node.kwargs:
+        inner, number = node.args[:2]
+        if not isinstance(number, (int, float)) or isinstance(number, bool) or number == 0:
+            return None
+        scale = 1.0 / float(number)
+    else:
+        inner, scale = node, 1.0
+    if inner is not node and not _single_user(inner):
+        return None
+    if not _is_call(inner, _MATMULS):
+        return None
+    return inner, scale
+
+
+def match_naive_attention(node: fx.Node, modules: dict[str, nn.Module]) -> NaiveAttention | None:
+    """The naive-attention chain ending at ``node`` (the ``matmul(probs, v)``), or None."""
+    if not _is_call(node, _MATMULS):
+        return None
+    probs, value = node.args[:2]
+    chain = [node]
+    dropout_p = 0.0
+    if isinstance(probs, fx.Node) and probs.op == "call_module" and isinstance(modules.get(probs.target), nn.Dropout):
+        dropout_p = float(modules[probs.target].p)
+        chain.append(probs)
+        probs = probs.args[0]
+    elif _is_call(probs, (_ATEN.dropout.default,)):
+        if probs.args[2] is not False:
+            return None
+        chain.append(probs)
+        probs = probs.args[0]
+    if not _is_call(probs, _SOFTMAXES) or not _single_user(probs) or not _last_dim(probs.args[0], probs.args[1]):
+        return None
+    if (len(probs.args) > 2 and probs.args[2] not in (None, False)) or probs.kwargs:
+        return None
+    chain.append(probs)
+    scores, mask = probs.args[0], None
+    if _is_call(scores, (_ATEN.add.Tensor,)) and not scores.kwargs and _single_user(scores):
+        add = scores
+        for candidate, other in (add.args[:2], add.args[1::-1]):
+            if isinstance(other, fx.Node) and isinstance(candidate, fx.Node) and _scaled_scores(candidate):
+                scores, mask = candidate, other
+                break
+        else:
+            return None
+        chain.append(add)
+    matched = _scaled_scores(scores) if _single_user(scores) else None
+    if matched is None:
+        return None
+    qk, scale = matched
+    chain.extend([scores, qk] if scores is not qk else [qk])
+    query, key_t = qk.args[:2]
+    if not all(isinstance(n, fx.Node) for n in (query, key_t, value)):
+        return None
+    vals = [_val(n) for n in (query, key_t, value, node)]
+    if any(v is None for v in vals) or len({v.dim() for v in vals}) != 1 or vals[0].dim() < 2:
+        return None
+    if len({v.dtype for v in vals}) != 1 or not vals[0].is_floating_point():
+        return None
+    if mask is not None:
+        mask_val, add_val = _val(mask), _val(probs.args[0])
+        if mask_val is None or add_val is None or mask_val.dtype != vals[0].dtype:
+            return None
+        if mask_val.dim() > vals[0].dim() or add_val.shape != _val(qk).shape:
+            return None
+    return NaiveAttention(node, query, key_t, value, mask, scale, dropout_p, chain)
+
+
+def _fake_call(node: fx.Node) -> None:
+    """Fill ``meta["val"]`` of a new call_function node by running it on the inputs' fake values."""
+    args = fx.node.map_aggregate(node.args, lambda a: _val(a) if isinstance(a, fx.Node) else a)
+    kwargs = fx.node.map_aggregate(node.kwargs, lambda a: _val(a) if isinstance(a, fx.Node) else a)
+    if all(_val(n) is not None for n in node.all_input_nodes):
+        node.meta["val"] = node.target(*args, **kwargs)
+
+
+def fuse_one(gm: fx.GraphModule, found: NaiveAttention) -> str:
+    """Replace one matched chain with a ``ScaledDotProductAttention`` module node; returns its name."""
+    graph = gm.graph
+    stack = found.output.meta.get("nn_module_stack")
+    name = _add_module(gm, f"{_owner(found.output)}_sdpa".strip("_"), ScaledDotProductAttention(found.dropout_p))
+    with graph.inserting_before(found.output):
+        if _swaps_last_two(found.key_t):
+            key = found.key_t.args[0]
+        else:
+            key = graph.call_function(_ATEN.transpose.int, (found.key_t, -2, -1))
+            key.meta["nn_module_stack"] = stack
+            _fake_call(key)
+        kwargs: dict[str, Any] = {"scale": found.scale}
+        if found.mask is not None:
+            kwargs["attn_mask"] = found.mask
+        fused = graph.call_module(name, (found.query, key, found.value), kwargs)
+    fused.meta = dict(found.output.meta)
+    found.output.replace_all_uses_with(fused)
+    for node in found.chain:
+        graph.erase_node(node)
+    if not found.key_t.users and key is not found.key_t:
+        graph.erase_node(found.key_t)
+    return name
+
+
+@register_pass("fuse_sdpa", kind="transform", params=NoParams)
+def fuse_sdpa(mg, params: NoParams):
+    """Replace every naive attention chain with one fused scaled-dot-product-attention node."""
+    modules = mg.modules
+    fused = []
+    for node in list(mg.model.graph.nodes):
+        found = match_naive_attention(node, modules)
+        if found is not None:
+            fused.append({"node": fuse_one(mg.model, found), "scale": found.scale, "dropout_p": found.dropout_p,
+                          "masked": found.mask is not None})
+    mg.recompile()
+    logger.info("fused %d attention blocks", len(fused))
+    return mg, {"fused": fused}
+
+
+def sdpa_arguments(node: fx.Node, modules: dict[str, nn.Module]) -> dict[str, Any] | None:
+    """The SDPA arguments of a fused node (module or aten call), by name; None for other nodes."""
+    if node.op == "call_module" and isinstance(modules.get(node.target), ScaledDotProductAttention):
+        module = modules[node.target]
+        bound = inspect.signature(module.forward).bind(*node.args, **node.kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments) | {"dropout_p": module.dropout_p}
+    if _is_call(node, (_ATEN.scaled_dot_product_attention.default,)):
+        named = dict(zip(_SDPA_ARGS, node.args)) | dict(node.kwargs)
+        defaults = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
+        return defaults | named
+    return None
+
+
+def unfuse_one(gm: fx.GraphModule, node: fx.Node, a: dict[str, Any]) -> None:
+    """Write one fused attention node as matmul → scale → mask → softmax → dropout → matmul."""
+    graph = gm.graph
+    stack = node.meta.get("nn_module_stack")
+    query, key, value, mask = a["query"], a["key"], a["value"], a["attn_mask"]
+    scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(int(_val(query).shape[-1]))
+
+    def call(target, *args) -> fx.Node:
+        new = graph.call_function(target, args)
+        new.meta["nn_module_stack"] = stack
+        _fake_call(new)
+        return new
+
+    with graph.inserting_before(node):
+        scores = call(_ATEN.mul.Tensor, call(_ATEN.matmul.default, query, call(_ATEN.transpose.int, key, -2, -1)), scale)
+        if isinstance(mask, fx.Node) and _val(mask) is not None and _val(mask).dtype == torch.bool:
+            scores = call(_ATEN.masked_fill.Scalar, scores, call(_ATEN.logical_not.default, mask), float("-inf"))
+        elif mask is not None:
+            scores = call(_ATEN.add.Tensor, scores, mask)
+        probs = call(_ATEN.softmax.int, scores, -1)
+        if a["dropout_p"]:
+            name = _add_module(gm, f"{_owner(node)}_attn_dropout".strip("_"), nn.Dropout(float(a["dropout_p"])))
+            dropped = graph.call_module(name, (probs,))
+            dropped.meta = {"nn_module_stack": stack, "val": _val(probs)}
+            probs = dropped
+        out = call(_ATEN.matmul.default, probs, value)
+    out.meta = dict(node.meta)
+    node.replace_all_uses_with(out)
+    graph.erase_node(node)
+
+
+@register_pass("unfuse_sdpa", kind="transform", params=NoParams)
+def unfuse_sdpa(mg, params: NoParams):
+    """Write every fused attention node back as naive attention (causal and GQA calls are left fused)."""
+    modules = mg.modules
+    unfused, kept = [], []
+    for node in list(mg.model.graph.nodes):
+        a = sdpa_arguments(node, modules)
+        if a is None:
+            continue
+        head_dim = _val(a["query"]).shape[-1] if _val(a["query"]) is not None else None
+        if a["is_causal"] or a["enable_gqa"] or (a["scale"] is None and not isinstance(head_dim, int)):
+            logger.warning("unfuse_sdpa: leaving %s fused (causal, GQA or unknown head size)", node.name)
+            kept.append(node.name)
+            continue
+        unfused.append(node.name)
+        unfuse_one(mg.model, node, a)
+    mg.recompile()
+    return mg, {"unfused": unfused, "kept": kept}

@@ -1,0 +1,35 @@
+"""``prune_finalize``: bake weight masks into the weights; optionally remove activation-pruning hooks.
+
+Example::
+
+    mg, info = ml.passes.prune_finalize(mg, {"activations": "remove"})
+    info["baked"]        # modules whose zeros are now plain weight values
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from mase_lite.nn.pruning import bake_weight_mask, detach_activation_pruner
+from mase_lite.passes.registry import PassParams, register_pass
+
+
+class PruneFinalizeParams(PassParams):
+    """What happens to activation pruning (weights are always baked)."""
+
+    activations: Literal["keep", "remove"] = Field("keep", description="keep or remove activation-pruning hooks")
+
+
+@register_pass("prune_finalize", kind="transform", params=PruneFinalizeParams)
+def prune_finalize(mg, params: PruneFinalizeParams):
+    """Write every weight mask into its weight (same Parameter objects) and drop the masks."""
+    baked, unhooked = [], []
+    for name, module in mg.modules.items():
+        if bake_weight_mask(module):
+            baked.append(name)
+        if params.activations == "remove" and detach_activation_pruner(module):
+            unhooked.append(name)
+    mg.refresh_metadata()
+    return mg, {"baked": baked, "activation_hooks_removed": unhooked}

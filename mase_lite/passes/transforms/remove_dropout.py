@@ -1,0 +1,54 @@
+"""``remove_dropout``: take dropout out of the graph (module nodes and ``aten.dropout`` calls).
+
+Each removed node's users read its input instead. The Dropout modules stay in the model tree,
+unused; ``dead_code`` with ``delete_unused_modules`` deletes them.
+
+Example::
+
+    mg, info = ml.passes.remove_dropout(mg)
+    info["removed"]        # node names
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn as nn
+from pydantic import Field
+
+from mase_lite.passes.registry import register_pass
+from mase_lite.passes.select import Selection, select_nodes
+
+logger = logging.getLogger(__name__)
+
+_DROPOUT_FUNCTIONS = (torch.ops.aten.dropout.default, torch.ops.aten.feature_dropout.default, torch.nn.functional.dropout)
+
+
+class RemoveDropoutParams(Selection):
+    """Which dropout nodes to remove (all by default; a graph without dropout only logs a warning)."""
+
+    targets: list[str] = Field(default_factory=lambda: ["dropout"], description="ops, node names or patterns")
+    allow_empty: bool = Field(True, description="warn instead of failing when nothing matches")
+
+
+def _is_dropout(node, modules: dict[str, nn.Module]) -> bool:
+    if node.op == "call_module":
+        return isinstance(modules.get(node.target), nn.modules.dropout._DropoutNd)
+    return node.op == "call_function" and node.target in _DROPOUT_FUNCTIONS
+
+
+@register_pass("remove_dropout", kind="transform", params=RemoveDropoutParams)
+def remove_dropout(mg, params: RemoveDropoutParams):
+    """Rewire every selected dropout node's users to its input and erase the node."""
+    modules = mg.modules
+    removed = []
+    for node in select_nodes(mg, params.by, params.targets, params.allow_empty):
+        if not _is_dropout(node, modules):
+            continue
+        node.replace_all_uses_with(node.args[0])
+        mg.model.graph.erase_node(node)
+        removed.append(node.name)
+    mg.recompile()
+    logger.info("removed %d dropout nodes", len(removed))
+    return mg, {"removed": removed}
