@@ -87,6 +87,16 @@ def _previous_formats(node: fx.Node) -> dict[str, Any]:
     return keep
 
 
+def _logical_name(name: str) -> str:
+    """``parametrizations.weight.original`` -> ``weight``; ``parametrizations.weight.0.mask`` -> ``weight_mask``."""
+    parts = name.split(".")
+    if parts[0] != "parametrizations" or len(parts) < 3:
+        return name
+    if parts[2] == "original":
+        return parts[1]
+    return f"{parts[1]}_{parts[-1]}"
+
+
 def node_meta(node: fx.Node, modules: dict[str, torch.nn.Module], names: dict[str, str]) -> dict[str, Any]:
     """The ``meta["mase"]`` dict of one node."""
     previous = _previous_formats(node)
@@ -97,8 +107,10 @@ def node_meta(node: fx.Node, modules: dict[str, torch.nn.Module], names: dict[st
         meta["module"] = type(module).__name__
         params = {}
         for pname, p in module.named_parameters():
+            pname = _logical_name(pname)
             params[pname] = tensor_meta(p, names, previous["params"].get(pname)) | {"trainable": p.requires_grad}
         for pname, b in module.named_buffers():
+            pname = _logical_name(pname)
             params[pname] = tensor_meta(b, names, previous["params"].get(pname)) | {"buffer": True}
         if hasattr(module, "mase_weight_meta"):
             params["weight"] = module.mase_weight_meta()

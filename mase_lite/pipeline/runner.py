@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import platform
-import random
 import tempfile
 import time
 import traceback
@@ -29,6 +28,7 @@ from mase_lite.errors import UserError
 from mase_lite.ir.graph import MaseGraph
 from mase_lite.passes.registry import get_pass
 from mase_lite.pipeline.spec import PipelineSpec, check_pipeline, load_spec
+from mase_lite.train.seeding import seed_everything
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +52,6 @@ def package_versions() -> dict[str, str]:
         except PackageNotFoundError:
             versions[name] = "not installed"
     return versions
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def json_safe(value: Any) -> Any:
@@ -107,7 +102,7 @@ def build_graph(spec: PipelineSpec, output_dir: Path) -> MaseGraph:
     from mase_lite.train import prepare
 
     model, data = prepare(spec.model, spec.data, output_dir, spec.seed)
-    recipe = spec.model.recipe() if hasattr(spec.model, "recipe") else None
+    recipe = spec.model.recipe()
     if spec.example_inputs is not None:
         examples = {
             name: (torch.randn if getattr(torch, s.dtype).is_floating_point else torch.zeros)(

@@ -31,7 +31,7 @@ class ProfileParams(Selection):
     batch_size: int = Field(8, ge=1, description="batch size")
     split: str = Field("train", description="data split to draw batches from")
     quantiles: list[float] = Field(default_factory=lambda: [0.01, 0.99], description="quantiles to report")
-    max_samples: int = Field(1_000_000, ge=1, description="values kept per node for quantiles")
+    max_samples: int = Field(200_000, ge=1, description="values kept per node for quantiles")
     weights: bool = Field(True, description="profile module weights")
     activations: bool = Field(True, description="profile node outputs over the data")
 
@@ -52,26 +52,27 @@ class RunningStats:
         self.generator = generator
 
     def update(self, x: torch.Tensor) -> None:
-        x = x.detach().flatten().to(torch.float64)
+        x = x.detach().flatten()
         n = x.numel()
         if n == 0:
             return
-        mean_b = x.mean().item()
-        m2_b = ((x - mean_b) ** 2).sum().item()
+        lo, hi = torch.aminmax(x)
+        wide = x.to(torch.float64)
+        var_b, mean_b = torch.var_mean(wide, correction=0)
+        mean_b, m2_b = mean_b.item(), var_b.item() * n
         total = self.count + n
         delta = mean_b - self.mean
         self.mean += delta * n / total
         self.m2 += m2_b + delta * delta * self.count * n / total
         self.count = total
-        self.abs_sum += x.abs().sum().item()
-        self.min = min(self.min, x.min().item())
-        self.max = max(self.max, x.max().item())
+        self.abs_sum += wide.abs().sum().item()
+        self.min = min(self.min, lo.item())
+        self.max = max(self.max, hi.item())
         room = self.max_samples - self.kept
         if room > 0:
             if n > room:
-                idx = torch.randperm(n, generator=self.generator)[:room].to(x.device)
-                x = x[idx]
-            self.samples.append(x.cpu())
+                x = x[torch.randperm(n, generator=self.generator)[:room].to(x.device)]
+            self.samples.append(x.to("cpu", torch.float64))
             self.kept += x.numel()
 
     def result(self, quantiles: list[float]) -> dict[str, Any]:

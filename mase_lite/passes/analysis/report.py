@@ -20,7 +20,9 @@ class ReportParams(PassParams):
 
 
 def _shape(entry) -> str:
-    return "×".join(str(d) for d in entry["shape"]) if entry else "-"
+    if not entry:
+        return "-"
+    return "×".join(str(d) for d in entry["shape"]) or "scalar"
 
 
 def _format(fmt) -> str:
