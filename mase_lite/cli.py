@@ -34,8 +34,9 @@ def _cmd_draw(args: argparse.Namespace) -> int:
     from mase_lite.ir.graph import MaseGraph
     from mase_lite.pipeline.spec import read_json
     from mase_lite.train.models import ModelSpec, build_model
+    from mase_lite.train.validation import validate_section
 
-    spec = ModelSpec.model_validate(read_json(args.model)) if args.model else ModelSpec()
+    spec = validate_section(ModelSpec, read_json(args.model) if args.model else None, "model")
     model = build_model(spec)
     mg = MaseGraph(model, hf_input_names=args.inputs)
     path = mg.draw(args.output)
@@ -55,7 +56,10 @@ def _cmd_passes(args: argparse.Namespace) -> int:
     listing = {}
     for name, info in all_passes().items():
         fields = {
-            key: {"type": _type_name(f.annotation), "default": f.get_default(call_default_factory=True)}
+            key: {
+                "type": _type_name(f.annotation),
+                "default": "required" if f.is_required() else f.get_default(call_default_factory=True),
+            }
             for key, f in info.params.model_fields.items()
         }
         listing[name] = {"kind": info.kind, "doc": info.summary, "params": fields}

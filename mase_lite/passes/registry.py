@@ -197,16 +197,15 @@ def _allowed_keys(model: type[BaseModel] | None, loc: tuple) -> list[str]:
 
 
 def format_validation_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
-    """One line per problem: the JSON path, the bad value and what is allowed."""
+    """One line per problem: the JSON path, what is wrong or allowed, and the bad value."""
     lines = []
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"]) or "<root>"
-        where = f"{prefix}.{path}" if prefix else path
-        msg = e["msg"]
+        where = ".".join([prefix] * bool(prefix) + [str(p) for p in e["loc"]]) or "<root>"
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             allowed = _allowed_keys(model, tuple(e["loc"]))
             msg = "unknown key" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
         bad = e.get("input")
-        shown = repr(bad) if not isinstance(bad, (dict, list)) else type(bad).__name__
-        lines.append(f"{where}: {msg} (got {shown})")
+        got = "" if isinstance(bad, (dict, list)) else f" (got {bad!r})"
+        lines.append(f"{where}: {msg}{got}")
     return "\n".join(lines)

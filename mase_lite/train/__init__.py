@@ -1,1 +1,30 @@
+"""Models, data, training and evaluation: what a pipeline's ``model`` and ``data`` sections build,
+and what the ``train``/``evaluate`` passes run.
 
+Example::
+
+    from mase_lite.train import prepare, fit, evaluate_model
+    model, data = prepare({}, {}, Path("runs/x"), seed=0)     # bert-tiny shape, synthetic sentiment
+    fit(model, data, epochs=1)
+    evaluate_model(model, data)["accuracy"]
+"""
+
+from mase_lite.train.data import BatchLoader, DataModule, DataSpec, build_data
+from mase_lite.train.evaluator import evaluate_model
+from mase_lite.train.models import ModelSpec, build_model
+from mase_lite.train.prepare import prepare
+from mase_lite.train.seeding import seed_everything
+from mase_lite.train.trainer import fit
+
+__all__ = [
+    "BatchLoader",
+    "DataModule",
+    "DataSpec",
+    "ModelSpec",
+    "build_data",
+    "build_model",
+    "evaluate_model",
+    "fit",
+    "prepare",
+    "seed_everything",
+]

@@ -1,0 +1,48 @@
+"""Wall time of the quickstart pipeline, process start to exit, as a user runs it.
+
+Run: python benchmarks/quickstart.py [--repeats 5]
+Median of --repeats runs of `python -m mase_lite.cli run pipelines/quickstart.json` after one
+warm-up run (which fills the OS file cache); each run writes to a fresh temporary directory.
+The baseline is `python -c "import torch, transformers"` measured the same way in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def timed(cmd: list[str], repeats: int) -> float:
+    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run = [sys.executable, "-m", "mase_lite.cli", "run", "pipelines/quickstart.json", "--output-dir", tmp]
+        pipeline = timed(run, args.repeats)
+    imports = timed([sys.executable, "-c", "import torch, transformers"], args.repeats)
+    print(f"median of {args.repeats} after warm-up")
+    print("| what | seconds |")
+    print("|---|---|")
+    print(f"| import torch, transformers (baseline) | {imports:.2f} |")
+    print(f"| mase-lite run pipelines/quickstart.json | {pipeline:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

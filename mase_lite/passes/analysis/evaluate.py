@@ -1,0 +1,41 @@
+"""The ``evaluate`` pass: accuracy, loss and per-class counts of the graph on a split of the run's data.
+
+Its metrics land in the run's report under ``metrics[label]``.
+
+Example::
+
+    mg, info = ml.passes.evaluate(mg, {"split": "test", "label": "ptq-int8"})
+    info["metrics"]["accuracy"]
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from mase_lite.passes.registry import PassError, PassParams, register_pass
+from mase_lite.train.evaluator import evaluate_model
+
+
+class EvaluateParams(PassParams):
+    split: Literal["train", "test"] = Field("test", description="data split to evaluate on")
+    batch_size: int = Field(64, ge=1, description="rows per forward pass")
+    label: str = Field("evaluate", min_length=1, description="name of these metrics in the run's report")
+    progress: bool = Field(True, description="show a progress bar")
+
+
+@register_pass("evaluate", kind="analysis", params=EvaluateParams, requires=("data",))
+def evaluate_pass(mg, params: EvaluateParams):
+    """Accuracy, mean cross-entropy, per-class counts and the confusion matrix on a data split."""
+    if mg.data is None:
+        raise PassError("pass 'evaluate' needs data: run it in a pipeline with a `data` section or set mg.data")
+    metrics = evaluate_model(
+        mg.model,
+        mg.data,
+        split=params.split,
+        batch_size=params.batch_size,
+        input_names=mg.input_names,
+        progress=params.progress,
+    )
+    return mg, {"metrics": metrics, "label": params.label}

@@ -1,0 +1,120 @@
+"""The ``save`` and ``load`` passes: checkpoints (safetensors weights, JSON recipe, tokenizer) so one
+pipeline starts from the model another produced.
+
+Example::
+
+    mg, info = ml.passes.save(mg, {"path": "checkpoint"})                       # <run dir>/checkpoint
+    mg, info = ml.passes.load(mg, {"path": "runs/finetune/checkpoint"})
+
+A checkpoint directory holds ``model.safetensors`` and ``recipe.json`` (see ``MaseGraph.save``)
+and, when the graph has data, ``tokenizer/``. It is written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from pydantic import Field
+
+from mase_lite.errors import UserError
+from mase_lite.ir.serialize import RECIPE
+from mase_lite.passes.paths import run_path
+from mase_lite.passes.registry import PassError, PassParams, register_pass
+from mase_lite.train.tokenizer import load_tokenizer, same_vocabulary
+
+logger = logging.getLogger(__name__)
+
+TOKENIZER_DIR = "tokenizer"
+
+
+class SaveParams(PassParams):
+    path: str = Field("checkpoint", min_length=1, description="checkpoint directory, relative to the run")
+    tokenizer: bool = Field(True, description="save the data's tokenizer in <path>/tokenizer")
+
+
+class LoadParams(PassParams):
+    path: str = Field(min_length=1, description="checkpoint directory: relative to the run, else to the working directory")
+    tokenizer: bool = Field(True, description="re-tokenize the run's data with the checkpoint's tokenizer when it differs")
+
+
+def _check_replaceable(target: Path) -> None:
+    """Only a checkpoint, an empty directory or nothing may stand where a checkpoint goes."""
+    if target.exists() and not (target / RECIPE).is_file() and (not target.is_dir() or any(target.iterdir())):
+        raise PassError(f"pass 'save': {target} exists and is not a checkpoint; refusing to replace it")
+
+
+@register_pass("save", kind="analysis", params=SaveParams)
+def save_pass(mg, params: SaveParams):
+    """Save weights, recipe and tokenizer to a checkpoint directory (whole or not at all)."""
+    target = run_path(mg, params.path)
+    _check_replaceable(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.saving-", dir=target.parent))
+    try:
+        mg.save(staging)
+        tokenizer = getattr(mg.data, "tokenizer", None) if params.tokenizer else None
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(staging / TOKENIZER_DIR))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    files = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
+    size = sum((target / f).stat().st_size for f in files)
+    logger.info("saved a checkpoint to %s (%d bytes)", target, size)
+    return mg, {"path": str(target), "files": files, "bytes": size}
+
+
+def _find_checkpoint(mg, path: str) -> Path:
+    """``path`` under the run directory if it is there, else as given (relative to the working directory)."""
+    candidates = [run_path(mg, path), Path(path)]
+    for candidate in candidates:
+        if (candidate / RECIPE).is_file():
+            return candidate
+    looked = " and ".join(dict.fromkeys(str(c) for c in candidates))
+    raise PassError(f"pass 'load': no checkpoint at {path!r} (looked for {RECIPE} in {looked})")
+
+
+def _check_against_data(model, data, where: Path) -> None:
+    """The loaded model accepts the run's token ids and has a logit for every label."""
+    config = getattr(model, "config", None)
+    vocab = getattr(config, "vocab_size", None)
+    if vocab is not None and data.vocab_size > vocab:
+        raise PassError(
+            f"pass 'load': the checkpoint {where} has vocab_size {vocab} but the run's tokenizer has "
+            f"{data.vocab_size} tokens; save the checkpoint with its tokenizer or set data.tokenizer"
+        )
+    labels = getattr(config, "num_labels", None)
+    if labels is not None and data.num_labels > labels:
+        raise PassError(
+            f"pass 'load': the checkpoint {where} classifies {labels} labels but the run's data has {data.num_labels}"
+        )
+
+
+@register_pass("load", kind="transform", params=LoadParams, replay=False)
+def load_pass(mg, params: LoadParams):
+    """Replace the graph by a checkpoint's (rebuilt from its recipe), keeping the run's data and directory."""
+    from mase_lite.ir.graph import MaseGraph
+
+    where = _find_checkpoint(mg, params.path)
+    try:
+        loaded = MaseGraph.load(where)
+    except UserError as err:
+        raise PassError(f"pass 'load': checkpoint {where}: {err}") from None
+    data = mg.data
+    tokenizer_dir = where / TOKENIZER_DIR
+    if data is not None and params.tokenizer and tokenizer_dir.is_dir():
+        saved = load_tokenizer(tokenizer_dir)
+        if not same_vocabulary(saved, data.tokenizer):
+            logger.info("re-tokenizing the run's data with the tokenizer of %s", where)
+            data = data.with_tokenizer(saved)
+    if data is not None:
+        _check_against_data(loaded.source_model, data, where)
+    loaded.data = data
+    loaded.run_dir = mg.run_dir
+    return loaded, {"path": str(where), "retokenized": data is not mg.data}

@@ -1,0 +1,64 @@
+"""Running a model on a batch of a :class:`DataModule`: the inputs it takes, its loss and logits.
+
+Works for a captured graph (which takes exactly its captured inputs) and a plain model alike.
+
+Example::
+
+    loss, logits = forward_batch(mg.model, batch, mg.input_names)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mase_lite.errors import UserError
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without parameters)."""
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def model_inputs(batch: dict[str, torch.Tensor], input_names: Sequence[str], device: torch.device) -> dict:
+    """The tensors of ``batch`` that the model takes, on ``device``; a clear error for a missing one."""
+    missing = [n for n in input_names if n not in batch]
+    if missing:
+        raise UserError(
+            f"the model takes input(s) {', '.join(missing)} that the data does not provide "
+            f"(it provides {', '.join(batch)}); capture the graph with the data's inputs"
+        )
+    return {n: batch[n].to(device, non_blocking=True) for n in input_names}
+
+
+def logits_of(outputs) -> torch.Tensor:
+    """The class scores in a model's output: ``.logits``, a ``"logits"`` entry or a bare tensor."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    logits = getattr(outputs, "logits", None)
+    if logits is None and isinstance(outputs, dict):
+        logits = outputs.get("logits")
+    if not isinstance(logits, torch.Tensor):
+        raise UserError(f"cannot find logits in the model's output ({type(outputs).__name__}); "
+                        "return a tensor or an object with .logits")
+    return logits
+
+
+def forward_batch(
+    model: nn.Module, batch: dict[str, torch.Tensor], input_names: Sequence[str]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(loss, logits)`` for ``batch``: the model's own loss when it computes one, else cross-entropy."""
+    device = model_device(model)
+    outputs = model(**model_inputs(batch, input_names, device))
+    logits = logits_of(outputs)
+    loss = getattr(outputs, "loss", None)
+    if loss is None and isinstance(outputs, dict):
+        loss = outputs.get("loss")
+    if loss is None:
+        loss = F.cross_entropy(logits.float(), batch["labels"].to(logits.device))
+    return loss, logits
