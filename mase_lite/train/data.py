@@ -85,11 +85,7 @@ class DataSpec(BaseModel):
 
 
 class BatchLoader:
-    """Batches of rows as dicts of tensors; shuffled by a seeded ``torch.Generator`` when asked.
-
-    A trailing batch of a single row joins the previous batch: graphs captured with an example
-    batch specialise size-1 dimensions, so every batch keeps at least two rows when it can.
-    """
+    """Batches of rows as dicts of tensors; shuffled by a seeded ``torch.Generator`` when asked."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], batch_size: int, shuffle: bool, seed: int):
         if batch_size < 1:
@@ -101,11 +97,7 @@ class BatchLoader:
         self.rows = len(next(iter(tensors.values())))
 
     def _bounds(self) -> list[tuple[int, int]]:
-        starts = list(range(0, self.rows, self.batch_size))
-        bounds = [(s, min(s + self.batch_size, self.rows)) for s in starts]
-        if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] == 1:
-            bounds[-2:] = [(bounds[-2][0], self.rows)]
-        return bounds
+        return [(s, min(s + self.batch_size, self.rows)) for s in range(0, self.rows, self.batch_size)]
 
     def __len__(self) -> int:
         return len(self._bounds())

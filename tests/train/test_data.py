@@ -139,10 +139,10 @@ def test_synthetic_defaults_sizes_and_max_length():
     assert (batch["input_ids"][:, 0] == data.tokenizer.cls_token_id).all()
 
 
-def test_loader_covers_every_row_once_merges_a_trailing_single_row_and_is_seeded():
+def test_loader_covers_every_row_once_and_is_seeded():
     tensors = {"labels": torch.arange(33)}
     loader = BatchLoader(tensors, batch_size=16, shuffle=False, seed=0)
-    assert [len(b["labels"]) for b in loader] == [16, 17] and len(loader) == 2
+    assert [len(b["labels"]) for b in loader] == [16, 16, 1] and len(loader) == 3
     assert [len(b["labels"]) for b in BatchLoader({"labels": torch.arange(34)}, 16, False, 0)] == [16, 16, 2]
     assert [len(b["labels"]) for b in BatchLoader({"labels": torch.arange(1)}, 16, False, 0)] == [1]
     first = torch.cat([b["labels"] for b in BatchLoader(tensors, 5, True, 7)])
