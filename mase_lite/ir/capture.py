@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import torch
 import torch.fx as fx
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.export import Dim
 
 from mase_lite.errors import UserError
@@ -57,6 +58,63 @@ def _export_modes(model: nn.Module, leaf_types: tuple[type, ...]) -> Iterator[No
             m.training = mode
 
 
+TRAIN_DROPOUT = "mase_train_dropout_p"
+
+
+class DropoutRecorder:
+    """Traces functional dropout and SDPA as in eval mode, recording train mode's probabilities.
+
+    Tracing dropout is costly (its random mask is traced with symbolic shapes), so during export
+    they run with dropout off; the probability each call would use in train mode is recorded in
+    call order and attached to the matching nodes by :meth:`annotate`.
+    """
+
+    def __init__(self) -> None:
+        self.dropout: list[float] = []
+        self.sdpa: list[float] = []
+        self._depth = 0
+
+    def _record(self, into: list[float], p: float, call):
+        """Record ``p`` for the outermost call only: torch-function modes re-enter these functions."""
+        if self._depth == 0:
+            into.append(p)
+        self._depth += 1
+        try:
+            return call()
+        finally:
+            self._depth -= 1
+
+    @contextlib.contextmanager
+    def patch(self) -> Iterator[None]:
+        dropout, sdpa = F.dropout, F.scaled_dot_product_attention
+
+        def recorded_dropout(input, p=0.5, training=True, inplace=False):
+            return self._record(self.dropout, float(p) if training else 0.0, lambda: dropout(input, p, False, inplace))
+
+        def recorded_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+            return self._record(
+                self.sdpa,
+                float(dropout_p),
+                lambda: sdpa(query, key, value, attn_mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa),
+            )
+
+        F.dropout, F.scaled_dot_product_attention = recorded_dropout, recorded_sdpa
+        try:
+            yield
+        finally:
+            F.dropout, F.scaled_dot_product_attention = dropout, sdpa
+
+    def annotate(self, graph: fx.Graph) -> bool:
+        """Attach the recorded probabilities to the nodes; False when the calls do not match them."""
+        drops = [n for n in graph.nodes if n.target is _ATEN.dropout.default]
+        sdpas = [n for n in graph.nodes if n.target is _ATEN.scaled_dot_product_attention.default]
+        if len(drops) != len(self.dropout) or len(sdpas) != len(self.sdpa):
+            return False
+        for node, p in zip(drops + sdpas, self.dropout + self.sdpa):
+            node.meta[TRAIN_DROPOUT] = p
+        return True
+
+
 def _describe_export_failure(model: nn.Module, err: Exception) -> str:
     text = str(err)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -77,7 +135,7 @@ def export_model(
     preserve: tuple[str, ...] = (),
 ) -> torch.export.ExportedProgram:
     """Non-strict export with the train/eval split of :func:`_export_modes`."""
-    with _export_modes(model, leaf_types):
+    with _export_modes(model, leaf_types), torch.no_grad():
         try:
             return torch.export.export(
                 model,
@@ -208,16 +266,21 @@ def _unique_attr(root: nn.Module, base: str) -> str:
 
 
 def modularise_training_constants(gm: fx.GraphModule) -> int:
-    """Turn ``dropout(x, p, True)`` and SDPA with ``dropout_p > 0`` into mode-following modules."""
+    """Turn dropout and SDPA whose train-mode ``p > 0`` into modules that follow train/eval mode."""
     changed = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
             continue
-        if node.target is _ATEN.dropout.default and len(node.args) == 3 and node.args[2] is True:
-            module = nn.Dropout(float(node.args[1]))
+        if node.target is _ATEN.dropout.default:
+            traced = float(node.args[1]) if len(node.args) == 3 and node.args[2] is True else 0.0
+            dropout_p = node.meta.get(TRAIN_DROPOUT, traced)
+            if not dropout_p:
+                continue
+            module = nn.Dropout(dropout_p)
             args, kwargs, suffix = (node.args[0],), {}, "dropout"
         elif node.target is _ATEN.scaled_dot_product_attention.default:
-            dropout_p = node.args[4] if len(node.args) > 4 else node.kwargs.get("dropout_p", 0.0)
+            traced = node.args[4] if len(node.args) > 4 else node.kwargs.get("dropout_p", 0.0)
+            dropout_p = node.meta.get(TRAIN_DROPOUT, traced)
             if not dropout_p:
                 continue
             module = ScaledDotProductAttention(float(dropout_p))
@@ -297,8 +360,14 @@ def capture(
     preserve = tuple(
         name for name, m in model.named_modules() if name and leaf_modules and isinstance(m, leaf_modules)
     )
-    ep = export_model(model, example_inputs, dynamic_shapes, leaf_modules, preserve)
+    recorder = DropoutRecorder()
+    with recorder.patch():
+        ep = export_model(model, example_inputs, dynamic_shapes, leaf_modules, preserve)
     exported = ep.module(check_guards=False)
+    if not recorder.annotate(exported.graph):
+        logger.debug("functional dropout calls do not match the graph: tracing dropout instead")
+        ep = export_model(model, example_inputs, dynamic_shapes, leaf_modules, preserve)
+        exported = ep.module(check_guards=False)
     signatures: dict[str, list] = {}
     for entry in ep.module_call_graph:
         if entry.signature is not None and entry.fqn:
