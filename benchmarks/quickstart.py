@@ -9,6 +9,7 @@ The baseline is `python -c "import torch, transformers"` measured the same way i
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -36,12 +37,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run = [sys.executable, "-m", "mase_lite.cli", "run", "pipelines/quickstart.json", "--output-dir", tmp]
         pipeline = timed(run, args.repeats)
+        report = json.loads((Path(tmp) / "report.json").read_text())
     imports = timed([sys.executable, "-c", "import torch, transformers"], args.repeats)
     print(f"median of {args.repeats} after warm-up")
     print("| what | seconds |")
     print("|---|---|")
     print(f"| import torch, transformers (baseline) | {imports:.2f} |")
     print(f"| mase-lite run pipelines/quickstart.json | {pipeline:.2f} |")
+    print(f"| of which, last run: data + model + capture | {report['capture']['seconds']:.2f} |")
+    print(f"| of which, last run: the {len(report['steps'])} steps | {sum(s['seconds'] for s in report['steps']):.2f} |")
 
 
 if __name__ == "__main__":
