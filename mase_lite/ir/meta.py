@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.nn.utils import parametrize
 
 from mase_lite.ir.ops import function_packet_name, op_of_function, op_of_module
 
@@ -87,6 +88,12 @@ def _previous_formats(node: fx.Node) -> dict[str, Any]:
     return keep
 
 
+def module_class(module: torch.nn.Module) -> type:
+    """The module's own class, not the subclass ``torch.nn.utils.parametrize`` makes for it."""
+    cls = type(module)
+    return cls.__bases__[0] if parametrize.is_parametrized(module) else cls
+
+
 def _logical_name(name: str) -> str:
     """``parametrizations.weight.original`` -> ``weight``; ``parametrizations.weight.0.mask`` -> ``weight_mask``."""
     parts = name.split(".")
@@ -104,7 +111,7 @@ def node_meta(node: fx.Node, modules: dict[str, torch.nn.Module], names: dict[st
     if node.op == "call_module":
         module = modules[node.target]
         meta["op"] = op_of_module(module)
-        meta["module"] = type(module).__name__
+        meta["module"] = module_class(module).__name__
         params = {}
         for pname, p in module.named_parameters():
             pname = _logical_name(pname)

@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.utils import parametrize
 
 from mase_lite.nn.quant_config import LAYER_OPERANDS, OperandFormat, QuantConfig, QuantConfigError, parse_quant_config
 from mase_lite.numerics import residual_level_means, residual_sign
@@ -86,11 +87,16 @@ class QuantizedLayer:
             setattr(self, f"{operand}_quantizer", quantizer)
 
     def _adopt(self, source: nn.Module) -> None:
-        """Take over ``source``'s parameters, buffers and train/eval mode (same objects)."""
+        """Take over ``source``'s parameters, buffers, parametrisations (pruning masks) and mode."""
         for name, param in source._parameters.items():
             self._parameters[name] = param
         for name, buf in source._buffers.items():
             self._buffers[name] = buf
+        if parametrize.is_parametrized(source):
+            for name, chain in source.parametrizations.items():
+                self._parameters[name] = chain.original
+                for parametrization in chain:
+                    parametrize.register_parametrization(self, name, parametrization, unsafe=True)
         self.train(source.training)
 
     def _operand(self, operand: str, x: Tensor | None) -> Tensor | None:

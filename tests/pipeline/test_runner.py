@@ -116,3 +116,17 @@ def test_console_script_exit_code_two(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("mase-lite: error: ") and "not valid JSON at line 1" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_cli_draw_default_and_config(tmp_path, capsys):
+    assert main(["draw", "-o", str(tmp_path / "bert.svg")]) == 0
+    assert "bert_encoder_layer_1_output_dense" in (tmp_path / "bert.svg").read_text()
+    assert capsys.readouterr().out.startswith(f"wrote {tmp_path / 'bert.svg'} (")
+    config = tmp_path / "model.json"
+    config.write_text(json.dumps({"hf_config": {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}}))
+    assert main(["draw", "--model", str(config), "-o", str(tmp_path / "small.dot")]) == 0
+    assert "bert_encoder_layer_1" not in (tmp_path / "small.dot").read_text()
+    config.write_text(json.dumps({"hf_confg": {}}))
+    assert main(["draw", "--model", str(config), "-o", str(tmp_path / "bad.svg")]) == 2
+    assert "model.hf_confg: unknown key; allowed keys: " in capsys.readouterr().err
+    assert not (tmp_path / "bad.svg").exists()
