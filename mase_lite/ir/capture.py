@@ -376,6 +376,7 @@ def capture(
     raise_leaf_calls(exported.graph, modules, leaf_modules, signatures)
     gm = build_graph_module(model, exported)
     modularise_training_constants(gm)
+    gm.graph.eliminate_dead_code()
     _canonical_names(gm.graph)
     gm.train(model.training)
     gm.graph.lint()
