@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch.fx as fx
 
-from mase_lite.errors import UserError
+from mase_lite.errors import UserError, ensure_dir
 
 FORMATS = ("svg", "png", "pdf", "dot")
 _HIDDEN_OPS = {"sym_size", "assert"}
@@ -72,7 +72,7 @@ def draw(mg, path: str | Path, timeout: float = 60.0) -> Path:
     if fmt not in FORMATS:
         raise UserError(f"draw: cannot tell the format of {path.name!r}; use one of: {', '.join(FORMATS)}")
     source = to_dot(mg)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_dir(path.parent, "draw.path")
     if fmt == "dot":
         path.write_text(source)
         return path

@@ -78,14 +78,29 @@ def _arg_values(node: fx.Node) -> list[Any]:
     return vals
 
 
-def _previous_formats(node: fx.Node) -> dict[str, Any]:
-    """Formats set by transforms survive a refresh."""
+def _previous_formats(node: fx.Node, module: torch.nn.Module | None) -> dict[str, Any]:
+    """Formats set by transforms survive a refresh, unless the node now calls a module of another class.
+
+    A quantized module's own operand formats override them (``data_in``, ``data_out``, ``weight``, ``bias``).
+    """
     old = node.meta.get("mase") or {}
+    if module is not None and old.get("module") != module_class(module).__name__:
+        old = {}
     keep: dict[str, Any] = {}
     for key in ("args", "results"):
         keep[key] = [e.get("format") if isinstance(e, dict) else None for e in old.get(key, [])]
     keep["params"] = {k: v.get("format") for k, v in (old.get("params") or {}).items()}
+    if hasattr(module, "quant_formats"):
+        _module_formats(keep, module.quant_formats())
     return keep
+
+
+def _module_formats(keep: dict[str, Any], formats: dict[str, Any]) -> None:
+    """Write a quantized module's operand formats into ``keep`` (the first arg and the first result)."""
+    for key, operand in (("args", "data_in"), ("results", "data_out")):
+        if operand in formats:
+            keep[key] = [formats[operand]] + keep[key][1:]
+    keep["params"].update({p: formats[p] for p in ("weight", "bias") if p in formats})
 
 
 def module_class(module: torch.nn.Module) -> type:
@@ -94,8 +109,11 @@ def module_class(module: torch.nn.Module) -> type:
     return cls.__bases__[0] if parametrize.is_parametrized(module) else cls
 
 
-def _logical_name(name: str) -> str:
-    """``parametrizations.weight.original`` -> ``weight``; ``parametrizations.weight.0.mask`` -> ``weight_mask``."""
+def logical_name(name: str) -> str:
+    """The metadata name of a module's parameter or buffer.
+
+    ``parametrizations.weight.original`` -> ``weight``; ``parametrizations.weight.0.mask`` -> ``weight_mask``.
+    """
     parts = name.split(".")
     if parts[0] != "parametrizations" or len(parts) < 3:
         return name
@@ -106,18 +124,18 @@ def _logical_name(name: str) -> str:
 
 def node_meta(node: fx.Node, modules: dict[str, torch.nn.Module], names: dict[str, str]) -> dict[str, Any]:
     """The ``meta["mase"]`` dict of one node."""
-    previous = _previous_formats(node)
+    module = modules[node.target] if node.op == "call_module" else None
+    previous = _previous_formats(node, module)
     meta: dict[str, Any] = {"type": _NODE_TYPES.get(node.op, node.op), "module": None}
     if node.op == "call_module":
-        module = modules[node.target]
         meta["op"] = op_of_module(module)
         meta["module"] = module_class(module).__name__
         params = {}
         for pname, p in module.named_parameters():
-            pname = _logical_name(pname)
+            pname = logical_name(pname)
             params[pname] = tensor_meta(p, names, previous["params"].get(pname)) | {"trainable": p.requires_grad}
         for pname, b in module.named_buffers():
-            pname = _logical_name(pname)
+            pname = logical_name(pname)
             params[pname] = tensor_meta(b, names, previous["params"].get(pname)) | {"buffer": True}
         if hasattr(module, "mase_weight_meta"):
             params["weight"] = module.mase_weight_meta()

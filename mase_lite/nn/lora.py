@@ -19,6 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mase_lite.errors import UserError
+from mase_lite.nn.pruning import share_activation_pruner
+from mase_lite.nn.quantized import quantized_like
 
 
 class LoRALinear(nn.Module):
@@ -72,9 +74,11 @@ class LoRALinear(nn.Module):
 
     @torch.no_grad()
     def merged(self) -> nn.Linear:
-        """A plain Linear computing the same function (in eval mode): weight ``W + scaling * B @ A``, same bias.
+        """A Linear computing the same function (in eval mode): weight ``W + scaling * B @ A``, same bias.
 
-        The new parameters copy the base's device, dtype and ``requires_grad``.
+        The new parameters copy the base's device, dtype and ``requires_grad``. A quantized base gives a
+        layer quantized with the same config, applied to the merged weight (so equal up to quantization);
+        the base's activation pruner is kept.
         """
         weight = self.base.weight
         wide = torch.promote_types(weight.dtype, torch.float32)
@@ -87,7 +91,8 @@ class LoRALinear(nn.Module):
         if self.base.bias is not None:
             plain.bias.copy_(self.base.bias)
             plain.bias.requires_grad_(self.base.bias.requires_grad)
-        return plain
+        share_activation_pruner(self.base, plain)
+        return quantized_like(self.base, plain)
 
     def extra_repr(self) -> str:
         return f"rank={self.rank}, alpha={self.alpha}, dropout={self.dropout.p}"

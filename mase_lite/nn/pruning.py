@@ -226,6 +226,13 @@ def attach_activation_pruner(module: nn.Module, pruner: ActivationPruner) -> Act
     return pruner
 
 
+def share_activation_pruner(source: nn.Module, target: nn.Module) -> None:
+    """Hook ``source``'s activation pruner, if it has one, on ``target`` as well (for a module replacing it)."""
+    pruner = activation_pruner_of(source)
+    if pruner is not None:
+        attach_activation_pruner(target, pruner)
+
+
 def detach_activation_pruner(module: nn.Module) -> bool:
     """Remove the activation-pruning hook of ``module``; returns whether there was one."""
     pruner = activation_pruner_of(module)

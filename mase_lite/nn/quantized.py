@@ -202,6 +202,11 @@ QUANTIZED_LAYERS: tuple[tuple[type[nn.Module], type[nn.Module]], ...] = (
 )
 
 
+def quantized_like(layer: nn.Module, new: nn.Module) -> nn.Module:
+    """``new`` fake-quantized with ``layer``'s config when ``layer`` is a quantized layer, else ``new`` itself."""
+    return quantize_module(new, layer.quant_config) if isinstance(layer, QuantizedLayer) else new
+
+
 def quantize_module(module: nn.Module, config: Mapping[str, Any] | QuantConfig) -> nn.Module:
     """The quantized replacement of a Linear, Conv1d or Conv2d (a packed MXINT8 Linear for ``storage: packed``).
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from mase_lite.errors import UserError
+from mase_lite.errors import UserError, ensure_dir
 from mase_lite.ir.graph import MaseGraph
 from mase_lite.passes.registry import get_pass
 from mase_lite.pipeline.spec import PipelineSpec, check_pipeline, load_spec
@@ -128,7 +128,7 @@ def run_pipeline(source: str | Path | dict | PipelineSpec, output_dir: str | Pat
     spec = load_spec(source)
     params = check_pipeline(spec)
     out = Path(output_dir or spec.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    ensure_dir(out, "output_dir")
     report: dict[str, Any] = {
         "name": spec.name,
         "status": "running",

@@ -7,6 +7,7 @@ import json
 from pydantic import Field
 from tqdm import tqdm
 
+from mase_lite.errors import ensure_dir
 from mase_lite.passes.paths import run_path
 from mase_lite.passes.registry import PassParams, register_pass
 
@@ -69,7 +70,7 @@ def report_pass(mg, params: ReportParams):
     shown = ("call_module", "placeholder", "output") if not params.all_nodes else None
     rows = [node_row(n) for n in mg.model.graph.nodes if shown is None or n.op in shown]
     stem = run_path(mg, params.path)
-    stem.parent.mkdir(parents=True, exist_ok=True)
+    ensure_dir(stem.parent, "report.path")
     md, js = stem.with_name(stem.name + ".md"), stem.with_name(stem.name + ".json")
     md.write_text(markdown_table(rows))
     js.write_text(json.dumps(rows, indent=2))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from mase_lite.ir.meta import dtype_name
+from mase_lite.ir.meta import dtype_name, logical_name
 from mase_lite.passes.registry import PassError, PassParams, register_pass
 
 
@@ -22,7 +22,8 @@ def _check_node(node, modules) -> list[str]:
         module = modules.get(node.target)
         if module is None:
             return [f"{node.name}: calls missing submodule {node.target!r}"]
-        for name, p in list(module.named_parameters()) + list(module.named_buffers()):
+        for raw_name, p in list(module.named_parameters()) + list(module.named_buffers()):
+            name = logical_name(raw_name)
             recorded = meta["params"].get(name)
             if recorded is None:
                 problems.append(f"{node.name}: parameter {name!r} missing from metadata")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from mase_lite.errors import UserError
+from mase_lite.errors import UserError, ensure_dir
 from mase_lite.ir.serialize import RECIPE
 from mase_lite.passes.paths import run_path
 from mase_lite.passes.registry import PassError, PassParams, register_pass
@@ -52,7 +52,7 @@ def save_pass(mg, params: SaveParams):
     """Save weights, recipe and tokenizer to a checkpoint directory (whole or not at all)."""
     target = run_path(mg, params.path)
     _check_replaceable(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    ensure_dir(target.parent, "save.path")
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.saving-", dir=target.parent))
     try:
         mg.save(staging)

@@ -5,7 +5,8 @@ For ``y = bn(conv(x))`` with running statistics, the conv becomes one with weigh
 and the BatchNorm node leaves the graph. The folded graph equals the original in eval mode (in
 train mode a BatchNorm would normalise with batch statistics instead). Linear + BatchNorm1d is
 folded when the Linear's output is 2-D (features on dim 1). The BatchNorm modules stay in the
-model tree, unused (``dead_code`` with ``delete_unused_modules`` deletes them).
+model tree, unused (``dead_code`` with ``delete_unused_modules`` deletes them). A folded layer keeps
+its weight mask, activation pruning and quantization config (quantizers then see the folded weight).
 
 Example::
 
@@ -21,6 +22,8 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from mase_lite.nn.pruning import attach_weight_mask, share_activation_pruner, weight_mask_of
+from mase_lite.nn.quantized import quantized_like
 from mase_lite.passes.registry import NoParams, register_pass
 
 logger = logging.getLogger(__name__)
@@ -69,7 +72,8 @@ def folded_layer(layer: nn.Module, bn: nn.modules.batchnorm._BatchNorm) -> nn.Mo
     if isinstance(layer, nn.Linear):
         new = nn.Linear(layer.in_features, layer.out_features, bias=True, **factory)
     else:
-        new = type(layer)(
+        conv_class = next(cls for cls in _CONVS if isinstance(layer, cls))
+        new = conv_class(
             layer.in_channels, layer.out_channels, layer.kernel_size, stride=layer.stride, padding=layer.padding,
             dilation=layer.dilation, groups=layer.groups, bias=True, padding_mode=layer.padding_mode, **factory,
         )
@@ -77,6 +81,16 @@ def folded_layer(layer: nn.Module, bn: nn.modules.batchnorm._BatchNorm) -> nn.Mo
     new.weight.copy_((weight.to(wide) * factor.reshape(shape)).to(weight.dtype))
     new.bias.copy_(((bias - bn.running_mean.to(wide)) * factor + beta).to(weight.dtype))
     new.train(layer.training)
+    return _carry_over(layer, new)
+
+
+def _carry_over(layer: nn.Module, new: nn.Module) -> nn.Module:
+    """``new`` with ``layer``'s weight mask, quantization config and activation pruner."""
+    mask = weight_mask_of(layer)
+    if mask is not None:
+        attach_weight_mask(new, mask.mask.clone())
+    new = quantized_like(layer, new)
+    share_activation_pruner(layer, new)
     return new
 
 

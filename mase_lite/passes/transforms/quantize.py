@@ -63,7 +63,9 @@ class QuantizeParams(PassParams):
         None, description="config for the Linear/Conv modules no rule matched; null: leave them alone"
     )
     bypass: bool = Field(False, description="do nothing")
-    allow_unmatched: bool = Field(False, description="warn instead of failing when a rule matches no quantizable node")
+    allow_unmatched: bool = Field(
+        False, description="warn instead of failing when a rule (or the default) matches no quantizable node"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -178,6 +180,20 @@ def _check_rules_matched(mg, params: QuantizeParams, matched: set[str], modules:
         logger.warning(msg)
 
 
+def _check_default_applies(mg, params: QuantizeParams, modules: dict[str, nn.Module]) -> None:
+    """A ``default`` on a graph without any Linear/Conv node (e.g. all wrapped by LoRA) quantizes nothing: say so."""
+    if params.default is None or any(_kind(n, modules) == "layer" for n in mg.model.graph.nodes):
+        return
+    ops = sorted({str(n.meta["mase"]["op"]) for n in mg.model.graph.nodes if n.op == "call_module"})
+    msg = (
+        f"default: the graph has no Linear/Conv1d/Conv2d node for it to quantize "
+        f"(module ops: {', '.join(ops) or 'none'}); merge LoRA adapters first (lora_merge), or set allow_unmatched"
+    )
+    if not params.allow_unmatched:
+        raise PassError(msg)
+    logger.warning(msg)
+
+
 def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str]]:
     """Every replacement, built and validated, without touching the graph."""
     modules = mg.modules
@@ -229,6 +245,7 @@ def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str]]:
             module.train(mg.model.training)
             functions.append(_Planned([node], where, config, module, kind))
     _check_rules_matched(mg, params, matched, modules)
+    _check_default_applies(mg, params, modules)
     return list(layers.values()) + functions, skipped
 
 
