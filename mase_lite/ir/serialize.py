@@ -183,6 +183,7 @@ def load(directory: str | Path, model: nn.Module | None = None):
                 f"{directory}: no recipe to rebuild the model was saved; pass the model: MaseGraph.load(dir, model=...)"
             )
         model = build_from_recipe(recipe["model"])
+    model.eval()
     leaf = tuple(_import(q) for q in recipe["leaf_modules"])
     if recipe["hf_input_names"] is not None:
         mg = MaseGraph(model, hf_input_names=recipe["hf_input_names"], leaf_modules=leaf, recipe=recipe["model"])
