@@ -64,3 +64,11 @@ def select_nodes(
             raise PassError(msg)
         logger.warning(msg)
     return chosen
+
+
+def select_modules(mg, selection: Selection) -> dict[str, str]:
+    """``{module target: first node calling it}`` for the modules ``selection`` picks, in graph order."""
+    chosen: dict[str, str] = {}
+    for node in select_nodes(mg, selection.by, selection.targets, selection.allow_empty, modules_only=True):
+        chosen.setdefault(node.target, node.name)
+    return chosen

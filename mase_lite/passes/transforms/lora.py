@@ -20,7 +20,7 @@ from pydantic import AliasChoices, Field
 
 from mase_lite.nn.lora import LoRALinear
 from mase_lite.passes.registry import PassError, register_pass
-from mase_lite.passes.select import Selection, select_nodes
+from mase_lite.passes.select import Selection, select_modules
 
 logger = logging.getLogger(__name__)
 
@@ -51,18 +51,15 @@ def freeze_all_but_adapters(model: nn.Module) -> None:
 @register_pass("lora", kind="transform", params=LoRAParams)
 def lora(mg, params: LoRAParams):
     """Replace each selected ``nn.Linear`` with a ``LoRALinear`` wrapping it."""
-    nodes = select_nodes(mg, params.by, params.targets, params.allow_empty, modules_only=True)
     modules = mg.modules
     targets = {}
-    for node in nodes:
-        module = modules[node.target]
+    for target, name in select_modules(mg, params).items():
+        module = modules[target]
         if isinstance(module, LoRALinear):
             continue
         if not isinstance(module, nn.Linear):
-            raise PassError(
-                f"lora: node {node.name!r} is a {type(module).__name__}; LoRA adapts nn.Linear modules only"
-            )
-        targets.setdefault(node.target, node.name)
+            raise PassError(f"lora: node {name!r} is a {type(module).__name__}; LoRA adapts nn.Linear modules only")
+        targets[target] = name
     generator = torch.Generator().manual_seed(params.seed)
     alpha = float(params.rank) if params.alpha is None else params.alpha
     for target in targets:

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from mase_lite.nn.lora import LoRALinear
 from mase_lite.passes.registry import PassError, register_pass
-from mase_lite.passes.select import Selection, select_nodes
+from mase_lite.passes.select import Selection, select_modules
 
 
 class LoRAMergeParams(Selection):
@@ -24,14 +24,11 @@ class LoRAMergeParams(Selection):
 @register_pass("lora_merge", kind="transform", params=LoRAMergeParams)
 def lora_merge(mg, params: LoRAMergeParams):
     """Replace each selected ``LoRALinear`` with the equivalent ``nn.Linear``."""
-    nodes = select_nodes(mg, params.by, params.targets, params.allow_empty, modules_only=True)
     modules = mg.modules
-    merged = {}
-    for node in nodes:
-        module = modules[node.target]
-        if not isinstance(module, LoRALinear):
-            raise PassError(f"lora_merge: node {node.name!r} is a {type(module).__name__}, not a LoRALinear")
-        merged.setdefault(node.target, node.name)
+    merged = select_modules(mg, params)
+    for target, name in merged.items():
+        if not isinstance(modules[target], LoRALinear):
+            raise PassError(f"lora_merge: node {name!r} is a {type(modules[target]).__name__}, not a LoRALinear")
     for target in merged:
         mg.replace_module(target, modules[target].merged())
     return mg, {"merged": list(merged.values())}

@@ -19,7 +19,7 @@ from pydantic import Field
 
 from mase_lite.nn.pruning import ActivationPruner, attach_activation_pruner, attach_weight_mask, weight_masks
 from mase_lite.passes.registry import PassError, PassParams, register_pass
-from mase_lite.passes.select import Selection, select_nodes
+from mase_lite.passes.select import Selection, select_modules
 
 logger = logging.getLogger(__name__)
 
@@ -63,11 +63,8 @@ def _granularity(name: str) -> str:
 @register_pass("prune", kind="transform", params=PruneParams)
 def prune(mg, params: PruneParams):
     """Prune weights (masks saved with the model) and/or input activations (hooks) of the selected modules."""
-    nodes = select_nodes(mg, params.by, params.targets, params.allow_empty, modules_only=True)
     modules = mg.modules
-    by_target = {}
-    for node in nodes:
-        by_target.setdefault(node.target, node.name)
+    by_target = select_modules(mg, params)
     report: dict[str, dict] = {name: {} for name in by_target.values()}
 
     if params.weight is not None and by_target:
