@@ -12,7 +12,6 @@ Example::
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +24,21 @@ from mase_lite.ir import meta as meta_mod
 from mase_lite.ir.capture import MaseGraphModule, capture, default_dynamic_shapes
 from mase_lite.ir.inputs import TOKEN_INPUTS, forward_parameters, hf_example_inputs
 
-logger = logging.getLogger(__name__)
 
 
-def _check_inputs(names: tuple[str, ...], module: nn.Module, args: tuple, kwargs: dict) -> None:
-    given = list(names[: len(args)]) + list(kwargs)
-    unknown = [k for k in kwargs if k not in names]
-    missing = [n for n in names if n not in given]
-    if unknown or missing or len(args) > len(names):
+class _InputCheck:
+    """Forward pre-hook naming the captured inputs when a call does not match them."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = names
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        names = self.names
+        given = list(names[: len(args)]) + list(kwargs)
+        unknown = [k for k in kwargs if k not in names]
+        missing = [n for n in names if n not in given]
+        if not (unknown or missing or len(args) > len(names)):
+            return
         detail = []
         if missing:
             detail.append(f"missing: {', '.join(missing)}")
@@ -44,16 +50,6 @@ def _check_inputs(names: tuple[str, ...], module: nn.Module, args: tuple, kwargs
             f"this graph was captured with inputs ({', '.join(names)}); {'; '.join(detail)}. "
             "Capture again with the inputs you want to call it with."
         )
-
-
-class _InputCheck:
-    """Forward pre-hook naming the captured inputs when a call does not match them."""
-
-    def __init__(self, names: tuple[str, ...]):
-        self.names = names
-
-    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        _check_inputs(self.names, module, args, kwargs)
 
 
 class MaseGraph:
@@ -166,10 +162,6 @@ class MaseGraph:
                 f"e.g. node.replace_all_uses_with({source}) to pass its input through, then erase it"
             )
         self.model.graph.erase_node(node)
-        if node.op == "call_module" and not any(
-            n.op == "call_module" and n.target == node.target for n in self.model.graph.nodes
-        ):
-            logger.debug("module %s is no longer called", node.target)
 
     def record_transform(self, name: str, params: dict[str, Any]) -> None:
         """Append a structural transform to the history that :meth:`load` replays."""
