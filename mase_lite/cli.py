@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 
 from mase_lite import __version__
@@ -47,7 +48,7 @@ def _cmd_draw(args: argparse.Namespace) -> int:
 def _type_name(annotation) -> str:
     if isinstance(annotation, type):
         return annotation.__name__
-    return str(annotation).replace("typing.", "")
+    return re.sub(r"\b(?:typing|[\w]+(?:\.[\w]+)+)\.(\w+)", r"\1", str(annotation))
 
 
 def _cmd_passes(args: argparse.Namespace) -> int:
@@ -58,7 +59,8 @@ def _cmd_passes(args: argparse.Namespace) -> int:
         fields = {
             key: {
                 "type": _type_name(f.annotation),
-                "default": "required" if f.is_required() else f.get_default(call_default_factory=True),
+                "required": f.is_required(),
+                "default": None if f.is_required() else f.get_default(call_default_factory=True),
             }
             for key, f in info.params.model_fields.items()
         }
@@ -69,7 +71,7 @@ def _cmd_passes(args: argparse.Namespace) -> int:
     for name, entry in listing.items():
         print(f"{name} ({entry['kind']}): {entry['doc']}")
         for key, f in entry["params"].items():
-            print(f"    {key}: {f['type']} = {f['default']!r}")
+            print(f"    {key}: {f['type']}" + (" (required)" if f["required"] else f" = {f['default']!r}"))
     return 0
 
 

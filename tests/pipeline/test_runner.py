@@ -98,9 +98,11 @@ def test_cli_passes_schema_version(capsys):
     assert main(["passes"]) == 0
     out = capsys.readouterr().out
     assert "profile (analysis): " in out and "    num_batches: int = 4" in out
+    assert "    path: str (required)" in out and "    weight: WeightPruning | None = WeightPruning(" in out
     assert main(["passes", "--json"]) == 0
     listing = json.loads(capsys.readouterr().out)
     assert listing["count"]["params"]["dims"]["default"] == {"batch": 1, "seq": 128}
+    assert listing["load"]["params"]["path"] == {"type": "str", "required": True, "default": None}
     assert main(["schema", "pipeline"]) == 0
     schema = json.loads(capsys.readouterr().out)
     assert schema["additionalProperties"] is False and "steps" in schema["properties"]
