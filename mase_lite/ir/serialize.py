@@ -73,14 +73,15 @@ def build_from_recipe(recipe: dict[str, Any]) -> nn.Module:
     return cls._from_config(config, **kwargs)
 
 
-def _example_inputs(specs: dict[str, dict[str, Any]]) -> dict[str, torch.Tensor]:
+def example_inputs_from_specs(specs: dict[str, dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Example tensors from ``{name: {"shape": [...], "dtype": "float32"}}``: random floats, integer zeros."""
     inputs = {}
     for name, spec in specs.items():
-        dtype = getattr(torch, spec["dtype"])
-        if dtype.is_floating_point:
-            inputs[name] = torch.randn(spec["shape"], dtype=dtype)
-        else:
-            inputs[name] = torch.zeros(spec["shape"], dtype=dtype)
+        dtype = getattr(torch, spec["dtype"], None)
+        if not isinstance(dtype, torch.dtype):
+            raise UserError(f"example_inputs.{name}.dtype: {spec['dtype']!r} is not a torch dtype (e.g. float32, int64)")
+        make = torch.randn if dtype.is_floating_point else torch.zeros
+        inputs[name] = make(spec["shape"], dtype=dtype)
     return inputs
 
 
@@ -189,7 +190,7 @@ def load(directory: str | Path, model: nn.Module | None = None):
         mg = MaseGraph(model, hf_input_names=recipe["hf_input_names"], leaf_modules=leaf, recipe=recipe["model"])
     else:
         mg = MaseGraph(
-            model, example_inputs=_example_inputs(recipe["input_specs"]), leaf_modules=leaf, recipe=recipe["model"]
+            model, example_inputs=example_inputs_from_specs(recipe["input_specs"]), leaf_modules=leaf, recipe=recipe["model"]
         )
     for step in recipe["transforms"]:
         mg, _ = get_pass(step["pass"])(mg, step["params"])

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from mase_lite.errors import UserError, ensure_dir
 from mase_lite.ir.graph import MaseGraph
+from mase_lite.ir.serialize import example_inputs_from_specs
 from mase_lite.passes.registry import get_pass
 from mase_lite.pipeline.spec import PipelineSpec, check_pipeline, load_spec
 from mase_lite.train.seeding import seed_everything
@@ -104,13 +105,8 @@ def build_graph(spec: PipelineSpec, output_dir: Path) -> MaseGraph:
     model, data = prepare(spec.model, spec.data, output_dir, spec.seed)
     recipe = spec.model.recipe()
     if spec.example_inputs is not None:
-        examples = {
-            name: (torch.randn if getattr(torch, s.dtype).is_floating_point else torch.zeros)(
-                s.shape, dtype=getattr(torch, s.dtype)
-            )
-            for name, s in spec.example_inputs.items()
-        }
-        mg = MaseGraph(model, example_inputs=examples, recipe=recipe)
+        specs = {name: s.model_dump() for name, s in spec.example_inputs.items()}
+        mg = MaseGraph(model, example_inputs=example_inputs_from_specs(specs), recipe=recipe)
     else:
         names = spec.inputs or (data.input_names if data is not None else None)
         mg = MaseGraph(model, hf_input_names=names, recipe=recipe)

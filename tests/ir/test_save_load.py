@@ -88,3 +88,13 @@ def test_saved_on_gpu_loads_on_cpu(tiny_bert, tmp_path):
     mg.save(tmp_path / "g")
     loaded = MaseGraph.load(tmp_path / "g")
     assert all(p.device.type == "cpu" for p in loaded.model.parameters())
+
+
+def test_example_input_specs_make_tensors_and_name_a_bad_dtype():
+    from mase_lite.ir.serialize import example_inputs_from_specs
+
+    made = example_inputs_from_specs({"x": {"shape": [2, 3], "dtype": "float16"}, "ids": {"shape": [2], "dtype": "int64"}})
+    assert made["x"].dtype == torch.float16 and list(made["x"].shape) == [2, 3]
+    assert torch.equal(made["ids"], torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(UserError, match=r"example_inputs.x.dtype: 'float33' is not a torch dtype"):
+        example_inputs_from_specs({"x": {"shape": [2], "dtype": "float33"}})
