@@ -40,6 +40,7 @@ from mase_lite.numerics.exponents import (
     mul_pow2,
     round_to_float,
 )
+from mase_lite.numerics.minifloat import check_exponent_fits
 from mase_lite.numerics.registry import FormatParams, register_format
 
 
@@ -70,11 +71,7 @@ class BlockMinifloatParams(FormatParams):
 
     @model_validator(mode="after")
     def _fits(self) -> "BlockMinifloatParams":
-        if self.exponent_width >= self.width:
-            raise ValueError(
-                f"exponent_width={self.exponent_width} must be < width={self.width} "
-                f"(allowed: 1..{self.width - 1}; one bit is the sign)"
-            )
+        check_exponent_fits(self.exponent_width, self.width)
         return self
 
 

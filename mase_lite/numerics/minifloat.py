@@ -45,12 +45,16 @@ class MinifloatParams(FormatParams):
 
     @model_validator(mode="after")
     def _fits(self) -> "MinifloatParams":
-        if self.exponent_width >= self.width:
-            raise ValueError(
-                f"exponent_width={self.exponent_width} must be < width={self.width} "
-                f"(allowed: 1..{self.width - 1}; one bit is the sign)"
-            )
+        check_exponent_fits(self.exponent_width, self.width)
         return self
+
+
+def check_exponent_fits(exponent_width: int, width: int) -> None:
+    """An element of ``width`` bits keeps one bit for the sign: ``exponent_width < width``."""
+    if exponent_width >= width:
+        raise ValueError(
+            f"exponent_width={exponent_width} must be < width={width} (allowed: 1..{width - 1}; one bit is the sign)"
+        )
 
 
 def check_exponent_range(min_exponent: int, max_exponent: int, what: str) -> None:
