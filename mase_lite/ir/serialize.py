@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from mase_lite.errors import UserError
+from mase_lite.files import staged_directory
 
 RECIPE = "recipe.json"
 WEIGHTS = "model.safetensors"
@@ -96,19 +94,10 @@ def save(mg, directory: str | Path) -> Path:
         "leaf_modules": [_qualname(c) for c in mg.leaf_modules],
         "transforms": mg.history,
     }
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
-        state = {k: v.detach().to("cpu") for k, v in mg.model.state_dict().items()}
-        unique = _drop_aliases(state)
-        safetensors.torch.save_file(unique, str(tmp / WEIGHTS), metadata={"format": "pt"})
+    state = {k: v.detach().to("cpu") for k, v in mg.model.state_dict().items()}
+    with staged_directory(directory) as tmp:
+        safetensors.torch.save_file(_drop_aliases(state), str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / RECIPE).write_text(json.dumps(recipe, indent=2, default=str))
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return directory
 
 

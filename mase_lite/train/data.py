@@ -15,8 +15,6 @@ import json
 import logging
 import os
 import random
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -27,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
 from mase_lite.errors import UserError
+from mase_lite.files import staged_directory
 from mase_lite.train.hub import hub_cache_dir
 from mase_lite.train.sources import TextSplit, read_hub, read_local, synthetic_splits
 from mase_lite.train.tokenizer import load_tokenizer, train_wordpiece
@@ -215,15 +214,8 @@ class DataModule:
     def save_tokenizer(self, directory: Path) -> Path:
         """Write the tokenizer to ``directory`` whole or not at all."""
         directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
-        try:
+        with staged_directory(directory) as staging:
             self.tokenizer.save_pretrained(str(staging))
-            if directory.exists():
-                shutil.rmtree(directory)
-            os.replace(staging, directory)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
         return directory
 
     def persist(self, run_dir: Path) -> None:

@@ -13,14 +13,12 @@ and, when the graph has data, ``tokenizer/``. It is written whole or not at all.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from pydantic import Field
 
 from mase_lite.errors import UserError, ensure_dir
+from mase_lite.files import staged_directory
 from mase_lite.ir.serialize import RECIPE
 from mase_lite.passes.paths import run_path
 from mase_lite.passes.registry import PassError, PassParams, register_pass
@@ -53,17 +51,11 @@ def save_pass(mg, params: SaveParams):
     target = run_path(mg, params.path)
     _check_replaceable(target)
     ensure_dir(target.parent, "save.path")
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.saving-", dir=target.parent))
-    try:
+    with staged_directory(target) as staging:
         mg.save(staging)
         tokenizer = getattr(mg.data, "tokenizer", None) if params.tokenizer else None
         if tokenizer is not None:
             tokenizer.save_pretrained(str(staging / TOKENIZER_DIR))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     files = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
     size = sum((target / f).stat().st_size for f in files)
     logger.info("saved a checkpoint to %s (%d bytes)", target, size)
