@@ -29,3 +29,18 @@ def staged_directory(target: str | Path) -> Iterator[Path]:
         os.replace(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_file(target: str | Path) -> Iterator[Path]:
+    """A temporary path beside ``target`` to write; it replaces ``target`` when the block succeeds."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    os.close(fd)
+    staging = Path(name)
+    try:
+        yield staging
+        os.replace(staging, target)
+    finally:
+        staging.unlink(missing_ok=True)

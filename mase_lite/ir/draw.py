@@ -11,15 +11,14 @@ Example::
 from __future__ import annotations
 
 import html
-import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import torch.fx as fx
 
 from mase_lite.errors import UserError, ensure_dir
+from mase_lite.files import staged_file
 
 FORMATS = ("svg", "png", "pdf", "dot")
 _HIDDEN_OPS = {"sym_size", "assert"}
@@ -82,18 +81,13 @@ def draw(mg, path: str | Path, timeout: float = 60.0) -> Path:
             "draw: graphviz's `dot` program is not installed (Debian/Ubuntu: apt-get install graphviz; "
             "macOS: brew install graphviz); write a .dot file instead to skip rendering"
         )
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
     try:
-        subprocess.run(
-            [dot, f"-T{fmt}", "-o", tmp], input=source.encode(), check=True, timeout=timeout, capture_output=True
-        )
-        os.replace(tmp, path)
+        with staged_file(path) as tmp:
+            subprocess.run(
+                [dot, f"-T{fmt}", "-o", str(tmp)], input=source.encode(), check=True, timeout=timeout, capture_output=True
+            )
     except subprocess.TimeoutExpired:
         raise UserError(f"draw: dot took longer than {timeout:.0f} s on {len(mg.nodes)} nodes") from None
     except subprocess.CalledProcessError as err:
         raise UserError(f"draw: dot failed: {err.stderr.decode(errors='replace').strip()}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path

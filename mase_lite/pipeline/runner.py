@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import platform
-import tempfile
 import time
 import traceback
 from collections import Counter
@@ -25,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from mase_lite.errors import UserError, ensure_dir
+from mase_lite.files import staged_file
 from mase_lite.ir.graph import MaseGraph
 from mase_lite.ir.serialize import example_inputs_from_specs
 from mase_lite.passes.registry import get_pass
@@ -74,16 +73,8 @@ def json_safe(value: Any) -> Any:
 
 def write_json_atomic(path: Path, payload: Any) -> None:
     """Write JSON to ``path`` through a temporary file, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(json_safe(payload), f, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with staged_file(path) as tmp:
+        tmp.write_text(json.dumps(json_safe(payload), indent=2))
 
 
 def op_counts(mg: MaseGraph) -> Counter:
