@@ -151,7 +151,7 @@ def run_pipeline(source: str | Path | dict | PipelineSpec, output_dir: str | Pat
             if step.draw_after:
                 entry["drawing"] = str(mg.draw(out / f"step{i:02d}_{step.pass_name}.svg"))
             if "metrics" in info:
-                report["metrics"][info.get("label") or step.pass_name] = info["metrics"]
+                report["metrics"][step.label or info.get("label") or step.pass_name] = info["metrics"]
             report["steps"].append(entry)
             logger.info("step %d %s: %.3f s", i, step.pass_name, seconds)
         report["status"] = "ok"

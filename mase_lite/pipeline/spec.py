@@ -45,6 +45,9 @@ class StepSpec(BaseModel):
 
     pass_name: str = Field(alias="pass", description="a registered pass (see `mase-lite passes`)")
     params: dict[str, Any] = Field(default_factory=dict, description="the pass's params")
+    label: str | None = Field(
+        None, pattern=r"^[A-Za-z_][\w-]*$", description="the step's name in report metrics and search paths (default: the pass's own label, else its name)"
+    )
     draw_after: bool = Field(False, description="draw the graph to <output_dir>/step<N>_<pass>.svg after this step")
 
 
