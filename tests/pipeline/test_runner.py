@@ -47,7 +47,7 @@ def test_third_party_pass_runs_in_a_pipeline_and_report_is_complete(tmp_path):
     )
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["status"] == "ok" and report["seed"] == 3 and report["name"] == "t"
-    assert report["spec"]["steps"][1] == {"pass": "test_double_classifier", "params": {"factor": 3}, "draw_after": True}
+    assert report["spec"]["steps"][1] == {"pass": "test_double_classifier", "params": {"factor": 3}, "draw_after": True, "label": None}
     assert set(report["versions"]) >= {"python", "torch", "transformers", "mase-lite"}
     assert [s["pass"] for s in report["steps"]] == ["count", "test_double_classifier"]
     assert all(s["seconds"] >= 0 for s in report["steps"]) and report["capture"]["seconds"] > 0

@@ -43,7 +43,7 @@ def test_unknown_key_names_path_and_allowed_keys():
 
 
 def test_unknown_step_key():
-    with pytest.raises(UserError, match=r"steps.0.parms: unknown key; allowed keys: draw_after, params, pass"):
+    with pytest.raises(UserError, match=r"steps.0.parms: unknown key; allowed keys: draw_after, label, params, pass"):
         load_spec({"steps": [{"pass": "count", "parms": {}}]})
 
 
