@@ -8,11 +8,22 @@ Example::
     result = ml.run_pipeline("pipelines/quickstart.json")
 """
 
-from mase_lite import passes
 from mase_lite.errors import UserError
-from mase_lite.ir.graph import MaseGraph
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``passes`` and ``MaseGraph`` load on first use, so the kernel runtime imports without the IR."""
+    if name == "passes":
+        import mase_lite.passes as passes
+
+        return passes
+    if name == "MaseGraph":
+        from mase_lite.ir.graph import MaseGraph
+
+        return MaseGraph
+    raise AttributeError(f"module 'mase_lite' has no attribute {name!r}")
 
 
 def run_pipeline(source, output_dir=None):
