@@ -1,0 +1,96 @@
+"""Search plots (matplotlib, Agg): best-so-far per objective, the Pareto front, metric versus a swept
+parameter. Every plot overlays the studies of one search, one curve each.
+
+Example::
+
+    paths = best_so_far(tables, objectives, Path("runs/s"))    # runs/s/best_<metric>.png
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from mase_lite.files import staged_file  # noqa: E402
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^\w.-]+", "_", text).strip("_")
+
+
+def _save(fig, path: Path) -> Path:
+    with staged_file(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _complete(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r["state"] == "COMPLETE"]
+
+
+def best_so_far(tables: dict[str, list[dict]], objectives: list, out: Path) -> list[Path]:
+    """One plot per objective: the best value so far versus trial number, a step curve per study."""
+    paths = []
+    for obj in objectives:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        pick = max if obj.direction == "maximize" else min
+        for name, rows in tables.items():
+            xs, ys, best = [], [], None
+            for r in sorted(_complete(rows), key=lambda r: r["number"]):
+                value = r["metrics"].get(obj.metric)
+                if value is None:
+                    continue
+                best = value if best is None else pick(best, value)
+                xs.append(r["number"])
+                ys.append(best)
+            ax.step(xs, ys, where="post", marker="o", markersize=3, label=name)
+        ax.set_xlabel("trial")
+        ax.set_ylabel(f"best {obj.metric} so far")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        paths.append(_save(fig, out / f"best_{_slug(obj.metric)}.png"))
+    return paths
+
+
+def pareto(tables: dict[str, list[dict]], fronts: dict[str, list[int]], objectives: list, out: Path) -> Path:
+    """The first two objectives of every complete trial, with each study's front drawn as a line."""
+    x_metric, y_metric = objectives[0].metric, objectives[1].metric
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, rows in tables.items():
+        points = [(r["metrics"].get(x_metric), r["metrics"].get(y_metric), r["number"]) for r in _complete(rows)]
+        points = [p for p in points if p[0] is not None and p[1] is not None]
+        scatter = ax.scatter([p[0] for p in points], [p[1] for p in points], s=12, alpha=0.5, label=f"{name} trials")
+        front = sorted((p for p in points if p[2] in set(fronts.get(name, []))), key=lambda p: p[0])
+        ax.plot([p[0] for p in front], [p[1] for p in front], marker="o", color=scatter.get_facecolor()[0], label=f"{name} front")
+    ax.set_xlabel(f"{x_metric} ({objectives[0].direction})")
+    ax.set_ylabel(f"{y_metric} ({objectives[1].direction})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, out / "pareto.png")
+
+
+def metric_vs_param(tables: dict[str, list[dict]], param: str, objectives: list, out: Path) -> list[Path]:
+    """For a sweep over one parameter: each objective versus that parameter, a curve per study."""
+    paths = []
+    for obj in objectives:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, rows in tables.items():
+            points = sorted(
+                (r["params"][param], r["metrics"][obj.metric])
+                for r in _complete(rows)
+                if param in r["params"] and obj.metric in r["metrics"] and isinstance(r["params"][param], (int, float))
+            )
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+        ax.set_xlabel(param)
+        ax.set_ylabel(obj.metric)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        paths.append(_save(fig, out / f"{_slug(obj.metric)}_vs_{_slug(param)}.png"))
+    return paths

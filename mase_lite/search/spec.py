@@ -1,0 +1,219 @@
+"""Search specs: a base pipeline, a space over paths into it, objectives, a sampler and a storage.
+
+Example::
+
+    {"pipeline": "ptq.json",
+     "space": [{"path": "steps.quantize.params.rules.linear.weight_width", "type": "choice", "values": [4, 8]},
+               {"path": "steps.quantize.params.rules.{node}.data_in_width", "nodes": {"op": "linear"},
+                "type": "int", "low": 4, "high": 16, "step": 4}],
+     "objectives": [{"metric": "ptq.accuracy", "direction": "maximize"}],
+     "sampler": {"name": "tpe", "seed": 0}, "n_trials": 20, "output_dir": "runs/ptq_search"}
+
+    spec = load_search_spec("search.json")    # UserError naming the JSON path of every problem
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from mase_lite.errors import UserError, format_validation_error
+from mase_lite.pipeline.spec import read_json
+
+SAMPLERS = ("grid", "random", "tpe", "nsga2", "qmc", "cmaes")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NodeSelector(_Strict):
+    """Which nodes of the captured model a per-layer entry expands over."""
+
+    op: str | None = Field(None, description="op type (as in node metadata, e.g. linear) or module class name")
+    regex: str | None = Field(None, description="regex that must match the whole node name")
+    square: bool = Field(False, description="only modules whose weight is square (in_features == out_features)")
+
+    @model_validator(mode="after")
+    def _something(self) -> "NodeSelector":
+        if self.op is None and self.regex is None:
+            raise ValueError("give 'op', 'regex' or both")
+        return self
+
+
+class _Param(_Strict):
+    path: str = Field(
+        description="where the value goes: steps.<index|pass|label>.params..., model..., data..., seed; "
+        "with `nodes`, '{node}' in the path stands for each matched node's name"
+    )
+    name: str | None = Field(None, description="the parameter's name in the study (default: the path)")
+    nodes: NodeSelector | None = Field(None, description="one parameter per matched node of the captured model")
+
+    @model_validator(mode="after")
+    def _node_placeholder(self) -> "_Param":
+        if self.nodes is not None and "{node}" not in self.path and self.type != "include":
+            raise ValueError("a per-layer entry's path must contain '{node}'")
+        if self.nodes is None and "{node}" in self.path:
+            raise ValueError("'{node}' in the path needs a `nodes` selector")
+        return self
+
+
+class ChoiceParam(_Param):
+    """One of ``values`` (any JSON values: numbers, strings, whole configs)."""
+
+    type: Literal["choice"]
+    values: list[Any] = Field(min_length=1, description="the candidates")
+
+
+class IntParam(_Param):
+    type: Literal["int"]
+    low: int
+    high: int
+    step: int = Field(1, ge=1)
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "IntParam":
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) is above high ({self.high})")
+        return self
+
+
+class FloatParam(_Param):
+    type: Literal["float"]
+    low: float
+    high: float
+    step: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "FloatParam":
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) is above high ({self.high})")
+        return self
+
+
+class LogFloatParam(_Param):
+    type: Literal["log_float"]
+    low: float = Field(gt=0)
+    high: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "LogFloatParam":
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) is above high ({self.high})")
+        return self
+
+
+class IncludeParam(_Param):
+    """Per-layer keep-or-not: each matched node whose choice is true is appended to the list at ``path``."""
+
+    type: Literal["include"]
+
+    @model_validator(mode="after")
+    def _per_layer(self) -> "IncludeParam":
+        if self.nodes is None:
+            raise ValueError("an 'include' entry needs a `nodes` selector")
+        return self
+
+
+Param = Annotated[ChoiceParam | IntParam | FloatParam | LogFloatParam | IncludeParam, Field(discriminator="type")]
+
+
+class Objective(_Strict):
+    metric: str = Field(description="a report metric '<step label or pass>.<key>', or 'trial.seconds'")
+    direction: Literal["maximize", "minimize"] = "maximize"
+
+
+class Constraint(_Strict):
+    """A bound on a metric; samplers that support constraints (tpe, nsga2) prefer trials within it."""
+
+    metric: str
+    max: float | None = None
+    min: float | None = None
+
+    @model_validator(mode="after")
+    def _bound(self) -> "Constraint":
+        if self.max is None and self.min is None:
+            raise ValueError("give 'max', 'min' or both")
+        return self
+
+
+class SamplerSpec(BaseModel):
+    """An Optuna sampler by name; other keys are that sampler's options."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: Literal["grid", "random", "tpe", "nsga2", "qmc", "cmaes"] = "tpe"
+    seed: int = 0
+
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class StudySpec(_Strict):
+    """One study of several run side by side; unset fields come from the search spec."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_][\w.-]*$", description="the study's name (suffix of study_name, subdirectory)")
+    pipeline: str | dict[str, Any] | None = None
+    space: list[Param] | None = None
+    sampler: SamplerSpec | None = None
+    n_trials: int | None = Field(None, ge=1)
+
+
+class SearchSpec(_Strict):
+    """A whole search; see the module docstring."""
+
+    pipeline: str | dict[str, Any] = Field(description="pipeline spec path (relative to this file) or inline spec")
+    space: list[Param] = Field(default_factory=list, description="what each trial varies")
+    objectives: list[Objective] = Field(min_length=1)
+    constraints: list[Constraint] = Field(default_factory=list)
+    sampler: SamplerSpec = Field(default_factory=SamplerSpec)
+    n_trials: int = Field(10, ge=1, description="trials that run to an end, in total over every run and worker")
+    timeout: float | None = Field(None, gt=0, description="stop starting trials after this many seconds")
+    storage: str | None = Field(None, description="Optuna storage URL (default: a journal file in output_dir)")
+    study_name: str = Field("search", pattern=r"^[A-Za-z0-9_][\w.-]*$")
+    output_dir: str = "runs/search"
+    studies: list[StudySpec] | None = Field(None, min_length=1, description="several studies run side by side")
+    cache: bool = Field(True, description="reuse the state after steps trials share (prefix cache)")
+    heartbeat_interval: int = Field(10, ge=1, description="seconds between a running trial's heartbeats")
+    grace_period: int | None = Field(None, ge=1, description="a trial silent this long is failed and retried (default 3 heartbeats)")
+    _base_dir: Path = PrivateAttr(default_factory=Path)  # where relative pipeline paths are read from
+
+    @property
+    def base_dir(self) -> Path:
+        return self._base_dir
+
+    @model_validator(mode="after")
+    def _unique_studies(self) -> "SearchSpec":
+        names = [s.name for s in self.studies or []]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"study names must be unique; repeated: {', '.join(dup)}")
+        return self
+
+
+def load_search_spec(source: str | Path | dict | SearchSpec) -> SearchSpec:
+    """A validated search spec from a path, a dict or a spec."""
+    if isinstance(source, SearchSpec):
+        return source
+    name, base = "<dict>", "."
+    if isinstance(source, (str, Path)):
+        name, base = str(source), str(Path(source).parent)
+        source = read_json(source)
+    if isinstance(source, dict) and "spec" in source and "versions" in source:
+        source = source["spec"]
+    if not isinstance(source, dict):
+        raise UserError(f"search spec {name}: expected a JSON object")
+    try:
+        spec = SearchSpec.model_validate(source)
+    except ValidationError as err:
+        raise UserError(f"invalid search spec {name}:\n" + format_validation_error(err, model=SearchSpec)) from None
+    spec._base_dir = Path(base)
+    return spec
+
+
+def search_schema() -> dict[str, Any]:
+    """The JSON Schema of search specs."""
+    return SearchSpec.model_json_schema(by_alias=True)
