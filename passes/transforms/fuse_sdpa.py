@@ -1,11 +1,16 @@
 """``fuse_sdpa`` and ``unfuse_sdpa``: naive attention <-> ``F.scaled_dot_product_attention``.
 
 The naive pattern is ``matmul(q, kᵀ)`` → ``· scale`` (mul or div by a number; optional) →
-``+ mask`` (optional, float) → ``softmax(-1)`` → dropout (optional: a Dropout module node or an
-eval-mode ``aten.dropout``) → ``matmul(·, v)``; ``kᵀ`` may be a transpose or permute of k. It becomes
-one ``ScaledDotProductAttention`` module node whose dropout follows the module's train/eval mode,
-like the Dropout it replaces. ``unfuse_sdpa`` writes the same chain back as aten nodes (a bool mask
-becomes ``masked_fill(-inf)``; the dropout becomes an ``nn.Dropout`` module node).
+a mask (optional) → ``softmax(-1)`` → dropout (optional: a Dropout module node or an eval-mode
+``aten.dropout``) → ``matmul(·, v)``; ``kᵀ`` may be a transpose or permute of k. The mask is either
+added (``+ mask``, a float tensor) or filled in (``masked_fill(where, value)`` with a bool ``where`` and
+``value`` = ``-inf`` or the dtype's lowest finite number, ``torch.finfo(dtype).min``); other fill values
+are left alone, since the fused kernel cannot reproduce them on a row whose keys are all masked.
+A ``-inf`` fill becomes a bool mask, so such a row gives zeros fused where the naive softmax gives NaN.
+The chain becomes one ``ScaledDotProductAttention`` module node whose dropout follows the module's
+train/eval mode, like the Dropout it replaces. ``unfuse_sdpa`` writes the same chain back as aten
+nodes (a bool mask becomes ``masked_fill(not mask, -inf)``, which ``fuse_sdpa`` matches again; the
+dropout becomes an ``nn.Dropout`` module node).
 
 Example::
 
@@ -36,6 +41,7 @@ _ATEN = torch.ops.aten
 _MATMULS = (_ATEN.matmul.default, _ATEN.bmm.default)
 _SOFTMAXES = (_ATEN.softmax.int, _ATEN._softmax.default, _ATEN._safe_softmax.default)
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+_NOTS = (_ATEN.bitwise_not.default, _ATEN.logical_not.default)
 
 
 def _val(node: Any) -> Any:
@@ -90,7 +96,8 @@ class NaiveAttention:
     query: fx.Node
     key_t: fx.Node
     value: fx.Node
-    mask: fx.Node | None
+    mask: fx.Node | None  # an additive float mask, or the bool ``where`` of a masked_fill (then ``fill`` is set)
+    fill: float | None
     scale: float
     dropout_p: float
     chain: list[fx.Node] = field(default_factory=list)
@@ -118,6 +125,26 @@ def _scaled_scores(node: Any) -> tuple[fx.Node, float] | None:
     return inner, scale
 
 
+def _masked_scores(node: Any) -> tuple[fx.Node, fx.Node, float | None] | None:
+    """``(scores, mask, fill)`` when ``node`` masks scaled scores: ``scores + mask`` (fill None) or
+    ``masked_fill(scores, mask, fill)`` with a bool mask and a fill of -inf or the dtype's lowest number."""
+    if _is_call(node, (_ATEN.add.Tensor,)) and not node.kwargs and _single_user(node):
+        for candidate, other in (node.args[:2], node.args[1::-1]):
+            if isinstance(other, fx.Node) and isinstance(candidate, fx.Node) and _scaled_scores(candidate):
+                return candidate, other, None
+        return None
+    if _is_call(node, (_ATEN.masked_fill.Scalar,)) and not node.kwargs and _single_user(node):
+        scores, where, fill = node.args[:3]
+        where_val, scores_val = _val(where), _val(scores)
+        if where_val is None or scores_val is None or where_val.dtype != torch.bool:
+            return None
+        if not isinstance(fill, float) or fill not in (-math.inf, torch.finfo(scores_val.dtype).min):
+            return None
+        if isinstance(scores, fx.Node) and _scaled_scores(scores):
+            return scores, where, fill
+    return None
+
+
 def match_naive_attention(node: fx.Node, modules: dict[str, nn.Module]) -> NaiveAttention | None:
     """The naive-attention chain ending at ``node`` (the ``matmul(probs, v)``), or None."""
     if not _is_call(node, _MATMULS):
@@ -139,16 +166,13 @@ def match_naive_attention(node: fx.Node, modules: dict[str, nn.Module]) -> Naive
     if (len(probs.args) > 2 and probs.args[2] not in (None, False)) or probs.kwargs:
         return None
     chain.append(probs)
-    scores, mask = probs.args[0], None
-    if _is_call(scores, (_ATEN.add.Tensor,)) and not scores.kwargs and _single_user(scores):
-        add = scores
-        for candidate, other in (add.args[:2], add.args[1::-1]):
-            if isinstance(other, fx.Node) and isinstance(candidate, fx.Node) and _scaled_scores(candidate):
-                scores, mask = candidate, other
-                break
-        else:
+    scores, mask, fill = probs.args[0], None, None
+    if _is_call(scores, (_ATEN.add.Tensor, _ATEN.masked_fill.Scalar)):
+        masked = _masked_scores(scores)
+        if masked is None:
             return None
-        chain.append(add)
+        chain.append(scores)
+        scores, mask, fill = masked
     matched = _scaled_scores(scores) if _single_user(scores) else None
     if matched is None:
         return None
@@ -164,11 +188,11 @@ def match_naive_attention(node: fx.Node, modules: dict[str, nn.Module]) -> Naive
         return None
     if mask is not None:
         mask_val, add_val = _val(mask), _val(probs.args[0])
-        if mask_val is None or add_val is None or mask_val.dtype != vals[0].dtype:
+        if mask_val is None or add_val is None or mask_val.dtype != (vals[0].dtype if fill is None else torch.bool):
             return None
         if mask_val.dim() > vals[0].dim() or add_val.shape != _val(qk).shape:
             return None
-    return NaiveAttention(node, query, key_t, value, mask, scale, dropout_p, chain)
+    return NaiveAttention(node, query, key_t, value, mask, fill, scale, dropout_p, chain)
 
 
 def _fake_call(node: fx.Node) -> None:
@@ -177,6 +201,31 @@ def _fake_call(node: fx.Node) -> None:
     kwargs = fx.node.map_aggregate(node.kwargs, lambda a: _val(a) if isinstance(a, fx.Node) else a)
     if all(_val(n) is not None for n in node.all_input_nodes):
         node.meta["val"] = node.target(*args, **kwargs)
+
+
+def _attn_mask(graph: fx.Graph, found: NaiveAttention, stack: Any) -> tuple[fx.Node, fx.Node | None]:
+    """The SDPA ``attn_mask`` for a matched mask, and a negation node that may become dead.
+
+    Inserted at the graph's current insertion point. ``masked_fill(where, -inf)`` becomes the bool
+    mask ``not where`` (``where`` itself when it is a negation); ``masked_fill(where, lowest)``
+    becomes the float mask ``zeros.masked_fill(where, lowest)``, added like an additive mask.
+    """
+
+    def call(target, args, kwargs=None) -> fx.Node:
+        new = graph.call_function(target, args, kwargs or {})
+        new.meta["nn_module_stack"] = stack
+        _fake_call(new)
+        return new
+
+    where = found.mask
+    if found.fill is None:
+        return where, None
+    if found.fill == -math.inf:
+        if _is_call(where, _NOTS) and _val(where.args[0]) is not None and _val(where.args[0]).dtype == torch.bool:
+            return where.args[0], where
+        return call(_ATEN.logical_not.default, (where,)), None
+    zeros = call(_ATEN.zeros_like.default, (where,), {"dtype": _val(found.query).dtype})
+    return call(_ATEN.masked_fill.Scalar, (zeros, where, found.fill)), None
 
 
 def fuse_one(gm: fx.GraphModule, found: NaiveAttention) -> str:
@@ -192,8 +241,9 @@ def fuse_one(gm: fx.GraphModule, found: NaiveAttention) -> str:
             key.meta["nn_module_stack"] = stack
             _fake_call(key)
         kwargs: dict[str, Any] = {"scale": found.scale}
+        negation = None
         if found.mask is not None:
-            kwargs["attn_mask"] = found.mask
+            kwargs["attn_mask"], negation = _attn_mask(graph, found, stack)
         fused = graph.call_module(name, (found.query, key, found.value), kwargs)
     fused.meta = dict(found.output.meta)
     found.output.replace_all_uses_with(fused)
@@ -201,6 +251,8 @@ def fuse_one(gm: fx.GraphModule, found: NaiveAttention) -> str:
         graph.erase_node(node)
     if not found.key_t.users and key is not found.key_t:
         graph.erase_node(found.key_t)
+    if negation is not None and not negation.users:
+        graph.erase_node(negation)
     return name
 
 
@@ -262,6 +314,8 @@ def unfuse_one(gm: fx.GraphModule, node: fx.Node, a: dict[str, Any]) -> None:
     out.meta = dict(node.meta)
     node.replace_all_uses_with(out)
     graph.erase_node(node)
+    if node.op == "call_module" and not any(n.op == "call_module" and n.target == node.target for n in graph.nodes):
+        gm.delete_submodule(node.target)
 
 
 @register_pass("unfuse_sdpa", kind="transform", params=NoParams)

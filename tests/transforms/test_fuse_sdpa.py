@@ -1,5 +1,6 @@
 """fuse_sdpa / unfuse_sdpa on BERT (eager and sdpa attention) and hand-written attention modules."""
 
+import collections
 import math
 
 import pytest
@@ -74,6 +75,11 @@ def ops(mg):
     return [n.meta["mase"]["op"] for n in mg.nodes]
 
 
+def targets(mg):
+    """The call_function targets of the graph, with their counts."""
+    return collections.Counter(n.target for n in mg.nodes if n.op == "call_function")
+
+
 def test_bert_eager_attention_is_fused_with_equal_outputs(bert, bert_inputs):
     reference = bert.model(**bert_inputs).logits
     assert ops(bert).count("softmax") == 2 and "sdpa" not in ops(bert)
@@ -144,6 +150,7 @@ def test_softmax_over_another_dim_is_not_attention():
 def test_unfuse_bert_sdpa_with_bool_mask(bert_sdpa, bert_inputs):
     inputs = {k: v for k, v in bert_inputs.items() if k != "labels"}
     reference = bert_sdpa.model(**inputs).logits
+    targets_before = targets(bert_sdpa)
     bert_sdpa, info = passes.unfuse_sdpa(bert_sdpa)
     assert info == {
         "unfused": ["bert_encoder_layer_0_attention_self_sdpa", "bert_encoder_layer_1_attention_self_sdpa"],
@@ -154,8 +161,11 @@ def test_unfuse_bert_sdpa_with_bool_mask(bert_sdpa, bert_inputs):
     dropouts = [m for name, m in bert_sdpa.modules.items() if name.endswith("attn_dropout")]
     assert len(dropouts) == 2 and {d.p for d in dropouts} == {0.1} and not any(d.training for d in dropouts)
     torch.testing.assert_close(bert_sdpa.model(**inputs).logits, reference, rtol=1e-5, atol=1e-5)
-    bert_sdpa, info = passes.fuse_sdpa(bert_sdpa)
-    assert info["fused"] == []  # a bool mask is applied with masked_fill, which fuse does not match
+    bert_sdpa, info = passes.fuse_sdpa(bert_sdpa)  # the masked_fill(not mask, -inf) is matched: the bool mask is back
+    assert [f["node"] for f in info["fused"]] == [
+        "bert_encoder_layer_0_attention_self_sdpa", "bert_encoder_layer_1_attention_self_sdpa"]
+    assert targets(bert_sdpa) == targets_before  # the negation unfuse wrote is gone again
+    torch.testing.assert_close(bert_sdpa.model(**inputs).logits, reference, rtol=1e-5, atol=1e-5)
 
 
 def test_unfuse_then_fuse_round_trip_on_eager_bert(bert, bert_inputs):
@@ -185,3 +195,84 @@ def test_fuse_in_float64():
     mg, info = passes.fuse_sdpa(mg)
     assert len(info["fused"]) == 1
     torch.testing.assert_close(mg.model(x=x, mask=mask), reference, rtol=1e-12, atol=1e-12)
+
+
+class MaskedFillAttention(HandAttention):
+    """Attention masked with ``masked_fill`` on a bool mask (True = attend), spelled a few ways."""
+
+    def __init__(self, where="not", fill=float("-inf"), dropout=0.0):
+        super().__init__(dropout=dropout)
+        self.where, self.fill = where, fill
+
+    def forward(self, x, mask):
+        b, n, _ = x.shape
+        q, k, v = (f(x).view(b, n, self.heads, self.head_dim).transpose(1, 2) for f in (self.q, self.k, self.v))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        fill = torch.finfo(scores.dtype).min if self.fill == "lowest" else self.fill
+        where = {"not": lambda: ~mask, "eq0": lambda: mask == 0, "logical_not": lambda: torch.logical_not(mask)}
+        scores = scores.masked_fill(where[self.where](), fill)
+        probs = self.drop(torch.softmax(scores, dim=-1))
+        return self.o((probs @ v).transpose(1, 2).reshape(b, n, -1))
+
+
+aten = torch.ops.aten
+
+
+def bool_mask(batch=3, n=6, full_row=False):
+    """Key-padding mask (True = attend): sample 1 masks its last two keys; ``full_row`` masks all of sample 0."""
+    mask = torch.ones(batch, 1, 1, n, dtype=torch.bool)
+    mask[1, ..., 4:] = False
+    if full_row:
+        mask[0] = False
+    return mask
+
+
+def capture_bool(module, dtype=torch.float32):
+    torch.manual_seed(0)
+    module = module.to(dtype).eval()
+    return MaseGraph(module, example_inputs={"x": torch.randn(3, 6, 32, dtype=dtype), "mask": bool_mask()})
+
+
+@pytest.mark.parametrize("where", ["not", "eq0", "logical_not"])
+@pytest.mark.parametrize("fill", [float("-inf"), "lowest"])
+def test_masked_fill_attention_is_fused(where, fill):
+    mg = capture_bool(MaskedFillAttention(where, fill, dropout=0.25))
+    x, mask = torch.randn(4, 6, 32), bool_mask(4)
+    reference = mg.model(x=x, mask=mask)
+    negation = {"not": aten.bitwise_not.default, "eq0": aten.eq.Scalar, "logical_not": aten.logical_not.default}[where]
+    assert targets(mg)[negation] == 1
+    mg, info = passes.fuse_sdpa(mg)
+    assert info["fused"] == [{"node": "sdpa", "scale": pytest.approx(8 ** -0.5), "dropout_p": 0.25, "masked": True}]
+    fused = next(n for n in mg.nodes if n.meta["mase"]["op"] == "sdpa")
+    attn_mask = fused.kwargs["attn_mask"]
+    if fill == "lowest":  # a float mask added like BERT's: zeros, and the lowest number where keys are masked
+        assert [n.target for n in (attn_mask, attn_mask.args[0])] == [aten.masked_fill.Scalar, aten.zeros_like.default]
+        assert attn_mask.args[1].target == negation and attn_mask.args[2] == torch.finfo(torch.float32).min
+    elif where == "eq0":
+        assert attn_mask.target == aten.logical_not.default and attn_mask.args[0].target == aten.eq.Scalar
+    else:  # ~mask filled with -inf: the negation is dropped and the user's mask goes in as it is
+        assert attn_mask.op == "placeholder" and attn_mask.target == "mask" and targets(mg)[negation] == 0
+    assert "softmax" not in ops(mg) and targets(mg)[aten.masked_fill.Scalar] == (fill == "lowest")
+    mg.model.graph.lint()
+    torch.testing.assert_close(mg.model(x=x, mask=mask), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_masked_fill_with_the_lowest_number_keeps_fully_masked_rows():
+    """A row whose keys are all masked averages every value (softmax of equal scores), fused or not."""
+    mg = capture_bool(MaskedFillAttention("not", "lowest"), dtype=torch.float64)
+    x, mask = torch.randn(3, 6, 32, dtype=torch.float64), bool_mask(full_row=True)
+    reference = mg.model(x=x, mask=mask)
+    mg, info = passes.fuse_sdpa(mg)
+    assert len(info["fused"]) == 1
+    torch.testing.assert_close(mg.model(x=x, mask=mask), reference, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("fill", [-1e9, 0.0, -10000.0])
+def test_other_masked_fill_values_are_left_alone(fill):
+    mg = capture_bool(MaskedFillAttention("not", fill))
+    x, mask = torch.randn(3, 6, 32), bool_mask(full_row=True)
+    reference = mg.model(x=x, mask=mask)
+    before = ops(mg)
+    mg, info = passes.fuse_sdpa(mg)
+    assert info == {"fused": []} and ops(mg) == before and "masked_fill" in before
+    assert torch.equal(mg.model(x=x, mask=mask), reference)
