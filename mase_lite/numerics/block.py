@@ -1,9 +1,10 @@
 """Block formats: ``block_fp``, ``block_minifloat``, ``block_log`` — a shared exponent or bias per block.
 
 A block is ``block_size`` consecutive elements of the last dimension; rows are zero-padded on their
-own. The shared value is chosen from the block's largest *finite* magnitude: NaN stays NaN, ±Inf
-saturates to the block's largest value, an all-zero block stays zero. Rounding is half to even;
-elements saturate at the block's largest value.
+own. The shared value is chosen from the block's largest magnitude. A block holding a NaN or an
+Inf decodes to NaN, every element of it (the MX rule, ``notes/mx.md``: its shared scale would be
+the NaN code); an all-zero block stays zero. Rounding is half to even; elements saturate at the
+block's largest value.
 
 ``block_fp``: a shared exponent ``E = floor(log2(amax))`` (``exponent_width`` bits, bias
 ``exponent_bias``, so E is clamped to ``[-bias, 2**e - 1 - bias]``) and sign-magnitude integer
@@ -32,7 +33,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from mase_lite.numerics.blocks import finite_amax, from_blocks, per_element, to_blocks
+from mase_lite.numerics.blocks import finite_amax, from_blocks, nan_non_finite_blocks, per_element, to_blocks
 from mase_lite.numerics.exponents import (
     floor_log2,
     largest_float,
@@ -121,7 +122,8 @@ def block_fp(x: Tensor, p: BlockFPParams) -> Tensor:
     quantum, largest = _block_fp_layout(blocks, p)
     codes = torch.round(mul_pow2(blocks, -quantum))
     values = mul_pow2(codes, quantum)
-    return from_blocks(torch.minimum(torch.maximum(values, -largest), largest), x.shape)
+    values = torch.minimum(torch.maximum(values, -largest), largest)
+    return from_blocks(nan_non_finite_blocks(values, blocks), x.shape)
 
 
 def _block_minifloat_layout(blocks: Tensor, p: BlockMinifloatParams) -> tuple[Tensor, Tensor, Tensor]:
@@ -143,7 +145,8 @@ def block_minifloat(x: Tensor, p: BlockMinifloatParams) -> Tensor:
     """Minifloat elements with a per-block exponent bias aligned to the block's largest magnitude."""
     blocks = to_blocks(x, p.block_size)
     min_exponent, max_exponent, _ = _block_minifloat_layout(blocks, p)
-    return from_blocks(round_to_float(blocks, p.width - 1 - p.exponent_width, min_exponent, max_exponent), x.shape)
+    values = round_to_float(blocks, p.width - 1 - p.exponent_width, min_exponent, max_exponent)
+    return from_blocks(nan_non_finite_blocks(values, blocks), x.shape)
 
 
 def _nearest_power_exponent(amax: Tensor) -> Tensor:
@@ -167,4 +170,5 @@ def block_log(x: Tensor, p: BlockLogParams) -> Tensor:
     """Powers of two with a per-block exponent bias aligned to the block's largest magnitude."""
     blocks = to_blocks(x, p.block_size)
     min_exponent, max_exponent, _ = _block_log_layout(blocks, p)
-    return from_blocks(round_to_float(blocks, 0, min_exponent, max_exponent), x.shape)
+    values = round_to_float(blocks, 0, min_exponent, max_exponent)
+    return from_blocks(nan_non_finite_blocks(values, blocks), x.shape)

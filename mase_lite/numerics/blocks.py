@@ -33,6 +33,11 @@ def finite_amax(blocks: Tensor) -> Tensor:
     return magnitudes.amax(dim=-1, keepdim=True)
 
 
+def nan_non_finite_blocks(values: Tensor, blocks: Tensor) -> Tensor:
+    """``values`` (shaped like ``blocks``) with every block that holds a NaN or an Inf set to NaN."""
+    return torch.where(torch.isfinite(blocks).all(dim=-1, keepdim=True), values, torch.nan)
+
+
 def per_element(per_block: Tensor, blocks: Tensor, shape: torch.Size) -> Tensor:
     """A per-block value (``(..., n_blocks, 1)``) repeated for every element of ``shape``."""
     return from_blocks(per_block.expand(blocks.shape), shape)

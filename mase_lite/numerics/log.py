@@ -8,6 +8,8 @@ This is a minifloat with ``width - 1`` exponent bits and no mantissa: a value is
 nearest power of two by value (not by log distance); a tie ``1.5 * 2**k`` goes to ``2**(k+1)``
 (half to even on the significand). Below the smallest power ``2**(1-bias)``, magnitudes up to half
 of it (inclusive) become zero. Magnitudes above the largest power and ±Inf saturate; NaN stays NaN.
+Powers above 2**127 (width 9 with the default bias 127 reaches 2**128) lie beyond float32, so
+magnitudes saturate at 2**127 there.
 Stored bits per element: ``width``.
 
 Example::
@@ -22,7 +24,7 @@ from pydantic import Field, model_validator
 from torch import Tensor
 
 from mase_lite.numerics.exponents import largest_float, round_to_float
-from mase_lite.numerics.minifloat import check_exponent_range
+from mase_lite.numerics.minifloat import check_exponent_range, float32_max_exponent
 from mase_lite.numerics.registry import FormatParams, register_format
 
 
@@ -36,14 +38,14 @@ class LogParams(FormatParams):
 
     @model_validator(mode="after")
     def _in_float32(self) -> "LogParams":
-        lo, hi = log_exponents(self)
+        lo, hi = 1 - self.bias, 2 ** (self.width - 1) - 1 - self.bias
         check_exponent_range(lo, hi, f"width={self.width} with exponent_bias={self.bias}")
         return self
 
 
 def log_exponents(p: LogParams) -> tuple[int, int]:
-    """The exponents of the smallest and largest nonzero magnitude."""
-    return 1 - p.bias, 2 ** (p.width - 1) - 1 - p.bias
+    """The exponents of the smallest and largest nonzero magnitude that float32 holds."""
+    return 1 - p.bias, float32_max_exponent(2 ** (p.width - 1) - 1 - p.bias)
 
 
 def log_bounds(x: Tensor, p: LogParams) -> tuple[float, float]:

@@ -58,17 +58,27 @@ def check_exponent_fits(exponent_width: int, width: int) -> None:
 
 
 def check_exponent_range(min_exponent: int, max_exponent: int, what: str) -> None:
-    """Refuse exponent ranges that float32 (the compute type) cannot hold."""
-    if max_exponent > FLOAT32_MAX_EXPONENT or min_exponent < FLOAT32_MIN_EXPONENT:
+    """Refuse exponent ranges whose smallest exponent float32 (the compute type) cannot hold.
+
+    A largest exponent above float32's 127 is accepted: those binades lie beyond every float32
+    input, so magnitudes saturate at the largest format value float32 holds (see
+    :func:`float32_max_exponent`).
+    """
+    if not FLOAT32_MIN_EXPONENT <= min_exponent <= FLOAT32_MAX_EXPONENT:
         raise ValueError(
-            f"{what} gives exponents {min_exponent}..{max_exponent}; they must lie in float32's "
+            f"{what} gives exponents {min_exponent}..{max_exponent}; the smallest must lie in float32's "
             f"{FLOAT32_MIN_EXPONENT}..{FLOAT32_MAX_EXPONENT}: change exponent_bias"
         )
 
 
+def float32_max_exponent(max_exponent: int) -> int:
+    """A format's largest exponent as float32 holds it: at most 127 (higher binades are out of reach)."""
+    return min(max_exponent, FLOAT32_MAX_EXPONENT)
+
+
 def ieee_layout(p: MinifloatParams) -> tuple[int, int, int]:
     """(mantissa bits, min normal exponent, max exponent) of an IEEE-style minifloat."""
-    return p.mantissa_bits, 1 - p.bias, 2**p.exponent_width - 1 - p.bias
+    return p.mantissa_bits, 1 - p.bias, float32_max_exponent(2**p.exponent_width - 1 - p.bias)
 
 
 def denorm_layout(p: MinifloatParams) -> tuple[int, int, int]:
@@ -77,13 +87,13 @@ def denorm_layout(p: MinifloatParams) -> tuple[int, int, int]:
     ``0.M * 2**(E-bias)`` with an m-bit M has the values of a float with m-1 fraction bits,
     exponents ``-bias-1 .. 2**e - 2 - bias`` and subnormals below.
     """
-    return p.mantissa_bits - 1, -p.bias - 1, 2**p.exponent_width - 2 - p.bias
+    return p.mantissa_bits - 1, -p.bias - 1, float32_max_exponent(2**p.exponent_width - 2 - p.bias)
 
 
 class MinifloatIeeeParams(MinifloatParams):
     @model_validator(mode="after")
     def _in_float32(self) -> "MinifloatIeeeParams":
-        _, lo, hi = ieee_layout(self)
+        lo, hi = 1 - self.bias, 2**self.exponent_width - 1 - self.bias
         check_exponent_range(lo, hi, f"exponent_width={self.exponent_width} with exponent_bias={self.bias}")
         return self
 
@@ -96,7 +106,7 @@ class MinifloatDenormParams(MinifloatParams):
                 f"exponent_width={self.exponent_width} leaves no mantissa bit in width={self.width}; "
                 f"minifloat_denorm needs exponent_width <= width - 2 = {self.width - 2}"
             )
-        _, lo, hi = denorm_layout(self)
+        lo, hi = -self.bias - 1, 2**self.exponent_width - 2 - self.bias
         check_exponent_range(lo, hi, f"exponent_width={self.exponent_width} with exponent_bias={self.bias}")
         return self
 

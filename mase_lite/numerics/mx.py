@@ -2,7 +2,9 @@
 
 A block is ``block_size`` consecutive elements of the last dimension sharing one E8M0 scale
 ``X = 2**(E - 127)``; rows are zero-padded independently, so a block never spans two rows.
-Elements are rounded to nearest (ties to even) and clamped to the element format's range.
+Elements are rounded to nearest (ties to even) and clamped to the element format's range; an
+MXINT element that rounds to zero is +0.0 (its code 0 carries no sign), so fake quantization and
+encode → decode agree bit for bit.
 A block holding a NaN or an Inf gets scale code 0xFF and decodes to NaN; an all-zero block gets
 scale code 0x00 and decodes to zeros. The shared exponent comes from the float's exponent bits
 (``torch.frexp``), never from a float ``log2``.
@@ -210,7 +212,8 @@ def _mxint_blocks(x: Tensor, element: ElementFormat, block_size: int,
     shared = shared_exponents(_block_amax(blocks, non_finite), element, scale_rule)
     scaled = blocks * pow2(-shared, blocks.dtype).unsqueeze(-1) * 2.0 ** element.mbits
     largest_code = 2 ** (element.bits - 1) - 1
-    return torch.round(scaled).clamp(-largest_code, largest_code), shared, non_finite
+    # + 0.0 turns the -0.0 of negative values that round to zero into the +0.0 that code 0 decodes to
+    return torch.round(scaled).clamp(-largest_code, largest_code) + 0.0, shared, non_finite
 
 
 def _blocks(x: Tensor, block_size: int) -> tuple[Tensor, Tensor]:

@@ -12,9 +12,10 @@ INF, NAN = math.inf, math.nan
 
 def test_block_fp_table():
     # width 4 (|q| <= 7), shared exponent floor(log2(amax)), element = q * 2**(E - 2)
+    # a block holding NaN or Inf is NaN throughout (the MX rule)
     x = torch.tensor([[3.0, 0.4], [0.0, 0.0], [NAN, 1.0], [INF, 0.3], [3.9, 0.0], [-3.0, 0.25]])
     y = quantize(x, "block_fp", width=4, exponent_width=8, block_size=2)
-    expected = [[3.0, 0.5], [0.0, 0.0], [NAN, 1.0], [0.4375, 0.3125], [3.5, 0.0], [-3.0, 0.0]]  # 0.25: half a step, tie to 0
+    expected = [[3.0, 0.5], [0.0, 0.0], [NAN, NAN], [NAN, NAN], [3.5, 0.0], [-3.0, 0.0]]  # 0.25: half a step, tie to 0
     assert torch.equal(y.isnan(), torch.tensor(expected).isnan())
     assert y.nan_to_num(7.0).tolist() == torch.tensor(expected).nan_to_num(7.0).tolist()
 
@@ -43,8 +44,31 @@ def test_block_minifloat_small_valued_block_keeps_its_values():
 
 def test_block_minifloat_large_block_saturates_at_its_top():
     # amax 1000: bias 15 - 9 = 6, largest 1.875 * 2**9 = 960
-    y = quantize(torch.tensor([1000.0, 1.0, -INF, NAN]), "block_minifloat", width=8, exponent_width=4, block_size=4)
-    assert y[:3].tolist() == [960.0, 1.0, -960.0] and math.isnan(y[3].item())
+    y = quantize(torch.tensor([1000.0, 1.0, -1000.0, 0.0]), "block_minifloat", width=8, exponent_width=4, block_size=4)
+    assert y.tolist() == [960.0, 1.0, -960.0, 0.0]
+    # amax 3000: bias 4, step 2**8 in the top binade (3000 -> 3072), 2**6 one below (1000 -> 1024)
+    y = quantize(torch.tensor([1000.0, 1.0, -3000.0, 0.0]), "block_minifloat", width=8, exponent_width=4, block_size=4)
+    assert y.tolist() == [1024.0, 1.0, -3072.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "fmt, params",
+    [
+        ("block_fp", {"width": 8}),
+        ("block_minifloat", {"width": 8, "exponent_width": 4}),
+        ("block_log", {"width": 4}),
+    ],
+)
+@pytest.mark.parametrize("bad", [INF, -INF, NAN])
+def test_block_holding_inf_or_nan_is_nan_throughout(fmt, params, bad):
+    # the MX rule: such a block's shared scale is the NaN code; before, +Inf beside zeros gave about 1
+    x = torch.tensor([[bad, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    y = quantize(x, fmt, block_size=4, **params)
+    assert y[0].isnan().all() and y[1].tolist() == [1.0, 0.0, 0.0, 0.0]
+    # the block next to it in the same row keeps its values
+    x = torch.tensor([0.5, bad, 0.0, 0.0, 0.5, 0.25, 0.0, 0.0])
+    y = quantize(x, fmt, block_size=4, **params)
+    assert y[:4].isnan().all() and y[4:].tolist() == [0.5, 0.25, 0.0, 0.0]
 
 
 def test_block_minifloat_narrow_bias_range_limits_small_blocks():

@@ -143,16 +143,43 @@ def test_nan_stays_nan(fmt):
     [
         ("minifloat_ieee", {"width": 4, "exponent_width": 4}, r"exponent_width=4 must be < width=4"),
         ("minifloat_ieee", {"width": 8, "exponent_width": 9}, r"exponent_width=9"),
-        ("minifloat_ieee", {"width": 16, "exponent_width": 8}, r"exponent_bias=127 gives exponents -126\.\.128"),
+        ("minifloat_ieee", {"width": 16, "exponent_width": 8, "exponent_bias": 160}, r"exponent_bias=160 gives exponents -159\.\.95; the smallest must lie in float32's -149\.\.127"),
         ("minifloat_denorm", {"width": 5, "exponent_width": 4}, r"minifloat_denorm needs exponent_width <= width - 2 = 3"),
         ("minifloat_ieee", {"width": 8}, r"exponent_width is required"),
-        ("log", {"width": 9}, r"width=9 with exponent_bias=127 gives exponents -126\.\.128"),
+        ("log", {"width": 9, "exponent_bias": -127}, r"width=9 with exponent_bias=-127 gives exponents 128\.\.382"),
         ("log", {"width": 10}, r"width=10"),
     ],
 )
 def test_impossible_params(fmt, params, match):
     with pytest.raises(FormatError, match=match):
         quantize(torch.zeros(1), fmt, **params)
+
+
+def test_bfloat16_layout_is_accepted_and_saturates_below_2_to_128():
+    # width 16, e 8, bias 127: binades -126..128 with 7 fraction bits; 2**128 lies beyond float32, so the
+    # largest value float32 holds is (2 - 2**-7) * 2**127, bfloat16's largest finite value
+    top = (2 - 2.0**-7) * 2.0**127
+    x = torch.tensor([1.0, 1 + 2.0**-8, 1 + 3 * 2.0**-8, top, 3.4e38, INF, -INF, 2.0**-133, 2.0**-134, 3 * 2.0**-134])
+    y = quantize(x, "minifloat_ieee", width=16, exponent_width=8)
+    assert y.tolist() == [1.0, 1.0, 1 + 2.0**-6, top, top, top, -top, 2.0**-133, 0.0, 2.0**-132]
+
+
+def test_bfloat16_layout_agrees_with_torch_bfloat16_rounding():
+    # an independent reference: torch's float32 -> bfloat16 conversion rounds half to even too
+    g = torch.Generator().manual_seed(0)
+    bits = torch.randint(0, 2**31 - 1, (20000,), generator=g, dtype=torch.int64).to(torch.int32)
+    x = bits.view(torch.float32) * torch.where(torch.rand(20000, generator=g) < 0.5, -1.0, 1.0)
+    x = x[torch.isfinite(x) & (x.abs() <= (2 - 2.0**-7) * 2.0**127)]
+    y = quantize(x, "minifloat_ieee", width=16, exponent_width=8)
+    assert torch.equal(y.view(torch.int32), x.to(torch.bfloat16).float().view(torch.int32))
+
+
+def test_log_width_9_is_accepted_and_saturates_at_2_to_127():
+    # bias 127: powers 2**-126 .. 2**128; 2**128 lies beyond float32, so magnitudes saturate at 2**127
+    x = torch.tensor([1.0, 2.0**127, 1.4 * 2.0**127, 1.5 * 2.0**127, 3e38, INF, 2.0**-126, 2.0**-127, 1.5 * 2.0**-127])
+    y = quantize(x, "log", width=9)
+    assert y.tolist() == [1.0, 2.0**127, 2.0**127, 2.0**127, 2.0**127, 2.0**127, 2.0**-126, 0.0, 2.0**-126]
+    assert quantize(-x, "log", width=9).tolist() == [-v for v in y.tolist()]
 
 
 def test_eight_bit_exponent_with_moved_bias_is_accepted():

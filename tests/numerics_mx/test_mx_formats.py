@@ -339,3 +339,14 @@ def test_mxint_matches_float64_reference(row, width):
 @given(row=st.lists(float32s, min_size=1, max_size=70), name=st.sampled_from(list(MXFP_FORMATS)))
 def test_mxfp_matches_float64_reference(row, name):
     assert values(mxfp(torch.tensor(row), name)) == reference_mxfp(row, name)
+
+
+def test_mxint_zero_is_positive_like_its_code():
+    # code 0 carries no sign: values that round to zero, and -0.0 itself, are +0.0 in fake quantization
+    # too, so quantize and encode -> decode agree bit for bit (amax 1: step 2**-6, -0.004 -> code 0)
+    x = torch.tensor([[1.0, -0.004, -0.0, 0.004, -2.0**-8, -3 * 2.0**-8]])
+    out = mxint(x)
+    assert out.tolist() == [[1.0, 0.0, 0.0, 0.0, 0.0, -2.0**-6]]
+    assert not out.signbit()[0, :5].any()
+    codes, scales = mxint_encode(x)
+    assert torch.equal(mxint_decode(codes, scales).view(torch.int32), out.view(torch.int32))
