@@ -33,4 +33,11 @@ def run_pipeline(source, output_dir=None):
     return run(source, output_dir=output_dir)
 
 
-__all__ = ["MaseGraph", "UserError", "passes", "run_pipeline", "__version__"]
+def run_search(source):
+    """Run (or continue) a search spec (path, dict or SearchSpec); see :func:`mase_lite.search.engine.run_search`."""
+    from mase_lite.search.engine import run_search as run
+
+    return run(source)
+
+
+__all__ = ["MaseGraph", "UserError", "passes", "run_pipeline", "run_search", "__version__"]

@@ -5,8 +5,10 @@ Examples::
     mase-lite run pipelines/quickstart.json
     mase-lite draw -o bert.svg                      # the default bert-tiny-shaped model
     mase-lite draw --model model.json -o model.svg  # a `model` section as in pipeline specs
+    mase-lite draw runs/q/checkpoint --depth 3 --fold-repeats --color-by format -o q.svg
     mase-lite passes
     mase-lite schema pipeline
+    mase-lite search pipelines/search.json          # resumable; run it on several machines at once
 """
 
 from __future__ import annotations
@@ -31,17 +33,38 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_search(args: argparse.Namespace) -> int:
+    from mase_lite.search.engine import run_search
+
+    result = run_search(args.spec)
+    for study in result.report["studies"]:
+        states = ", ".join(f"{n} {s.lower()}" for s, n in study["states"].items())
+        print(f"{study['name']}: {states}")
+        best = [study["best"]] if "best" in study else study["pareto_front"]
+        for trial in [b for b in best if b]:
+            print(f"  trial {trial['number']}: {json.dumps(trial['values'])} params {json.dumps(trial['params'])}")
+    print(f"report: {result.output_dir / 'search_report.json'}")
+    return 0
+
+
 def _cmd_draw(args: argparse.Namespace) -> int:
+    from mase_lite.ir.draw import options, render
     from mase_lite.ir.graph import MaseGraph
     from mase_lite.pipeline.spec import read_json
     from mase_lite.train.models import ModelSpec, build_model
     from mase_lite.train.validation import validate_section
 
-    spec = validate_section(ModelSpec, read_json(args.model) if args.model else None, "model")
-    model = build_model(spec)
-    mg = MaseGraph(model, hf_input_names=args.inputs)
-    path = mg.draw(args.output)
-    print(f"wrote {path} ({len(mg.nodes)} nodes)")
+    opts = options(args.output, depth=args.depth, fold_repeats=args.fold_repeats, color_by=args.color_by)
+    if args.graph is not None:
+        if args.model:
+            raise UserError("draw: give a saved graph directory or --model, not both")
+        mg = MaseGraph.load(args.graph)
+    else:
+        spec = validate_section(ModelSpec, read_json(args.model) if args.model else None, "model")
+        mg = MaseGraph(build_model(spec), hf_input_names=args.inputs)
+    path, drawing = render(mg, opts)
+    shown = f"{drawing.boxes} boxes" if drawing is not None else f"{len(mg.nodes)} nodes"
+    print(f"wrote {path} ({shown})" + (f"; {drawing.note}" if drawing is not None and drawing.note else ""))
     return 0
 
 
@@ -77,8 +100,9 @@ def _cmd_passes(args: argparse.Namespace) -> int:
 
 def _cmd_schema(args: argparse.Namespace) -> int:
     from mase_lite.pipeline.spec import pipeline_schema
+    from mase_lite.search.spec import search_schema
 
-    schemas = {"pipeline": pipeline_schema}
+    schemas = {"pipeline": pipeline_schema, "search": search_schema}
     print(json.dumps(schemas[args.kind](), indent=2))
     return 0
 
@@ -94,10 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output-dir", help="override the spec's output_dir")
     run.set_defaults(fn=_cmd_run)
 
-    draw = sub.add_parser("draw", help="capture a model and draw its graph")
+    search = sub.add_parser("search", help="run (or continue) a search spec; workers sharing its storage cooperate")
+    search.add_argument("spec", help="search JSON")
+    search.set_defaults(fn=_cmd_search)
+
+    draw = sub.add_parser("draw", help="draw a saved graph, or capture a model and draw its graph")
+    draw.add_argument("graph", nargs="?", help="a graph directory written by save or the checkpoint pass")
     draw.add_argument("--model", help="JSON file with a `model` section (default: bert-tiny-shaped BERT)")
     draw.add_argument("--inputs", nargs="+", default=["input_ids", "attention_mask"], help="input names")
-    draw.add_argument("-o", "--output", default="graph.svg", help="output file (.svg, .png, .pdf, .dot)")
+    draw.add_argument("-o", "--output", default="graph.svg", help="output file (.svg, .png, .pdf, .dot, .graphml, .json)")
+    draw.add_argument("--depth", type=int, help="draw modules this deep as one box each (1: the model's children)")
+    draw.add_argument("--fold-repeats", action="store_true", help="draw runs of identical blocks once, labelled ×N")
+    draw.add_argument("--color-by", default="type", help="type, format, sparsity or a profile statistic such as data_out.max")
     draw.set_defaults(fn=_cmd_draw)
 
     passes = sub.add_parser("passes", help="list every registered pass with its parameters")
@@ -105,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     passes.set_defaults(fn=_cmd_passes)
 
     schema = sub.add_parser("schema", help="print the JSON Schema of a spec")
-    schema.add_argument("kind", nargs="?", default="pipeline", choices=["pipeline"])
+    schema.add_argument("kind", nargs="?", default="pipeline", choices=["pipeline", "search"])
     schema.set_defaults(fn=_cmd_schema)
     return parser
 

@@ -38,7 +38,8 @@ def _average(pairs: list[tuple[int, float]]) -> float | None:
 def avg_bits_pass(mg, params: AvgBitsParams):
     """Average stored bits per element of weights and of activations (inputs) of compute ops.
 
-    Shared scales count (an MXINT8 weight is 8.25 bits). Example:
+    Shared scales count (an MXINT8 weight is 8.25 bits). ``weights`` and ``activations`` are also the
+    run's metrics (``avg_bits.weights`` in report.json). Example:
     ``ml.passes.avg_bits(mg)[1]["weights"]`` → 32.0 before quantization.
     """
     weights: list[tuple[int, float]] = []
@@ -53,9 +54,10 @@ def avg_bits_pass(mg, params: AvgBitsParams):
         weights += w
         acts += a
         per_node[node.name] = {"weights": _average(w), "activations": _average(a)}
+    summary = {"weights": _average(weights), "activations": _average(acts)}
     return mg, {
-        "weights": _average(weights),
-        "activations": _average(acts),
+        **summary,
+        "metrics": summary,
         "weight_elements": sum(n for n, _ in weights),
         "activation_elements": sum(n for n, _ in acts),
         "per_node": per_node,

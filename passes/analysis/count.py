@@ -49,7 +49,8 @@ def node_macs(node, module, dims: dict[str, int]) -> int:
 def count_pass(mg, params: CountParams):
     """Count parameters (total, trainable), nodes per op, and MACs of linear/conv/matmul/sdpa.
 
-    Example: ``ml.passes.count(mg, {"dims": {"batch": 8, "seq": 64}})[1]["macs"]``.
+    Parameters, trainable parameters and MACs are also the run's metrics (``count.macs``). Example:
+    ``ml.passes.count(mg, {"dims": {"batch": 8, "seq": 64}})[1]["macs"]``.
     """
     modules = mg.modules
     params_total = sum(p.numel() for p in mg.model.parameters())
@@ -64,7 +65,9 @@ def count_pass(mg, params: CountParams):
     macs_by_op: Counter = Counter()
     for node in mg.model.graph.nodes:
         macs_by_op[node.meta["mase"]["op"]] += macs_by_node.get(node.name, 0)
+    metrics = {"parameters": params_total, "trainable_parameters": trainable, "macs": sum(macs_by_node.values())}
     return mg, {
+        "metrics": metrics,
         "parameters": params_total,
         "trainable_parameters": trainable,
         "nodes": sum(ops.values()),
