@@ -1,0 +1,272 @@
+"""Codegen: the emitted package rebuilds the graph bit for bit, stands alone, compiles and exports."""
+
+import copy
+import importlib
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import pytest
+import torch
+import torch.nn as nn
+from safetensors.torch import save_file
+from transformers import BertConfig, BertForSequenceClassification
+
+import mase_lite as ml
+from mase_lite.codegen import CodegenError
+
+BERT_SHAPE = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512)
+PACKED = {"by": "type", "rules": {"linear": {"name": "mxint", "element_width": 8, "storage": "packed"}}}
+INTEGER = {"by": "type", "rules": {"linear": {"name": "integer", "data_in_width": 8, "data_in_frac_width": 4,
+                                              "weight_width": 8, "weight_frac_width": 6}}}
+# Everything but torch, safetensors and the kernel runtime (fake-quantized layers also need mase_lite.nn).
+BLOCKED = ("mase_lite.ir", "mase_lite.passes", "mase_lite.codegen", "mase_lite.pipeline", "mase_lite.search",
+           "mase_lite.train", "mase_lite.bench", "transformers")
+
+
+def bert(attn_implementation: str = "sdpa") -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    return BertForSequenceClassification(BertConfig(**BERT_SHAPE, attn_implementation=attn_implementation)).eval()
+
+
+@pytest.fixture(scope="module")
+def captured():
+    """Captured default and eager-attention BERTs (each test transforms its own deep copy)."""
+    names = ["input_ids", "attention_mask"]
+    return {kind: ml.MaseGraph(bert(kind), hf_input_names=names) for kind in ("sdpa", "eager")}
+
+
+def bert_inputs(batch: int, seq: int) -> dict:
+    gen = torch.Generator().manual_seed(batch * 100 + seq)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[0, seq // 2:] = 0
+    return {"input_ids": torch.randint(0, 30522, (batch, seq), generator=gen), "attention_mask": mask}
+
+
+def emit_and_import(mg, tmp_path, **params):
+    """Write the package under a fresh import name and import it."""
+    name = f"emitted_{uuid.uuid4().hex[:8]}"
+    _, info = ml.passes.codegen(mg, {"path": str(tmp_path / name), **params})
+    sys.path.insert(0, str(tmp_path))
+    try:
+        package = importlib.import_module(name)
+    finally:
+        sys.path.remove(str(tmp_path))
+    return package, info, (tmp_path / name / "model.py").read_text()
+
+
+def packed(mg):
+    return ml.passes.quantize(mg, PACKED)[0]
+
+
+def integer(mg):
+    return ml.passes.quantize(mg, INTEGER)[0]
+
+
+def pruned(mg):
+    mg, _ = ml.passes.prune(mg, {"weight": {"sparsity": 0.5, "method": "l1-norm", "scope": "local"}})
+    return ml.passes.prune_finalize(mg)[0]
+
+
+def fused(mg):
+    mg, info = ml.passes.fuse_sdpa(mg)
+    assert len(info["fused"]) == 2
+    return mg
+
+
+VARIANTS = {  # name: (attention, transform, a line the emitted code must hold, how many times)
+    "float": ("sdpa", lambda mg: mg, "= nn.Linear(128, 128)", 9),
+    "integer": ("sdpa", integer, "= QuantizedLinear(128, 128, config={'data_in': {'name': 'integer'", 9),
+    "packed": ("sdpa", packed, "torch.ops.mase_lite.mxint8_linear.default(", 14),
+    "fused": ("eager", fused, "F.scaled_dot_product_attention(", 2),
+    "pruned": ("sdpa", pruned, "= nn.Linear(128, 512)", 2),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_bert_outputs_are_bit_identical_to_the_graph(captured, tmp_path, variant):
+    kind, transform, line, count = VARIANTS[variant]
+    mg = transform(copy.deepcopy(captured[kind]))
+    package, info, source = emit_and_import(mg, tmp_path)
+    assert source.count(line) == count
+    model = package.load("cpu")
+    assert not model.training and info["class_name"] == "BertForSequenceClassification"
+    mg.model.eval()
+    with torch.no_grad():
+        for batch, seq in ((3, 17), (2, 9)):
+            inputs = bert_inputs(batch, seq)
+            expected, got = mg.model(**inputs), model(**inputs)
+            assert type(got).__name__ == "SequenceClassifierOutput" and got._fields == ("logits",)
+            assert torch.equal(got.logits, expected.logits)
+
+
+def test_pruned_weights_are_stored_with_their_zeros(captured, tmp_path):
+    mg = copy.deepcopy(captured["sdpa"])
+    mg, _ = ml.passes.prune(mg, {"weight": {"sparsity": 0.5, "method": "l1-norm", "scope": "local"}})
+    package, _, _ = emit_and_import(mg, tmp_path)  # masks not finalized: the masked weight is what is stored
+    model = package.load("cpu")
+    weight = model.bert_encoder_layer_0_attention_self_query.weight
+    assert (weight == 0).float().mean().item() == 0.5
+    inputs = bert_inputs(2, 8)
+    with torch.no_grad():
+        assert torch.equal(model(**inputs).logits, mg.model.eval()(**inputs).logits)
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU()
+        self.pool = nn.MaxPool2d(2)
+        self.conv2 = nn.Conv2d(8, 4, 1, stride=2)
+        self.flatten = nn.Flatten()
+        self.fc = nn.Linear(4 * 2 * 2, 10)
+
+    def forward(self, x):
+        return self.fc(self.flatten(self.conv2(self.pool(self.relu(self.bn(self.conv(x)))))))
+
+
+def test_cnn_is_bit_identical_and_readable(tmp_path):
+    torch.manual_seed(0)
+    cnn = CNN().eval()
+    with torch.no_grad():
+        cnn.bn.running_mean.normal_()
+        cnn.bn.running_var.uniform_(0.5, 2.0)
+    mg = ml.MaseGraph(cnn, example_inputs={"x": torch.randn(2, 3, 8, 8)})
+    package, info, source = emit_and_import(mg, tmp_path, class_name="TinyCNN")
+    for line in ("self.conv = nn.Conv2d(3, 8, (3, 3), padding=(1, 1), bias=False)",
+                 "self.conv2 = nn.Conv2d(8, 4, (1, 1), stride=(2, 2))", "self.bn = nn.BatchNorm2d(8)",
+                 "self.pool = nn.MaxPool2d(2, stride=2)", "def forward(self, x):", "class TinyCNN(nn.Module):"):
+        assert line in source
+    assert info["tensors"] == 10  # conv weight, BatchNorm (weight, bias, mean, var, count), conv2 and fc (2 each)
+    x = torch.randn(5, 3, 8, 8)
+    with torch.no_grad():
+        assert torch.equal(package.load("cpu")(x), mg.model.eval()(x=x))
+
+
+BLOCKING_RUN = """
+import importlib.abc, sys
+BLOCKED = {blocked!r}
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in BLOCKED):
+            raise ImportError(f"blocked: {{name}}")
+        return None
+
+sys.meta_path.insert(0, Block())
+sys.path.insert(0, {root!r})
+import torch
+from safetensors.torch import load_file
+import {name}
+model = {name}.load("cpu")
+inputs = load_file({inputs!r})
+expected = inputs.pop("expected")
+with torch.no_grad():
+    logits = model(**inputs).logits
+assert torch.equal(logits, expected), "outputs differ"
+print(sorted(m for m in sys.modules if m.startswith("mase_lite")))
+"""
+
+
+@pytest.mark.parametrize("variant", ["packed", "integer"])
+def test_emitted_package_imports_neither_ir_nor_passes(captured, tmp_path, variant):
+    mg = VARIANTS[variant][1](copy.deepcopy(captured["sdpa"]))
+    name = f"standalone_{variant}"
+    ml.passes.codegen(mg, {"path": str(tmp_path / name)})
+    inputs = bert_inputs(2, 11)
+    with torch.no_grad():
+        inputs["expected"] = mg.model.eval()(**inputs).logits
+    save_file(inputs, str(tmp_path / "inputs.safetensors"))
+    blocked = BLOCKED + (("mase_lite.nn",) if variant == "packed" else ())
+    script = BLOCKING_RUN.format(blocked=blocked, root=str(tmp_path), name=name,
+                                 inputs=str(tmp_path / "inputs.safetensors"))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    loaded = eval(run.stdout.strip().splitlines()[-1])
+    assert not [m for m in loaded if m.startswith(BLOCKED)]
+    assert ("mase_lite.kernels.mxint8.ops" in loaded) == (variant == "packed")
+    assert ("mase_lite.nn.quantized" in loaded) == (variant == "integer")
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(64, 96)
+        self.act = nn.GELU()
+        self.down = nn.Linear(96, 32)
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x)))
+
+
+@pytest.fixture
+def packed_mlp_package(tmp_path):
+    torch.manual_seed(0)
+    mg = packed(ml.MaseGraph(MLP().eval(), example_inputs={"x": torch.randn(4, 64)}))
+    package, info, source = emit_and_import(mg, tmp_path)
+    assert info["packed_linears"] == 2 and "packed_linear(96, 64, 2, bias=True)" in source
+    return mg, package.load("cpu")
+
+
+def test_emitted_model_under_torch_compile(packed_mlp_package):
+    """One graph, no breaks. aot_eager keeps eager numerics (bit-exact); inductor fuses the float ops
+    around the kernel op (GELU, bias), so its outputs match to float32 rounding."""
+    mg, model = packed_mlp_package
+    x = torch.randn(6, 64)
+    with torch.no_grad():
+        expected = mg.model.eval()(x=x)
+        assert torch.equal(torch.compile(model, backend="aot_eager", fullgraph=True)(x), expected)
+        torch.testing.assert_close(torch.compile(model, backend="inductor", fullgraph=True)(x), expected,
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_emitted_model_under_torch_export(captured, tmp_path):
+    mg = packed(copy.deepcopy(captured["sdpa"]))
+    package, _, _ = emit_and_import(mg, tmp_path)
+    model = package.load("cpu")
+    inputs = bert_inputs(3, 12)
+    exported = torch.export.export(model, (), inputs, strict=False)
+    targets = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert "mase_lite.mxint8_linear.default" in targets
+    again = bert_inputs(3, 12)
+    with torch.no_grad():
+        assert torch.equal(exported.module()(**again).logits, mg.model.eval()(**again).logits)
+
+
+class Doubler(nn.Module):
+    def forward(self, x):
+        return 2 * x
+
+
+class WithCustomLeaf(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.twice = Doubler()
+
+    def forward(self, x):
+        return self.twice(self.fc(x))
+
+
+def test_a_module_codegen_cannot_build_is_named_and_nothing_is_written(tmp_path):
+    mg = ml.MaseGraph(WithCustomLeaf(), example_inputs={"x": torch.randn(2, 8)}, leaf_modules=(Doubler,))
+    with pytest.raises(CodegenError, match=r"node 'twice'.*module 'twice' is a .*Doubler"):
+        ml.passes.codegen(mg, {"path": str(tmp_path / "out" / "pkg")})
+    assert not (tmp_path / "out" / "pkg").exists()
+
+
+def test_lora_layers_must_be_merged_first(tmp_path):
+    torch.manual_seed(0)
+    mg = ml.MaseGraph(MLP(), example_inputs={"x": torch.randn(4, 64)})
+    mg, _ = ml.passes.lora(mg, {"r": 4})
+    with pytest.raises(CodegenError, match=r"node 'up'.*LoRA"):
+        ml.passes.codegen(mg, {"path": str(tmp_path / "pkg")})
+
+
+def test_package_name_must_be_an_identifier(tmp_path):
+    mg = ml.MaseGraph(MLP(), example_inputs={"x": torch.randn(4, 64)})
+    with pytest.raises(CodegenError, match=r"package name 'my-model' is not a Python identifier"):
+        ml.passes.codegen(mg, {"path": str(tmp_path / "my-model")})
