@@ -68,17 +68,30 @@ def open_storage(url: str | None, output_dir: Path, heartbeat_interval: int, gra
         backend = JournalFileBackend(path, lock_obj=JournalFileOpenLock(path))
         return HeartbeatJournalStorage(backend, heartbeat_interval, grace)
     try:
-        return RDBStorage(
-            url,
-            engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
-            heartbeat_interval=heartbeat_interval,
-            grace_period=grace,
-            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(),
-        )
+        return _rdb(url, heartbeat_interval, grace)
     except ImportError as err:
         raise UserError(f"storage: {url.split(':')[0]} needs a driver that is not installed ({err})") from None
     except Exception as err:  # sqlalchemy raises many kinds for a bad URL or an unreachable server
         raise UserError(f"storage: cannot open {url!r}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
+
+
+def _rdb(url: str, heartbeat_interval: int, grace: int, attempts: int = 5) -> RDBStorage:
+    """An RDB storage; workers starting together race to create the schema, so a loser retries."""
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    for attempt in range(attempts):
+        try:
+            return RDBStorage(
+                url,
+                engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
+                heartbeat_interval=heartbeat_interval,
+                grace_period=grace,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(),
+            )
+        except (IntegrityError, ProgrammingError):
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
 
 
 def heartbeat_thread(storage, trial_id: int):

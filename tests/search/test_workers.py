@@ -1,0 +1,107 @@
+"""Several workers on one study: killed mid-trial and resumed, two at once on the journal file, two at
+once on a real PostgreSQL server."""
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+import mase_lite as ml
+from tests.search.conftest import WIDTH, start_worker, write_spec
+
+WIDTHS = [4, 6, 8]
+
+
+def grid_spec(tiny_search, **overrides):
+    return tiny_search(space=[{"path": WIDTH, "type": "choice", "values": WIDTHS}], n_trials=len(WIDTHS), **overrides)
+
+
+def assert_each_width_once(report):
+    trials = report["studies"][0]["trials"]
+    complete = [t["params"][WIDTH] for t in trials if t["state"] == "COMPLETE"]
+    assert sorted(complete) == WIDTHS, trials
+
+
+def wait_for(condition, seconds=120):
+    deadline = time.time() + seconds
+    while not condition():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_resume_after_sigkill_mid_trial(tmp_path, tiny_search):
+    spec = grid_spec(tiny_search)
+    path = write_spec(tmp_path, spec)
+    worker = start_worker(path)
+    trial_dir = tmp_path / "search" / "trials" / "1"
+    wait_for(lambda: trial_dir.is_dir() or worker.poll() is not None)
+    worker.send_signal(signal.SIGKILL)  # trial 1 is running: it owns a grid point and never finishes
+    worker.wait()
+    report = ml.run_search(spec).report
+    assert_each_width_once(report)
+    trials = report["studies"][0]["trials"]
+    stale = [t for t in trials if t["state"] == "FAIL"]
+    assert [t["number"] for t in stale] == [1] and stale[0]["error"] is None
+    retry = [t for t in trials if t["retry_of"] == 1]
+    assert len(retry) == 1 and retry[0]["state"] == "COMPLETE"
+    assert report["studies"][0]["states"] == {"COMPLETE": 3, "FAIL": 1}
+
+
+def test_two_workers_share_the_default_storage(tmp_path, tiny_search):
+    path = write_spec(tmp_path, grid_spec(tiny_search))
+    workers = [start_worker(path) for _ in range(2)]
+    outputs = [w.communicate(timeout=300)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    report = ml.run_search(path).report  # a third run finds the study done
+    assert_each_width_once(report)
+    assert report["studies"][0]["states"] == {"COMPLETE": 3}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def postgres_url():
+    """A throwaway PostgreSQL server on 127.0.0.1, run as the postgres system user; stopped at the end."""
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not bins:
+        pytest.skip("no PostgreSQL server binaries (Debian package 'postgresql')")
+    pytest.importorskip("psycopg", reason="the psycopg driver is a dev extra")
+    bindir = Path(bins[-1]).parent
+    base = Path(tempfile.mkdtemp(prefix="mase_lite_pg_"))
+    as_postgres = []
+    if os.geteuid() == 0:  # the server refuses to run as root
+        shutil.chown(base, "postgres")
+        as_postgres = ["runuser", "-u", "postgres", "--"]
+    data, port = base / "data", _free_port()
+    subprocess.run([*as_postgres, bindir / "initdb", "-D", data, "-A", "trust", "-U", "postgres"], check=True, capture_output=True)
+    opts = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={base} -c fsync=off"
+    subprocess.run([*as_postgres, bindir / "pg_ctl", "-D", data, "-o", opts, "-l", base / "log", "-w", "start"], check=True, capture_output=True)
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_postgres, bindir / "pg_ctl", "-D", data, "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_two_workers_on_postgresql(tmp_path, tiny_search, postgres_url):
+    path = write_spec(tmp_path, grid_spec(tiny_search, storage=postgres_url))
+    workers = [start_worker(path) for _ in range(2)]
+    outputs = [w.communicate(timeout=300)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    study = optuna.load_study(study_name="search", storage=postgres_url)
+    complete = [t.params[WIDTH] for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))]
+    assert sorted(complete) == WIDTHS
+    assert len(study.trials) == 3
+    assert not (tmp_path / "search" / "study.journal").exists()
