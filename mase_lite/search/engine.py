@@ -47,6 +47,7 @@ class Study:
     sampler: optuna.samplers.BaseSampler
     study: optuna.Study | None = None
     overhead: list[float] = field(default_factory=list)  # seconds per trial spent outside the pipeline run
+    loop_seconds: list[float] = field(default_factory=list)  # seconds per trial, from the stale check to tell
 
     @property
     def n_trials(self) -> int:
@@ -254,7 +255,8 @@ def optimize(study: Study, deadline: float | None) -> None:
             except optuna.exceptions.UpdateFinishedTrialError:
                 logger.warning("trial %d was failed as stale by another worker; its result is dropped", trial.number)
                 continue
-            study.overhead.append(time.perf_counter() - t0 - run_seconds)
+            study.loop_seconds.append(time.perf_counter() - t0)
+            study.overhead.append(study.loop_seconds[-1] - run_seconds)
             if values is not None and len(values) == 1:
                 better = best is None or (values[0] > best if study.spec.objectives[0].direction == "maximize" else values[0] < best)
                 best = values[0] if better else best

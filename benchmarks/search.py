@@ -1,0 +1,95 @@
+"""Throughput of a mixed-precision PTQ search on the default tiny BERT, and the engine's share of it.
+
+Per trial: every Linear gets a sampled format/width (a per-layer choice among integer 8/4,
+integer 4/2 and minifloat IEEE e4m3), then the model is evaluated on 1,000 synthetic test samples.
+A trial is a whole pipeline run (fresh model, data, capture, quantize, evaluate). The engine's
+overhead is the time of a trial spent outside the pipeline run (storage, sampling, bookkeeping),
+measured by the engine itself, as a share of the whole trial.
+
+    python benchmarks/search.py --trials 20                 # one worker
+    python benchmarks/search.py --trials 20 --workers 2     # two `mase-lite search` processes
+
+Prints a markdown table row (the figures in benchmarks/RESULTS.md come from this script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+FORMATS = [
+    {"name": "integer", "data_in_width": 8, "data_in_frac_width": 4, "weight_width": 8, "weight_frac_width": 4},
+    {"name": "integer", "data_in_width": 4, "data_in_frac_width": 2, "weight_width": 4, "weight_frac_width": 2},
+    {"name": "minifloat_ieee", "data_in_width": 8, "data_in_exponent_width": 4, "weight_width": 8, "weight_exponent_width": 4},
+]
+
+
+def search_spec(out: Path, trials: int) -> dict:
+    pipeline = {
+        "name": "mixed_precision_ptq",
+        "seed": 0,
+        "data": {"dataset": "synthetic-sentiment", "n_train": 1000, "n_test": 1000, "max_length": 32},
+        "steps": [
+            {"pass": "quantize", "params": {"by": "name", "rules": {}, "default": None}},
+            {"pass": "avg_bits", "params": {"dims": {"batch": 1, "seq": 32}}},
+            {"pass": "evaluate", "params": {"label": "ptq", "batch_size": 250, "progress": False}},
+        ],
+    }
+    return {
+        "pipeline": pipeline,
+        "space": [
+            {"path": "steps.quantize.params.rules.{node}", "nodes": {"op": "linear"}, "type": "choice", "values": FORMATS}
+        ],
+        "objectives": [{"metric": "ptq.accuracy"}, {"metric": "avg_bits.weights", "direction": "minimize"}],
+        "sampler": {"name": "nsga2", "seed": 0},
+        "n_trials": trials,
+        "output_dir": str(out),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "search"
+        spec_path = Path(tmp) / "search.json"
+        spec_path.write_text(json.dumps(search_spec(out, args.trials)))
+        t0 = time.perf_counter()
+        if args.workers == 1:
+            import mase_lite as ml
+
+            result = ml.run_search(spec_path)
+            overhead = result.studies[0].overhead
+            loops = result.studies[0].loop_seconds
+        else:
+            cmd = [sys.executable, "-m", "mase_lite.cli", "search", str(spec_path)]
+            workers = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(args.workers)]
+            for w in workers:
+                w.wait()
+            overhead, loops = [], []
+        wall = time.perf_counter() - t0
+        report = json.loads((out / "search_report.json").read_text())
+        trials = [t for t in report["studies"][0]["trials"] if t["state"] == "COMPLETE"]
+        seconds = [t["metrics"]["trial.seconds"] for t in trials]
+        # wall time includes the one-off import and space check; per-trial figures exclude it
+        per_trial = statistics.median(seconds)
+        share = statistics.median(o / s for o, s in zip(overhead, loops)) if overhead else float("nan")
+        accuracy = [t["metrics"]["ptq.accuracy"] for t in trials]
+        print("| workers | complete trials | wall s | trials/min (wall) | median trial s | engine overhead | accuracy range |")
+        print("|---|---|---|---|---|---|---|")
+        print(
+            f"| {args.workers} | {len(trials)} | {wall:.1f} | {60 * len(trials) / wall:.1f} | {per_trial:.2f} | "
+            f"{100 * share:.1f} % | {min(accuracy):.3f}–{max(accuracy):.3f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
