@@ -13,11 +13,15 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
+import os
 import re
+import traceback
 from collections import OrderedDict
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 import torch.fx as fx
 import torch.nn as nn
@@ -25,6 +29,7 @@ import torch.nn.functional as F
 from torch.export import Dim
 
 from mase_lite.errors import UserError
+from mase_lite.ir.inputs import sequence_dims
 from mase_lite.ir.modules import ScaledDotProductAttention
 from mase_lite.ir.ops import is_leaf_class
 
@@ -41,21 +46,75 @@ class MaseGraphModule(fx.GraphModule):
     """The captured GraphModule: rooted at the original model, called with the captured inputs."""
 
 
+def overrides_forward(cls: type) -> bool:
+    """Whether ``cls`` subclasses a known leaf class (Embedding, Linear, ...) with a forward of its own."""
+    from mase_lite.ir.ops import MODULE_OPS
+
+    for base in cls.__mro__[1:]:
+        if base.__module__.startswith("torch.nn") and base.__name__ in MODULE_OPS:
+            return cls.forward is not base.forward
+    return False
+
+
+class LeafPlan:
+    """Which modules become one ``call_module`` node, and which of them export in train mode.
+
+    A subclass of a leaf class with its own ``forward`` (a positional embedding taking the mask)
+    is traced through, unless the user lists it in ``leaf_modules``. ``stochastic`` names
+    parameter-free modules that draw random numbers in train mode (drop-path): they export in
+    train mode so their random work is inside the node, and follow train/eval mode as nodes.
+    """
+
+    def __init__(self, model: nn.Module, leaf_types: tuple[type, ...]):
+        self.leaf_types = leaf_types
+        self.stochastic: set[str] = set()
+        self._leaf: dict[type, bool] = {}
+        for name, m in model.named_modules():
+            cls = type(m)
+            if cls not in self._leaf:
+                leaf = is_leaf_class(cls, leaf_types)
+                if leaf and overrides_forward(cls) and not issubclass(cls, leaf_types) and not hasattr(cls, "mase_op"):
+                    logger.info("%s (%s) subclasses a leaf class with its own forward: traced through", name, cls.__name__)
+                    leaf = False
+                self._leaf[cls] = leaf
+
+    def is_leaf(self, fqn: str, module: nn.Module) -> bool:
+        return fqn in self.stochastic or self._leaf.get(type(module), False)
+
+
 @contextlib.contextmanager
-def _export_modes(model: nn.Module, leaf_types: tuple[type, ...]) -> Iterator[None]:
+def _export_modes(model: nn.Module, plan: LeafPlan | None) -> Iterator[None]:
     """Non-leaf modules in train mode, leaf modules in eval mode; restored afterwards.
 
     Functional dropout inside non-leaf modules is then visible as ``dropout(x, p, True)`` and
     can be turned into a module node, while leaf modules regain run-time control as nodes.
+    With ``plan=None`` every module is in eval mode: the graph is the model's eval, exactly.
     """
     saved = {m: m.training for m in model.modules()}
     try:
-        for m in model.modules():
-            m.training = not is_leaf_class(type(m), leaf_types)
+        for name, m in model.named_modules():
+            m.training = plan is not None and (name in plan.stochastic or not plan.is_leaf(name, m))
         yield
     finally:
         for m, mode in saved.items():
             m.training = mode
+
+
+@contextlib.contextmanager
+def _no_cache(model: nn.Module) -> Iterator[None]:
+    """``use_cache = False`` on every config of the model (decoders keep copies); restored afterwards.
+
+    A cache object is not a tensor pytree, so export cannot return it.
+    """
+    configs = {id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None}
+    changed = [c for c in configs.values() if getattr(c, "use_cache", False) is True]
+    for c in changed:
+        c.use_cache = False
+    try:
+        yield
+    finally:
+        for c in changed:
+            c.use_cache = True
 
 
 TRAIN_DROPOUT = "mase_train_dropout_p"
@@ -115,15 +174,63 @@ class DropoutRecorder:
         return True
 
 
-def _describe_export_failure(model: nn.Module, err: Exception) -> str:
+def _owner_of_line(model: nn.Module, path: str, line: int) -> str | None:
+    """The class (and qualified name) of the model's module whose forward holds ``path:line``."""
+    seen: set[type] = set()
+    for name, m in model.named_modules():
+        cls = type(m)
+        if cls in seen:
+            continue
+        seen.add(cls)
+        try:
+            forward = inspect.unwrap(cls.forward)
+            lines, start = inspect.getsourcelines(forward)
+            source = inspect.getsourcefile(forward)
+        except (OSError, TypeError):
+            continue
+        if source and os.path.samefile(source, path) and start <= line < start + len(lines):
+            return f"{cls.__name__} ({name or 'the model'})"
+    return None
+
+
+_LIBRARIES = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, contextlib, np))
+
+
+def _model_frame(err: BaseException) -> tuple[str | None, int, str]:
+    """The innermost frame outside torch, numpy, the standard library and mase_lite, through chained errors."""
+    skip = _LIBRARIES + (os.path.dirname(os.path.dirname(__file__)) + os.sep, "<")
+    found: tuple[str | None, int, str] = (None, 0, "")
+    seen: set[int] = set()
+    chain: BaseException | None = err
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        frames = [f for f in traceback.extract_tb(chain.__traceback__) if not f.filename.startswith(skip)]
+        if frames:
+            found = (frames[-1].filename, frames[-1].lineno or 0, (frames[-1].line or "").strip())
+        chain = chain.__cause__ or chain.__context__
+    return found
+
+
+def describe_export_failure(model: nn.Module, err: Exception) -> str:
+    """torch's reason, the model's source line that raised it (and its module), and torch's suggestion."""
     text = str(err)
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    where = re.findall(r'File "([^"]+)", line (\d+)', text)
     head = lines[0] if lines else type(err).__name__
     msg = f"torch.export could not capture {type(model).__name__}: {type(err).__name__}: {head}"
-    if where:
-        path, line = where[-1]
-        msg += f" (at {path}:{line})"
+    call = re.search(r'raised this error:\s*File "([^"]+)", line (\d+), in \w+\n\s*(.*)', text)
+    where = re.findall(r'File "([^"]+)", line (\d+)', text)
+    if call:
+        path, line, code = call.group(1), int(call.group(2)), call.group(3).strip()
+    elif where:
+        (path, line), code = (where[-1][0], int(where[-1][1])), ""
+    else:
+        path, line, code = _model_frame(err)
+    if path:
+        owner = os.path.exists(path) and _owner_of_line(model, path, line)
+        msg += f"\n  at {path}:{line}" + (f" in {owner}" if owner else "") + (f": {code}" if code else "")
+    msg += "".join(f"\n  {ln}" for ln in lines if ln.startswith("Caused by"))
+    hints = [ln for ln in lines if re.match(r"(consider|suggested fix|you can|try)", ln, re.I)]
+    msg += "".join(f"\n  torch suggests: {ln}" for ln in hints[:3])
     return msg
 
 
@@ -131,11 +238,11 @@ def export_model(
     model: nn.Module,
     example_inputs: dict[str, Any],
     dynamic_shapes: dict[str, Any] | None,
-    leaf_types: tuple[type, ...],
+    plan: LeafPlan | None,
     preserve: tuple[str, ...] = (),
 ) -> torch.export.ExportedProgram:
-    """Non-strict export with the train/eval split of :func:`_export_modes`."""
-    with _export_modes(model, leaf_types), torch.no_grad():
+    """Non-strict export with the modes of :func:`_export_modes` (``plan=None``: the model's eval)."""
+    with _export_modes(model, plan), _no_cache(model), torch.no_grad():
         try:
             return torch.export.export(
                 model,
@@ -146,29 +253,41 @@ def export_model(
                 preserve_module_call_signature=preserve,
             )
         except Exception as err:
-            raise CaptureError(_describe_export_failure(model, err)) from err
+            raise CaptureError(describe_export_failure(model, err)) from err
 
 
-def default_dynamic_shapes(example_inputs: dict[str, Any], seq_inputs: set[str]) -> dict[str, Any]:
-    """Dim 0 of every tensor input is the batch; dim 1 of token-like inputs is the sequence."""
-    shapes: dict[str, Any] = {}
-    for name, value in example_inputs.items():
-        if isinstance(value, torch.Tensor) and value.dim() >= 1:
-            dims = {0: Dim.AUTO}
-            if name in seq_inputs and value.dim() >= 2:
-                dims[1] = Dim.AUTO
-            shapes[name] = dims
-        else:
-            shapes[name] = None
-    return shapes
+def default_dynamic_shapes(example_inputs: dict[str, Any]) -> dict[str, Any]:
+    """``Dim.AUTO`` on the batch and sequence dims of :func:`~mase_lite.ir.inputs.sequence_dims`."""
+    dims = sequence_dims(example_inputs)
+    return {name: ({d: Dim.AUTO for d in dims[name]} if name in dims else None) for name in example_inputs}
 
 
-def _leaf_of(node: fx.Node, modules: dict[str, nn.Module], leaf_types: tuple[type, ...]) -> tuple[str, str] | None:
+def dynamic_dims(dynamic_shapes: dict[str, Any] | None) -> dict[str, list[int]]:
+    """The dims that ``dynamic_shapes`` makes dynamic, per input, in a JSON-friendly form.
+
+    >>> dynamic_dims({"input_ids": {0: Dim.AUTO, 1: Dim.AUTO}, "x": None})
+    {'input_ids': [0, 1]}
+    """
+    dims: dict[str, list[int]] = {}
+    for name, spec in (dynamic_shapes or {}).items():
+        if isinstance(spec, dict):
+            dims[name] = sorted(int(d) for d, v in spec.items() if v is not None)
+        elif isinstance(spec, (list, tuple)):
+            dims[name] = [i for i, v in enumerate(spec) if v is not None]
+    return {k: v for k, v in dims.items() if v}
+
+
+def dynamic_shapes_of(dims: dict[str, list[int]], example_inputs: dict[str, Any]) -> dict[str, Any]:
+    """``torch.export`` dynamic shapes (``Dim.AUTO``) from :func:`dynamic_dims`'s form."""
+    return {name: ({int(d): Dim.AUTO for d in dims[name]} if dims.get(name) else None) for name in example_inputs}
+
+
+def _leaf_of(node: fx.Node, modules: dict[str, nn.Module], plan: LeafPlan) -> tuple[str, str] | None:
     """(call key, module fqn) of the outermost leaf module that ``node`` belongs to."""
     stack = node.meta.get("nn_module_stack") or {}
     for key, (fqn, _) in stack.items():
         module = modules.get(fqn)
-        if module is not None and is_leaf_class(type(module), leaf_types):
+        if module is not None and plan.is_leaf(fqn, module):
             return key, fqn
     return None
 
@@ -204,7 +323,7 @@ def _order_by_signature(
 def raise_leaf_calls(
     graph: fx.Graph,
     modules: dict[str, nn.Module],
-    leaf_types: tuple[type, ...],
+    plan: LeafPlan,
     signatures: dict[str, list] | None = None,
 ) -> int:
     """Replace each leaf-module call's aten nodes by one ``call_module`` node; returns how many."""
@@ -212,7 +331,7 @@ def raise_leaf_calls(
     for node in graph.nodes:
         if node.op != "call_function":
             continue
-        leaf = _leaf_of(node, modules, leaf_types)
+        leaf = _leaf_of(node, modules, plan)
         if leaf is not None:
             key, fqn = leaf
             groups.setdefault(key, (fqn, []))[1].append(node)
@@ -327,19 +446,30 @@ def _attr(obj: Any, qualname: str) -> Any:
 
 
 def build_graph_module(model: nn.Module, exported: fx.GraphModule) -> MaseGraphModule:
-    """A GraphModule over ``exported.graph`` whose module tree is ``model``'s own."""
+    """A GraphModule over ``exported.graph`` whose module tree is ``model``'s own.
+
+    Tensors that export lifted out of a forward (``torch.tensor(...)`` made inside a submodule,
+    ``<submodule>.lifted_tensor_0``) are not the model's: they move to the root under a
+    flat name, so re-attaching the model's children cannot drop them.
+    """
     graph = exported.graph
     for node in list(graph.nodes):
         if node.op == "get_attr" and not node.users:
             graph.erase_node(node)
     attrs: dict[str, Any] = {}
+    lifted: dict[str, Any] = {}
     for node in graph.nodes:
         if node.op in ("get_attr", "call_module"):
             try:
                 attrs[node.target] = _attr(model, node.target)
             except AttributeError:
-                attrs[node.target] = _attr(exported, node.target)
-    gm = MaseGraphModule(attrs, graph, class_name=type(model).__name__)
+                value = _attr(exported, node.target)
+                flat = re.sub(r"\W", "_", node.target)
+                while hasattr(model, flat) or (flat in lifted and lifted[flat] is not value):
+                    flat += "_"
+                lifted[flat] = value
+                node.target = flat
+    gm = MaseGraphModule({**attrs, **lifted}, graph, class_name=type(model).__name__)
     for name, child in model.named_children():
         setattr(gm, name, child)
     for name, value in list(model.named_parameters(recurse=False)) + list(model.named_buffers(recurse=False)):
@@ -350,35 +480,197 @@ def build_graph_module(model: nn.Module, exported: fx.GraphModule) -> MaseGraphM
     return gm
 
 
-def capture(
-    model: nn.Module,
-    example_inputs: dict[str, Any],
-    dynamic_shapes: dict[str, Any] | None = None,
-    leaf_modules: tuple[type, ...] = (),
-) -> tuple[MaseGraphModule, torch.export.ExportedProgram]:
-    """Export ``model`` on keyword ``example_inputs`` and raise it to module level."""
-    preserve = tuple(
-        name for name, m in model.named_modules() if name and leaf_modules and isinstance(m, leaf_modules)
-    )
-    recorder = DropoutRecorder()
-    with recorder.patch():
-        ep = export_model(model, example_inputs, dynamic_shapes, leaf_modules, preserve)
+# aten ops that draw random numbers (dropout is handled on its own).
+_RANDOM_OPS = {
+    "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "bernoulli",
+    "bernoulli_", "uniform_", "normal", "normal_", "exponential_", "multinomial", "native_dropout",
+}
+
+
+def _random_nodes(graph: fx.Graph) -> list[fx.Node]:
+    return [
+        n for n in graph.nodes
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target._opname in _RANDOM_OPS
+    ]
+
+
+def _source_line(node: fx.Node) -> str:
+    """``file:line: code`` of the model's source that made ``node`` (the innermost frame)."""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in \w+\n\s*(.*)', node.meta.get("stack_trace") or "")
+    if not frames:
+        return "an unknown source line"
+    path, line, code = frames[-1]
+    return f"{path}:{line}: {code.strip()}"
+
+
+def _innermost(node: fx.Node) -> tuple[str, str]:
+    stack = list((node.meta.get("nn_module_stack") or {}).values())
+    if not stack:
+        return "", "the model"
+    fqn, cls = stack[-1]
+    return fqn, getattr(cls, "__name__", str(cls).rsplit(".", 1)[-1].strip("'>"))
+
+
+def _stochastic_modules(graph: fx.Graph, modules: dict[str, nn.Module]) -> tuple[set[str], list[str]]:
+    """Modules whose train mode draws random numbers: parameter-free ones (become leaves), and the rest (reasons)."""
+    leaves, reasons = set(), []
+    for node in _random_nodes(graph):
+        fqn, cls = _innermost(node)
+        module = modules.get(fqn)
+        if fqn and module is not None and next(module.parameters(), None) is None:
+            leaves.add(fqn)
+        else:
+            reasons.append(f"{cls} ({fqn or 'the model'}) draws random numbers in train mode at {_source_line(node)}")
+    return leaves, reasons
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [t for t in torch.utils._pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def first_difference(expected: Any, got: Any) -> str | None:
+    """Where two outputs differ (bit for bit, NaN equal to NaN); ``None`` when identical."""
+    a, b = _tensors(expected), _tensors(got)
+    if len(a) != len(b):
+        return f"{len(b)} output tensors instead of {len(a)}"
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return f"output {i}: {tuple(y.shape)} {y.dtype} instead of {tuple(x.shape)} {x.dtype}"
+        if not torch.equal(x, y) and not bool(((x == y) | (x.isnan() & y.isnan())).all()):
+            diff = (x.double() - y.double()).abs().nan_to_num(nan=float("inf")).max().item()
+            return f"output {i} differs (max abs difference {diff:.3g})"
+    return None
+
+
+@contextlib.contextmanager
+def _kept_state(*modules: nn.Module) -> Iterator[None]:
+    """Modes, buffers (running statistics) and the RNG state, restored afterwards."""
+    modes = {m: m.training for root in modules for m in root.modules()}
+    buffers = {id(b): (b, b.detach().clone()) for root in modules for b in root.buffers()}
+    rng = torch.get_rng_state()
+    try:
+        yield
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+        with torch.no_grad():
+            for b, saved in buffers.values():
+                b.copy_(saved)
+        torch.set_rng_state(rng)
+
+
+def compare_with_model(gm: nn.Module, model: nn.Module, inputs: dict[str, Any], train: bool = False) -> str | None:
+    """Run graph and model on ``inputs`` (eval: twice for the graph; train: same seed) and say how they differ."""
+    with _kept_state(gm, model), torch.no_grad(), _no_cache(model):
+        gm.train(train)
+        model.train(train)
+        torch.manual_seed(0)
+        expected = model(**inputs)
+        torch.manual_seed(0)
+        got = gm(**inputs)
+        problem = first_difference(expected, got)
+        if problem is None and not train:
+            problem = first_difference(got, gm(**inputs))
+            problem = problem and f"graph is not deterministic in eval mode: {problem}"
+    return problem
+
+
+class TrainModeLimit:
+    """Forward pre-hook refusing train mode on a graph that follows the model in eval mode only."""
+
+    def __init__(self, reasons: list[str]):
+        self.reasons = reasons
+
+    def message(self) -> str:
+        return (
+            "this graph follows the model in eval mode only; its train mode could not be captured:\n  "
+            + "\n  ".join(self.reasons)
+            + "\nTo train through the graph, turn that train-only branch off (e.g. config.layerdrop = 0, "
+            "drop_path_rate = 0) or make its module a leaf (leaf_modules=[...]), and capture again."
+        )
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if module.training:
+            raise CaptureError(self.message())
+
+
+def _raise_to_modules(model: nn.Module, ep: torch.export.ExportedProgram, plan: LeafPlan) -> MaseGraphModule:
     exported = ep.module(check_guards=False)
-    if not recorder.annotate(exported.graph):
-        logger.debug("functional dropout calls do not match the graph: tracing dropout instead")
-        ep = export_model(model, example_inputs, dynamic_shapes, leaf_modules, preserve)
-        exported = ep.module(check_guards=False)
     signatures: dict[str, list] = {}
     for entry in ep.module_call_graph:
         if entry.signature is not None and entry.fqn:
             signatures.setdefault(entry.fqn.split("@")[0], []).append(entry.signature)
     modules = dict(model.named_modules())
-    raise_leaf_calls(exported.graph, modules, leaf_modules, signatures)
+    raise_leaf_calls(exported.graph, modules, plan, signatures)
     gm = build_graph_module(model, exported)
     modularise_training_constants(gm)
     gm.graph.eliminate_dead_code()
     _canonical_names(gm.graph)
-    gm.train(model.training)
     gm.graph.lint()
     gm.recompile()
+    return gm
+
+
+def _export_recorded(model, example_inputs, dynamic_shapes, plan, preserve):
+    """Export in the train/eval split, recording functional dropout (traced again with it when they do not match)."""
+    recorder = DropoutRecorder()
+    with recorder.patch():
+        ep = export_model(model, example_inputs, dynamic_shapes, plan, preserve)
+    if not recorder.annotate(ep.graph_module.graph):
+        logger.debug("functional dropout calls do not match the graph: tracing dropout instead")
+        ep = export_model(model, example_inputs, dynamic_shapes, plan, preserve)
+    return ep
+
+
+def capture(
+    model: nn.Module,
+    example_inputs: dict[str, Any],
+    dynamic_shapes: dict[str, Any] | None = None,
+    leaf_modules: tuple[type, ...] = (),
+    verify: bool = False,
+) -> tuple[MaseGraphModule, torch.export.ExportedProgram]:
+    """Export ``model`` on keyword ``example_inputs`` and raise it to module level.
+
+    The graph in eval mode is the model's eval, bit for bit (checked on the example inputs).
+    Train mode keeps dropout and drop-path as module nodes; where the model's train mode cannot
+    be a graph (layerdrop: control flow on a random number), the graph refuses train mode with
+    the reason. ``verify`` also checks train mode against the model under the same seed.
+    """
+    leaf_modules = tuple(leaf_modules)
+    plan = LeafPlan(model, leaf_modules)
+    preserve = tuple(name for name, m in model.named_modules() if name and leaf_modules and isinstance(m, leaf_modules))
+    modules = dict(model.named_modules())
+    limits: list[str] = []
+    try:
+        ep = _export_recorded(model, example_inputs, dynamic_shapes, plan, preserve)
+    except CaptureError as train_err:
+        ep = None
+        limits.append(str(train_err).replace("torch.export could not capture", "train mode of", 1))
+    if ep is not None:
+        stochastic, reasons = _stochastic_modules(ep.graph_module.graph, modules)
+        if stochastic - plan.stochastic:
+            plan.stochastic |= stochastic
+            logger.info("modules drawing random numbers in train mode become nodes: %s", ", ".join(sorted(stochastic)))
+            ep = _export_recorded(model, example_inputs, dynamic_shapes, plan, preserve)
+        gm = _raise_to_modules(model, ep, plan)
+        problem = compare_with_model(gm, model, example_inputs)
+        if problem is not None:
+            limits.extend(reasons or [f"traced in train mode, the graph's eval differs from the model's: {problem}"])
+    if limits:
+        logger.warning("%s: capturing its eval mode only (%s)", type(model).__name__, limits[0].splitlines()[0])
+        ep = export_model(model, example_inputs, dynamic_shapes, None, preserve)
+        gm = _raise_to_modules(model, ep, plan)
+        gm.register_forward_pre_hook(TrainModeLimit(limits), with_kwargs=True)
+        problem = compare_with_model(gm, model, example_inputs)
+        if problem is not None:
+            raise CaptureError(
+                f"the captured graph of {type(model).__name__} does not match the model in eval mode: {problem}. "
+                "Capture with verify=True after making the differing module a leaf (leaf_modules=[...])."
+            )
+    elif verify:
+        problem = compare_with_model(gm, model, example_inputs, train=True)
+        if problem is not None:
+            raise CaptureError(f"the captured graph of {type(model).__name__} does not match the model in train mode: {problem}")
+    gm.train_limits = limits
+    gm.train(model.training)
     return gm, ep

@@ -21,8 +21,8 @@ import torch.nn as nn
 
 from mase_lite.errors import UserError
 from mase_lite.ir import meta as meta_mod
-from mase_lite.ir.capture import MaseGraphModule, capture, default_dynamic_shapes
-from mase_lite.ir.inputs import TOKEN_INPUTS, forward_parameters, hf_example_inputs
+from mase_lite.ir.capture import MaseGraphModule, capture, default_dynamic_shapes, dynamic_dims
+from mase_lite.ir.inputs import forward_parameters, hf_example_inputs, sequence_dims
 
 
 
@@ -61,7 +61,9 @@ class MaseGraph:
         example_inputs: for any model, ``{name: tensor}`` examples of its keyword inputs.
         leaf_modules: extra module classes kept as single ``call_module`` nodes.
         dynamic_shapes: ``torch.export`` dynamic shapes; by default dim 0 (batch) of every input
-            and dim 1 (sequence) of token inputs are dynamic.
+            and dim 1 (sequence) of token inputs and per-token labels are dynamic.
+        verify: also run graph and model in train mode under one seed and fail when they differ
+            (eval mode is always checked).
         recipe: how to rebuild the model on load (``{"factory": "pkg.mod:fn", "kwargs": {...}}``);
             HF models need none.
     """
@@ -74,6 +76,7 @@ class MaseGraph:
         leaf_modules: tuple[type, ...] | list[type] = (),
         dynamic_shapes: dict[str, Any] | None = None,
         recipe: dict[str, Any] | None = None,
+        verify: bool = False,
     ):
         if not isinstance(model, nn.Module):
             raise UserError(f"MaseGraph needs an nn.Module, got {type(model).__name__}")
@@ -86,8 +89,6 @@ class MaseGraph:
                         f"{type(model).__name__} is not a transformers model: pass example_inputs={{name: tensor}}"
                     )
                 hf_input_names = [n for n in ("input_ids", "attention_mask") if n in forward_parameters(model)]
-            if getattr(getattr(model, "config", None), "use_cache", False):
-                model.config.use_cache = False
             example_inputs = hf_example_inputs(model, list(hf_input_names))
         else:
             accepted = forward_parameters(model)
@@ -104,22 +105,19 @@ class MaseGraph:
             for k, v in example_inputs.items()
             if isinstance(v, torch.Tensor)
         }
-        seq_inputs = TOKEN_INPUTS if self.hf_input_names is not None else set()
         if dynamic_shapes is None:
-            dynamic_shapes = default_dynamic_shapes(example_inputs, seq_inputs)
+            dynamic_shapes = default_dynamic_shapes(example_inputs)
+        self.dynamic_dims = dynamic_dims(dynamic_shapes)
+        self.example_inputs = example_inputs
         self.source_model = model
         self.recipe = recipe
         self.history: list[dict[str, Any]] = []
-        self.data: Any = None
-        self.run_dir: Path | None = None
+        self.facts: set[str] = {"graph", "metadata"}
         self.model: MaseGraphModule
-        self.model, _ = capture(model, example_inputs, dynamic_shapes, self.leaf_modules)
+        self.model, _ = capture(model, example_inputs, dynamic_shapes, self.leaf_modules, verify=verify)
         self.input_names = tuple(example_inputs)
         self.model.register_forward_pre_hook(_InputCheck(self.input_names), with_kwargs=True)
-        input_dims = {
-            name: ({0: "batch", 1: "seq"} if name in seq_inputs else {0: "batch"}) for name in example_inputs
-        }
-        self.symbol_names = meta_mod.symbol_names(self.model.graph, input_dims)
+        self.symbol_names = meta_mod.symbol_names(self.model.graph, sequence_dims(example_inputs))
         meta_mod.refresh(self)
 
     @property
@@ -143,14 +141,16 @@ class MaseGraph:
         meta_mod.refresh(self)
 
     def replace_module(self, target: str, new_module: nn.Module) -> None:
-        """Swap submodule ``target`` for ``new_module``; nodes that call it now call the new one."""
+        """Swap submodule ``target`` for ``new_module``; nodes that call it now call the new one.
+
+        Metadata is refreshed once when the transform ends (the pass manager recompiles), not per swap.
+        """
         modules = self.modules
         if target not in modules or not target:
             raise UserError(f"no submodule named {target!r} in the graph")
         parent_name, _, child = target.rpartition(".")
         parent = modules[parent_name] if parent_name else self.model
         setattr(parent, child, new_module)
-        meta_mod.refresh(self)
 
     def erase_node(self, node: fx.Node) -> None:
         """Remove ``node``; if it still has users, say which and how to rewire them."""
@@ -163,9 +163,9 @@ class MaseGraph:
             )
         self.model.graph.erase_node(node)
 
-    def record_transform(self, name: str, params: dict[str, Any]) -> None:
-        """Append a structural transform to the history that :meth:`load` replays."""
-        self.history.append({"pass": name, "params": params})
+    def record_transform(self, name: str, params: dict[str, Any], module: str = "") -> None:
+        """Append a structural transform (and the module that provides it) to the history a load replays."""
+        self.history.append({"pass": name, "params": params, "module": module})
 
     def to(self, device: torch.device | str) -> "MaseGraph":
         """Move parameters, buffers and every device constant in the graph to ``device``."""
@@ -179,11 +179,18 @@ class MaseGraph:
         self.model.recompile()
         return self
 
-    def draw(self, path: str | Path, timeout: float = 60.0) -> Path:
-        """Render the graph with graphviz to ``path`` (.svg, .png or .pdf; .dot writes the source)."""
+    def draw(self, path: str | Path, **options: Any) -> Path:
+        """Render the graph to ``path`` (.svg/.png/.pdf/.dot; .graphml/.json write the networkx graph);
+        ``options`` are the draw pass's params: ``depth``, ``fold_repeats``, ``color_by``, ``timeout``."""
         from mase_lite.ir.draw import draw
 
-        return draw(self, path, timeout=timeout)
+        return draw(self, path, **options)
+
+    def to_networkx(self):
+        """The graph as a ``networkx.DiGraph`` keyed by node name, node metadata as attributes."""
+        from mase_lite.ir.nx import to_networkx
+
+        return to_networkx(self)
 
     def save(self, directory: str | Path) -> Path:
         """Write weights (safetensors) and the recipe to rebuild this graph (JSON) to ``directory``."""
@@ -193,7 +200,8 @@ class MaseGraph:
 
     @classmethod
     def load(cls, directory: str | Path, model: nn.Module | None = None) -> "MaseGraph":
-        """Rebuild a graph saved by :meth:`save` (``model`` is needed only when no recipe was saved)."""
+        """Rebuild a graph saved by :meth:`save` without transforms (``model`` is needed only when no recipe
+        was saved); :func:`mase_lite.load` also replays the transforms a graph went through."""
         from mase_lite.ir.serialize import load
 
         return load(directory, model=model)

@@ -6,7 +6,8 @@ was captured with, and which structural transforms to replay before the weights 
 Example::
 
     mg.save("runs/bert.v1")            # dots in paths are fine
-    mg = MaseGraph.load("runs/bert.v1")
+    mg = MaseGraph.load("runs/bert.v1")   # a graph saved as captured
+    mg = mase_lite.load("runs/bert.v1")   # also replays its transforms through the pass registry
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import safetensors
 import safetensors.torch
@@ -22,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from mase_lite.errors import UserError
+from mase_lite.ir.capture import dynamic_shapes_of
 from mase_lite.files import staged_directory
 
 RECIPE = "recipe.json"
@@ -91,6 +93,7 @@ def save(mg, directory: str | Path) -> Path:
         "model": mg.recipe or model_recipe(mg.source_model),
         "hf_input_names": mg.hf_input_names,
         "input_specs": mg.input_specs,
+        "dynamic_dims": mg.dynamic_dims,
         "leaf_modules": [_qualname(c) for c in mg.leaf_modules],
         "transforms": mg.history,
     }
@@ -160,10 +163,16 @@ def _tied_names(model: nn.Module) -> set[str]:
     return {n for group in names.values() if len(group) > 1 for n in group}
 
 
-def load(directory: str | Path, model: nn.Module | None = None):
-    """Rebuild the graph saved in ``directory``: model, capture, replayed transforms, weights."""
+Replay = Callable[[Any, list[dict[str, Any]]], Any]
+
+
+def load(directory: str | Path, model: nn.Module | None = None, replay: Replay | None = None):
+    """Rebuild the graph saved in ``directory``: model, capture, transforms, weights.
+
+    The IR knows no pass: ``replay(mg, transforms)`` re-applies the saved structural transforms
+    (``mase_lite.load`` passes one that runs them through the pass registry).
+    """
     from mase_lite.ir.graph import MaseGraph
-    from mase_lite.passes.registry import get_pass
 
     directory = Path(directory)
     recipe = _read_recipe(directory)
@@ -176,13 +185,21 @@ def load(directory: str | Path, model: nn.Module | None = None):
     model.eval()
     leaf = tuple(_import(q) for q in recipe["leaf_modules"])
     if recipe["hf_input_names"] is not None:
-        mg = MaseGraph(model, hf_input_names=recipe["hf_input_names"], leaf_modules=leaf, recipe=recipe["model"])
+        inputs = {"hf_input_names": recipe["hf_input_names"]}
+        names = recipe["hf_input_names"]
     else:
-        mg = MaseGraph(
-            model, example_inputs=example_inputs_from_specs(recipe["input_specs"]), leaf_modules=leaf, recipe=recipe["model"]
-        )
-    for step in recipe["transforms"]:
-        mg, _ = get_pass(step["pass"])(mg, step["params"])
+        inputs = {"example_inputs": example_inputs_from_specs(recipe["input_specs"])}
+        names = list(inputs["example_inputs"])
+    dynamic = dynamic_shapes_of(recipe["dynamic_dims"], names) if "dynamic_dims" in recipe else None
+    mg = MaseGraph(model, **inputs, leaf_modules=leaf, dynamic_shapes=dynamic, recipe=recipe["model"])
+    if recipe["transforms"]:
+        if replay is None:
+            names = ", ".join(step["pass"] for step in recipe["transforms"])
+            raise UserError(
+                f"{directory} was saved after transforms ({names}); load it with mase_lite.load({str(directory)!r}), "
+                "which replays them through the pass registry"
+            )
+        mg = replay(mg, recipe["transforms"])
     _load_weights(mg.model, directory / WEIGHTS)
     mg.model.eval()
     return mg

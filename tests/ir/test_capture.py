@@ -15,6 +15,7 @@ from mase_lite import MaseGraph, UserError
 from mase_lite.ir.capture import CaptureError
 from mase_lite.ir.ops import is_leaf_class
 from tests.conftest import tiny_bert_config
+from tests.ir import models
 from tests.ir.models import DataDependent, Gate, GatedNet, TwiceMLP, small_cnn
 
 
@@ -230,9 +231,17 @@ def test_call_with_inputs_not_captured(tiny_bert):
         mg.model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.zeros(2, dtype=torch.long))
 
 
-def test_export_failure_names_the_line():
-    with pytest.raises(CaptureError, match=r"torch.export could not capture DataDependent: .*models\.py:\d+"):
+def test_export_failure_names_module_line_and_keeps_torchs_reason():
+    with pytest.raises(CaptureError) as err:
         MaseGraph(DataDependent(), example_inputs={"x": torch.randn(3, 4)})
+    line = DataDependent.forward.__code__.co_firstlineno + 2
+    lines = str(err.value).splitlines()
+    assert lines[0].startswith(
+        "torch.export could not capture DataDependent: GuardOnDataDependentSymNode: Could not guard on data-dependent"
+    )
+    assert lines[1].startswith(f"  at {models.__file__}:{line} in DataDependent (the model): if h.sum() > 0:")
+    assert any(ln.startswith("  Caused by: ") for ln in lines)
+    assert any(ln.startswith("  torch suggests: consider using data-dependent friendly APIs") for ln in lines)
 
 
 def test_plain_module_needs_example_inputs():

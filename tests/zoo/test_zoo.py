@@ -1,0 +1,119 @@
+"""Every zoo model, captured as a user would, against the model itself.
+
+Per model: eval bit-exact at two shapes (the second padded) and deterministic; train mode
+with the same seed gives the model's loss and gradients (or the graph refuses train mode,
+naming the cause); one ``call_module`` node per Linear call; save/load at a third shape.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from mase_lite import MaseGraph
+from mase_lite.ir.capture import CaptureError, first_difference
+from mase_lite.ir.inputs import hf_example_inputs
+from tests.zoo.models import ZOO, Entry
+
+SHAPES = [(2, 7, False), (5, 12, True)]  # (batch, seq, padded)
+LOAD_SHAPE = (4, 9, True)
+
+
+def batch(entry: Entry, model: nn.Module, size: int, seq: int, pad: bool) -> dict[str, torch.Tensor]:
+    if entry.make is not None:
+        return entry.make(size, seq)
+    names = [n for n in entry.inputs]
+    return hf_example_inputs(model, names, seed=size * 100 + seq, batch=size, seq=seq, pad=pad)
+
+
+def loss_of(output) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output.float().square().mean()
+    return output.loss
+
+
+def linear_calls(model: nn.Module, inputs: dict) -> int:
+    calls = []
+    handles = [m.register_forward_hook(lambda *a: calls.append(1)) for m in model.modules() if type(m) is nn.Linear]
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return len(calls)
+
+
+@pytest.fixture(scope="module", params=ZOO, ids=[e.name for e in ZOO])
+def captured(request):
+    entry: Entry = request.param
+    model = entry.build()
+    if entry.make is not None:
+        mg = MaseGraph(model, example_inputs=entry.make(3, 13))
+    else:
+        mg = MaseGraph(model, hf_input_names=entry.inputs)
+    return entry, model, mg
+
+
+def test_eval_bit_exact_and_deterministic(captured):
+    entry, model, mg = captured
+    model.eval()
+    mg.model.eval()
+    for size, seq, pad in SHAPES:
+        inputs = batch(entry, model, size, seq, pad)
+        with torch.no_grad():
+            expected, got, again = model(**inputs), mg.model(**inputs), mg.model(**inputs)
+        assert type(got) is type(expected)
+        assert first_difference(expected, got) is None, (size, seq)
+        assert first_difference(got, again) is None
+
+
+def test_train_mode_loss_and_gradients(captured):
+    entry, model, mg = captured
+    inputs = batch(entry, model, 4, 10, True)
+    limits = mg.model.train_limits
+    model.train()
+    mg.model.train()
+    try:
+        if limits:
+            with pytest.raises(CaptureError, match="follows the model in eval mode only") as err:
+                mg.model(**inputs)
+            assert f"train mode of {type(model).__name__}: " in str(err.value) and "capture again" in str(err.value)
+            return
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        torch.manual_seed(1)
+        expected = loss_of(model(**inputs))
+        expected.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad()
+        model.load_state_dict(state)
+        torch.manual_seed(1)
+        got = loss_of(mg.model(**inputs))
+        got.backward()
+        assert torch.equal(expected, got)
+        assert grads and set(grads) == {n for n, p in model.named_parameters() if p.grad is not None}
+        for name, grad in grads.items():  # tied weights may sum their two gradients in another order
+            assert torch.allclose(grad, dict(model.named_parameters())[name].grad, rtol=1e-5, atol=1e-7), name
+    finally:
+        model.zero_grad()
+        model.eval()
+        mg.model.eval()
+
+
+def test_one_node_per_linear_call(captured):
+    entry, model, mg = captured
+    inputs = batch(entry, model, 2, 7, False)
+    nodes = [n for n in mg.nodes if n.op == "call_module" and type(mg.modules[n.target]) is nn.Linear]
+    assert len(nodes) == linear_calls(model, inputs)
+
+
+def test_save_load_at_a_third_shape(captured, tmp_path):
+    entry, model, mg = captured
+    mg.save(tmp_path / "g")
+    loaded = MaseGraph.load(tmp_path / "g", model=None if entry.make is None else entry.build())
+    assert loaded.dynamic_dims == mg.dynamic_dims
+    inputs = batch(entry, model, *LOAD_SHAPE)
+    model.eval()
+    with torch.no_grad():
+        assert first_difference(model(**inputs), loaded.model(**inputs)) is None
