@@ -347,7 +347,7 @@ def build(mg, opts: DrawOptions | None = None) -> Drawing:
             if u in lay.order:
                 a, b = ids[lay.unit(u)], ids[lay.unit(v)]
                 # a box's inner edges are not drawn; one folded block feeding the next is a loop back
-                loop = lay.member.get(u, v) != lay.member.get(v, v)
+                loop = u in lay.member and v in lay.member and lay.member[u] != lay.member[v]
                 if a != b or loop:
                     edges[(a, b)] = edges.get((a, b), False) or loop
     for (a, b), loop in sorted(edges.items()):

@@ -75,6 +75,9 @@ def test_two_layer_bert_folded_is_one_layer_box_times_two(bert_graph):
     assert label.splitlines()[0] == "bert.encoder.layer.0–1 ×2 (BertLayer)"
     assert "params: 198.3k" in label and "in: batch×seq×128" in label
     assert not any("layer.1" in text for text in d.labels.values())
+    box = d.node_ids["bert_encoder_layer_0_attention_self_query"]
+    dashed = [line.strip() for line in d.graph.source.splitlines() if "style=dashed" in line and " -> " in line]
+    assert dashed == [f"{box} -> {box} [constraint=false style=dashed tooltip=\"next repeat\"]"]
     unfolded = build(bert_graph, DrawOptions(depth=3))
     assert unfolded.boxes == d.boxes + 1 and not unfolded.folded
 
