@@ -2,6 +2,7 @@
 
 B starts at zero, so wrapping a Linear leaves its output unchanged; the bias is kept; only
 ``lora_A`` and ``lora_B`` are trainable. ``merged()`` folds the update back into a plain Linear.
+A pruned base (weight mask) keeps its sparsity: the update is masked too, and so is the merged Linear.
 
 Example::
 
@@ -19,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mase_lite.errors import UserError
-from mase_lite.nn.pruning import share_activation_pruner
+from mase_lite.nn.pruning import attach_weight_mask, share_activation_pruner, weight_mask_of
 from mase_lite.nn.quantized import quantized_like
 
 
@@ -44,7 +45,9 @@ class LoRALinear(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise UserError(f"dropout: {dropout!r} must be in [0, 1)")
         self.base = base
+        self.base_trainable = {name: p.requires_grad for name, p in _own_parameters(base).items()}
         self.base.requires_grad_(False)
+        self.frozen_with: FrozenParameters | None = None
         self.rank = rank
         self.alpha = alpha
         self.scaling = alpha / rank
@@ -69,30 +72,71 @@ class LoRALinear(nn.Module):
         return (self.lora_B @ self.lora_A) * self.scaling
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        update = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B) * self.scaling
+        mask = weight_mask_of(self.base)
+        if mask is None:
+            update = F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B) * self.scaling
+        else:
+            update = F.linear(self.dropout(x), mask(self.delta_weight()))
         return self.base(x) + update
 
     @torch.no_grad()
     def merged(self) -> nn.Linear:
         """A Linear computing the same function (in eval mode): weight ``W + scaling * B @ A``, same bias.
 
-        The new parameters copy the base's device, dtype and ``requires_grad``. A quantized base gives a
-        layer quantized with the same config, applied to the merged weight (so equal up to quantization);
-        the base's activation pruner is kept.
+        The new parameters copy the base's device and dtype, and the ``requires_grad`` the base had before
+        it was wrapped. A pruned base gives a Linear with the same weight mask (pruned weights stay zero
+        in later training). A quantized base gives a layer quantized with the same config, applied to the
+        merged weight (so equal up to quantization); the base's activation pruner is kept.
         """
         weight = self.base.weight
+        mask = weight_mask_of(self.base)
         wide = torch.promote_types(weight.dtype, torch.float32)
         merged_weight = (weight.to(wide) + self.delta_weight().to(wide)).to(weight.dtype)
         plain = nn.Linear(
             self.in_features, self.out_features, bias=self.base.bias is not None, device=weight.device, dtype=weight.dtype
         )
-        plain.weight.copy_(merged_weight)
-        plain.weight.requires_grad_(weight.requires_grad)
+        plain.weight.copy_(merged_weight if mask is None else mask(merged_weight))
         if self.base.bias is not None:
             plain.bias.copy_(self.base.bias)
-            plain.bias.requires_grad_(self.base.bias.requires_grad)
+        for name, p in plain.named_parameters():
+            p.requires_grad_(self.base_trainable[name])
+        if mask is not None:
+            attach_weight_mask(plain, mask.mask.clone())
         share_activation_pruner(self.base, plain)
         return quantized_like(self.base, plain)
 
     def extra_repr(self) -> str:
         return f"rank={self.rank}, alpha={self.alpha}, dropout={self.dropout.p}"
+
+
+class FrozenParameters:
+    """The parameters that one ``lora`` pass with ``freeze: "all"`` keeps frozen outside the Linears it wraps.
+
+    Every adapter of that call points to the same record (``LoRALinear.frozen_with``). A parameter
+    trains again once no adapter left in the model has a record that lists it, so merging every
+    adapter gives back the trainability the model had before LoRA.
+    """
+
+    def __init__(self, params: list[nn.Parameter]):
+        self.params = list(params)
+
+
+def freeze_records(model: nn.Module) -> dict[int, FrozenParameters]:
+    """The records of the adapters in ``model``, by ``id``."""
+    return {id(m.frozen_with): m.frozen_with for m in model.modules() if isinstance(m, LoRALinear) and m.frozen_with}
+
+
+def frozen_by_lora(model: nn.Module) -> set[int]:
+    """The ``id`` of every parameter that an adapter in ``model`` keeps frozen."""
+    return {id(p) for record in freeze_records(model).values() for p in record.params}
+
+
+def _own_parameters(linear: nn.Module) -> dict[str, nn.Parameter]:
+    """``{"weight": ..., "bias": ...}``: the Linear's own Parameters (a masked weight's unmasked original)."""
+    params = {}
+    chains = getattr(linear, "parametrizations", {})
+    for name in ("weight", "bias"):
+        param = chains[name].original if name in chains else getattr(linear, name)
+        if param is not None:
+            params[name] = param
+    return params

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 from pydantic import AliasChoices, Field
 
-from mase_lite.nn.lora import LoRALinear
+from mase_lite.nn.lora import FrozenParameters, LoRALinear, freeze_records, frozen_by_lora
 from mase_lite.passes.registry import PassError, register_pass
 from mase_lite.passes.select import Selection, select_modules
 
@@ -41,11 +41,31 @@ class LoRAParams(Selection):
     seed: int = Field(0, description="seed of A's initialisation")
 
 
-def freeze_all_but_adapters(model: nn.Module) -> None:
-    """Set ``requires_grad`` so that only LoRA ``lora_A`` / ``lora_B`` parameters train."""
+def freeze_all_but_adapters(model: nn.Module) -> FrozenParameters:
+    """Freeze every parameter but the LoRA ``lora_A`` / ``lora_B``.
+
+    The record lists what this call keeps frozen: the parameters it froze, and those that earlier
+    adapters still in the model keep frozen (the wrapped Linears record their own).
+    """
     adapters = {id(p) for m in model.modules() if isinstance(m, LoRALinear) for p in (m.lora_A, m.lora_B)}
-    for p in model.parameters():
-        p.requires_grad_(id(p) in adapters)
+    earlier = frozen_by_lora(model)
+    frozen = [p for p in model.parameters() if (p.requires_grad or id(p) in earlier) and id(p) not in adapters]
+    for p in frozen:
+        p.requires_grad_(False)
+    return FrozenParameters(frozen)
+
+
+def _release(linear: nn.Module, model: nn.Module) -> None:
+    """Make ``linear``'s parameters trainable again if an earlier ``lora`` froze them, and drop them from its record.
+
+    The adapter about to wrap ``linear`` then records them as trainable, and its merge restores them.
+    """
+    own = {id(p) for p in linear.parameters()}
+    for record in freeze_records(model).values():
+        for p in record.params:
+            if id(p) in own:
+                p.requires_grad_(True)
+        record.params = [p for p in record.params if id(p) not in own]
 
 
 @register_pass("lora", kind="transform", params=LoRAParams)
@@ -62,10 +82,15 @@ def lora(mg, params: LoRAParams):
         targets[target] = name
     generator = torch.Generator().manual_seed(params.seed)
     alpha = float(params.rank) if params.alpha is None else params.alpha
+    adapters = []
     for target in targets:
-        mg.replace_module(target, LoRALinear(modules[target], params.rank, alpha, params.dropout, generator))
+        _release(modules[target], mg.model)
+        adapters.append(LoRALinear(modules[target], params.rank, alpha, params.dropout, generator))
+        mg.replace_module(target, adapters[-1])
     if params.freeze == "all":
-        freeze_all_but_adapters(mg.model)
+        record = freeze_all_but_adapters(mg.model)
+        for adapter in adapters:
+            adapter.frozen_with = record
     mg.refresh_metadata()
     trainable = sum(p.numel() for p in mg.model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in mg.model.parameters())

@@ -1,5 +1,9 @@
 """``lora_merge``: fold LoRA adapters back into plain Linears (weight ``W + alpha/rank * B @ A``).
 
+What ``lora`` froze trains again: a merged Linear's parameters as before they were wrapped, and the
+rest of the model (``freeze: "all"``) once no adapter left in it keeps them frozen, so merging every
+adapter gives back the model's trainability before LoRA. A pruned Linear keeps its weight mask.
+
 Example::
 
     mg, info = ml.passes.lora_merge(mg)                     # every adapter
@@ -10,7 +14,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from mase_lite.nn.lora import LoRALinear
+from mase_lite.nn.lora import LoRALinear, freeze_records, frozen_by_lora
 from mase_lite.passes.registry import PassError, register_pass
 from mase_lite.passes.select import Selection, select_modules
 
@@ -29,6 +33,12 @@ def lora_merge(mg, params: LoRAMergeParams):
     for target, name in merged.items():
         if not isinstance(modules[target], LoRALinear):
             raise PassError(f"lora_merge: node {name!r} is a {type(modules[target]).__name__}, not a LoRALinear")
+    before = freeze_records(mg.model)
     for target in merged:
         mg.replace_module(target, modules[target].merged())
+    still_frozen = frozen_by_lora(mg.model)
+    for record in before.values():
+        for p in record.params:
+            if id(p) not in still_frozen:
+                p.requires_grad_(True)
     return mg, {"merged": list(merged.values())}

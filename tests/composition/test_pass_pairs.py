@@ -118,6 +118,36 @@ def test_lora_merge_keeps_activation_pruning():
     assert torch.equal(out(h), F.linear(pruner.prune(h), out.weight, out.bias))
 
 
+@pytest.mark.parametrize("quantized", [False, True])
+def test_lora_merge_keeps_the_weight_mask(quantized):
+    mg, x = mlp_graph()
+    mg, _ = ml.passes.prune(mg, {"weight": {"sparsity": 0.5}})
+    masks = {t: weight_mask_of(mg.modules[t]).mask.clone() for t in ("inp", "hidden", "out")}
+    if quantized:
+        mg, _ = ml.passes.quantize(mg, {"default": INT4})
+    mg, _ = ml.passes.lora(mg, {"rank": 2})
+    _train_adapters(mg)
+    adapted = mg.model(x=x)
+    mg, _ = ml.passes.lora_merge(mg)
+    for target, keep in masks.items():
+        layer = mg.modules[target]
+        assert isinstance(layer, torch.nn.Linear) and isinstance(layer, QuantizedLinear) == quantized
+        assert torch.equal(weight_mask_of(layer).mask, keep) and torch.count_nonzero(layer.weight[~keep]) == 0
+        assert not quantized or layer.quant_formats() == {"data_in": INT4_FORMAT, "weight": INT4_FORMAT}
+    if not quantized:  # a quantized merge re-quantizes the merged weight, so it is equal only up to quantization
+        torch.testing.assert_close(mg.model(x=x), adapted, rtol=1e-5, atol=1e-5)
+    assert ml.passes.verify(mg)[1]["problems"] == []
+    assert mg.nodes[1].meta["mase"]["params"]["weight_mask"]["shape"] == [32, 16]
+    mg.model.train()  # training the merged model keeps the pruned weights at zero
+    mg.model(x=x).square().sum().backward()
+    with torch.no_grad():
+        for target in masks:
+            original = mg.modules[target].parametrizations.weight.original
+            original -= 0.1 * original.grad
+    for target, keep in masks.items():
+        assert torch.count_nonzero(mg.modules[target].weight[~keep]) == 0
+
+
 def test_replacing_a_quantized_layer_drops_its_formats():
     mg, _ = mlp_graph()
     mg, _ = ml.passes.quantize(mg, {"default": INT4})

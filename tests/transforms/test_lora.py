@@ -9,6 +9,7 @@ import torch.nn as nn
 import mase_lite.passes as passes
 from mase_lite.errors import UserError
 from mase_lite.nn.lora import LoRALinear
+from mase_lite.passes.replay import load_graph
 
 QV = {"by": "regex", "targets": [r".*attention_self_(query|value)"]}
 
@@ -142,3 +143,62 @@ def test_merge_of_nothing_warns_when_allowed(cnn, caplog):
         passes.lora_merge(cnn)
     _, info = passes.lora_merge(cnn, {"allow_empty": True})
     assert info == {"merged": []}
+
+
+def trainable(mg):
+    return {name for name, p in mg.model.named_parameters() if p.requires_grad}
+
+
+def plain_names(names):
+    """Parameter names with the LoRA wrapper's ``.base`` step removed."""
+    return {name.replace(".base.", ".") for name in names}
+
+
+def test_merge_after_freeze_all_makes_the_model_trainable_as_before(bert, bert_inputs):
+    embeddings = bert.modules["bert.embeddings.word_embeddings"].weight
+    embeddings.requires_grad_(False)  # frozen by the user, not by LoRA
+    before = trainable(bert)
+    bert, _ = passes.lora(bert, QV | {"rank": 2})
+    bert, _ = passes.lora_merge(bert, {"by": "name", "targets": ["bert_encoder_layer_0_attention_self_query"]})
+    layer = "bert.encoder.layer.{}.attention.self.{}.{}"
+    assert trainable(bert) == {layer.format(0, "query", p) for p in ("weight", "bias")} | {
+        layer.format(i, m, f"lora_{ab}") for i, m in ((0, "value"), (1, "query"), (1, "value")) for ab in "AB"}
+    bert, _ = passes.lora_merge(bert)  # the last adapter of that lora call: the rest trains again too
+    assert trainable(bert) == before and "bert.embeddings.word_embeddings.weight" not in before
+    _, report = passes.report_trainable(bert)
+    assert report["trainable"] == report["total"] - embeddings.numel()
+    bert.model.train()
+    bert.model(**bert_inputs).loss.backward()
+    assert all(p.grad is not None for name, p in bert.model.named_parameters() if name in before)
+
+
+def test_merge_after_freeze_adapted_restores_the_wrapped_linears(cnn):
+    before = trainable(cnn)
+    cnn, _ = passes.lora(cnn, {"by": "name", "targets": ["fc2"], "rank": 2, "freeze": "adapted"})
+    cnn, _ = passes.lora_merge(cnn)
+    assert trainable(cnn) == before
+
+
+def test_a_second_lora_on_a_linear_the_first_froze(cnn):
+    before = trainable(cnn)
+    cnn, _ = passes.lora(cnn, {"by": "name", "targets": ["fc1"], "rank": 2})
+    cnn, _ = passes.lora(cnn, {"by": "name", "targets": ["fc2"], "rank": 2})
+    assert plain_names(trainable(cnn)) == {f"fc{i}.lora_{ab}" for i in (1, 2) for ab in "AB"}
+    cnn, _ = passes.lora_merge(cnn, {"by": "name", "targets": ["fc1"]})
+    assert trainable(cnn) == {"fc1.weight", "fc1.bias", "fc2.lora_A", "fc2.lora_B"}
+    cnn, _ = passes.lora_merge(cnn)
+    assert trainable(cnn) == before
+
+
+@pytest.mark.parametrize("merge_before_save", [True, False])
+def test_saved_and_loaded_graphs_restore_what_lora_froze(bert, merge_before_save, tmp_path):
+    before = trainable(bert)
+    bert, _ = passes.lora(bert, QV | {"rank": 2})
+    if merge_before_save:
+        bert, _ = passes.lora_merge(bert)
+    bert.save(tmp_path / "bert")
+    loaded = load_graph(tmp_path / "bert")
+    if not merge_before_save:
+        assert plain_names(trainable(loaded)) == plain_names(trainable(bert))
+        loaded, _ = passes.lora_merge(loaded)
+    assert trainable(loaded) == before

@@ -6,6 +6,7 @@ import torch.nn as nn
 
 from mase_lite.errors import UserError
 from mase_lite.nn.lora import LoRALinear
+from mase_lite.nn.pruning import attach_weight_mask, weight_mask_of
 
 
 def make(rank=4, alpha=8.0, dropout=0.0, bias=True, dtype=torch.float32):
@@ -75,11 +76,57 @@ def test_merge_gives_a_plain_linear_with_the_same_output(bias):
     merged = lora.merged()
     assert type(merged) is nn.Linear
     torch.testing.assert_close(merged(x), lora(x), rtol=1e-5, atol=1e-5)
-    assert not merged.weight.requires_grad
+    assert merged.weight.requires_grad  # trainable as the base was before it was wrapped
     if bias:
-        assert torch.equal(merged.bias, base.bias) and merged.bias is not base.bias
+        assert torch.equal(merged.bias, base.bias) and merged.bias is not base.bias and merged.bias.requires_grad
     else:
         assert merged.bias is None
+
+
+def test_merge_keeps_a_base_frozen_before_wrapping_frozen():
+    base = nn.Linear(6, 5)
+    base.weight.requires_grad_(False)
+    merged = LoRALinear(base, rank=2).merged()
+    assert (merged.weight.requires_grad, merged.bias.requires_grad) == (False, True)
+
+
+def masked_lora():
+    torch.manual_seed(0)
+    base = nn.Linear(6, 5)
+    keep = torch.rand(5, 6) > 0.5
+    attach_weight_mask(base, keep)
+    lora = LoRALinear(base, rank=2, alpha=4.0)
+    with torch.no_grad():
+        lora.lora_B.normal_()
+    return lora, keep
+
+
+def base_weight(lora):
+    return lora.base.parametrizations.weight.original
+
+
+def test_a_pruned_base_masks_the_update_too():
+    lora, keep = masked_lora()
+    x = torch.randn(3, 6)
+    dense_update = 2.0 * (lora.lora_B @ lora.lora_A)
+    expected = x @ (torch.where(keep, base_weight(lora) + dense_update, 0.0)).T + lora.base.bias
+    torch.testing.assert_close(lora(x), expected)
+    lora(x).sum().backward()
+    assert torch.count_nonzero(lora.lora_B.grad) > 0 and lora.base.parametrizations.weight.original.grad is None
+
+
+def test_merge_of_a_pruned_base_keeps_the_mask_and_the_function():
+    lora, keep = masked_lora()
+    x = torch.randn(4, 6)
+    merged = lora.merged()
+    mask = weight_mask_of(merged)
+    assert mask is not None and torch.equal(mask.mask, keep) and mask is not weight_mask_of(lora.base)
+    assert torch.count_nonzero(merged.parametrizations.weight.original[~keep]) == 0
+    torch.testing.assert_close(merged(x), lora(x), rtol=1e-6, atol=1e-6)
+    original = merged.parametrizations.weight.original
+    assert original.requires_grad
+    merged(x).sum().backward()  # later training keeps the pruned weights at zero
+    assert torch.count_nonzero(original.grad[~keep]) == 0 and torch.count_nonzero(original.grad[keep]) > 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
