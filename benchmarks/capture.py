@@ -1,14 +1,17 @@
-"""Capture time (export + raise + metadata) against plain torch.export of the same models, and draw time.
+"""Capture time (export + raise + eval check + metadata) against plain torch.export of the same models.
 
-Run: python benchmarks/capture.py [--repeats 3]
+Run: python benchmarks/capture.py [--repeats 3] [--zoo-only]
 Each figure is the median of --repeats runs after one warm-up run; both paths use the same
-dynamic shapes and non-strict export, measured in the same process.
+dynamic shapes and non-strict export (with use_cache off, as capture does), measured in the same
+process. First over the test zoo (tests/zoo/models.py: tiny configs, median ratio), then BERT
+sizes with draw time.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -17,8 +20,10 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from mase_lite import MaseGraph
-from mase_lite.ir.capture import default_dynamic_shapes
-from mase_lite.ir.inputs import TOKEN_INPUTS, hf_example_inputs
+from mase_lite.ir.capture import _no_cache, default_dynamic_shapes
+from mase_lite.ir.inputs import hf_example_inputs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the zoo lives in tests/
+from tests.zoo.models import ZOO  # noqa: E402
 
 NAMES = ["input_ids", "attention_mask", "labels"]
 SHAPES = {
@@ -38,17 +43,47 @@ def median_seconds(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def plain_export(model, inputs, dyn):
+    with _no_cache(model):
+        return torch.export.export(model, (), inputs, strict=False, dynamic_shapes=dyn)
+
+
+def zoo(repeats: int) -> None:
+    print("| model | torch.export (s) | MaseGraph capture + metadata (s) | ratio | train mode |")
+    print("|---|---|---|---|---|")
+    ratios = []
+    for entry in ZOO:
+        model = entry.build()
+        if entry.make is not None:
+            inputs = entry.make(3, 13)
+            capture = lambda: MaseGraph(model, example_inputs=inputs)  # noqa: E731
+        else:
+            inputs = hf_example_inputs(model, entry.inputs)
+            capture = lambda: MaseGraph(model, hf_input_names=entry.inputs)  # noqa: E731
+        dyn = default_dynamic_shapes(inputs)
+        export = median_seconds(lambda: plain_export(model, inputs, dyn), repeats)
+        captured = median_seconds(capture, repeats)
+        train = "eval only" if capture().model.train_limits else "kept"
+        ratios.append(captured / export)
+        print(f"| {entry.name} | {export:.3f} | {captured:.3f} | {captured / export:.2f}× | {train} |")
+    print(f"\nmedian capture / export over {len(ratios)} models: {statistics.median(ratios):.2f}×")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--zoo-only", action="store_true")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats} after warm-up")
+    zoo(args.repeats)
+    if args.zoo_only:
+        return
     print("| model | torch.export (s) | MaseGraph capture + metadata (s) | ratio | draw svg (s) | nodes drawn |")
     print("|---|---|---|---|---|---|")
     for label, shape in SHAPES.items():
         model = BertForSequenceClassification(BertConfig(**shape)).eval()
         inputs = hf_example_inputs(model, NAMES)
-        dyn = default_dynamic_shapes(inputs, TOKEN_INPUTS)
+        dyn = default_dynamic_shapes(inputs)
         export = median_seconds(
             lambda: torch.export.export(model, (), inputs, strict=False, dynamic_shapes=dyn), args.repeats
         )

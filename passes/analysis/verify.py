@@ -5,12 +5,18 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+from mase_lite.ir.capture import compare_with_model
 from mase_lite.ir.meta import dtype_name, logical_name
 from mase_lite.passes.registry import PassError, PassParams, register_pass
 
 
 class VerifyParams(PassParams):
     strict: bool = Field(True, description="raise on the first inconsistency instead of only reporting it")
+    against_model: bool = Field(
+        False,
+        description="also run the graph and the captured model on the capture's example inputs (eval mode) and "
+        "report where they differ; for graphs whose numerics no transform has changed",
+    )
 
 
 def _check_node(node, modules) -> list[str]:
@@ -39,20 +45,37 @@ def _check_node(node, modules) -> list[str]:
     return problems
 
 
+def stale_code(mg) -> bool:
+    """Whether the module runs code generated from an older version of its graph (a missing recompile)."""
+    return mg.model.code != mg.model.graph.python_code(root_module="self").src
+
+
+def verify_graph(mg) -> list[str]:
+    """Every problem found: graph lint, stale generated code, and each node's metadata."""
+    problems = []
+    try:
+        mg.model.graph.lint()
+    except Exception as err:
+        problems.append(f"graph lint: {err}")
+    if stale_code(mg):
+        problems.append("the module's forward was generated from an older graph: call mg.recompile()")
+    modules = mg.modules
+    for node in mg.model.graph.nodes:
+        problems.extend(_check_node(node, modules))
+    return problems
+
+
 @register_pass("verify", kind="analysis", params=VerifyParams)
 def verify_pass(mg, params: VerifyParams):
     """Lint the graph and check every node's metadata against the graph and its modules.
 
     Example: ``mg, info = ml.passes.verify(mg, {"strict": False}); info["problems"]``.
     """
-    problems = []
-    try:
-        mg.model.graph.lint()
-    except Exception as err:
-        problems.append(f"graph lint: {err}")
-    modules = mg.modules
-    for node in mg.model.graph.nodes:
-        problems.extend(_check_node(node, modules))
+    problems = verify_graph(mg)
+    if params.against_model:
+        difference = compare_with_model(mg.model, mg.source_model, mg.example_inputs)
+        if difference is not None:
+            problems.append(f"graph vs model in eval mode: {difference}")
     unknown = sorted({n.meta["mase"].get("target", "") for n in mg.model.graph.nodes if n.meta.get("mase", {}).get("op") == "unknown"})
     if problems and params.strict:
         raise PassError("verify found problems:\n" + "\n".join(problems))
