@@ -18,6 +18,7 @@ import json
 import logging
 import re
 import sys
+from pathlib import Path
 
 from mase_lite import __version__
 from mase_lite.errors import UserError
@@ -107,6 +108,16 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from mase_lite.bench import run_bench
+
+    result = run_bench(args.parts, device=args.device, quick=args.quick, output_dir=args.output_dir,
+                       repeats=args.repeats)
+    print((Path(args.output_dir) / "results.md").read_text(), end="")
+    print(f"wrote results.md, results.json and {len(result['plots'])} plots to {args.output_dir}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mase-lite", description="Capture, compress and explore PyTorch models.")
     parser.add_argument("--version", action="version", version=f"mase-lite {__version__}")
@@ -139,6 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", help="print the JSON Schema of a spec")
     schema.add_argument("kind", nargs="?", default="pipeline", choices=["pipeline", "search"])
     schema.set_defaults(fn=_cmd_schema)
+
+    bench = sub.add_parser("bench", help="the performance lab: torch.compile, fused attention, MXINT8, codegen")
+    bench.add_argument("--parts", nargs="+", default=["compile", "attention", "mxint8", "codegen"],
+                       choices=["compile", "attention", "mxint8", "codegen"], help="which parts to run (default: all)")
+    bench.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run")
+    bench.add_argument("--quick", action="store_true", help="small sizes, a few repeats: seconds, not minutes")
+    bench.add_argument("--repeats", type=int, help="timed calls per measurement (default depends on the sizes)")
+    bench.add_argument("-o", "--output-dir", default="bench", help="where results.md, results.json and plots go")
+    bench.set_defaults(fn=_cmd_bench)
     return parser
 
 
