@@ -4,11 +4,19 @@ B starts at zero, so wrapping a Linear leaves its output unchanged; the bias is 
 ``lora_A`` and ``lora_B`` are trainable. ``merged()`` folds the update back into a plain Linear.
 A pruned base (weight mask) keeps its sparsity: the update is masked too, and so is the merged Linear.
 
-Example::
-
-    lora = LoRALinear(nn.Linear(128, 64), rank=8, alpha=16, dropout=0.1)
-    y = lora(x)                  # == base(x) until lora_B is trained
-    plain = lora.merged()        # nn.Linear with weight W + (alpha / rank) * B @ A
+>>> import torch, torch.nn as nn
+>>> from mase_lite.nn.lora import LoRALinear
+>>> base = nn.Linear(16, 8)
+>>> lora = LoRALinear(base, rank=4, alpha=8, dropout=0.1)
+>>> x = torch.randn(2, 16)
+>>> torch.equal(lora.eval()(x), base(x))     # until lora_B is trained
+True
+>>> [name for name, p in lora.named_parameters() if p.requires_grad]
+['lora_A', 'lora_B']
+>>> _ = nn.init.normal_(lora.lora_B)          # as if trained
+>>> plain = lora.merged()                     # nn.Linear with weight W + (alpha / rank) * B @ A
+>>> torch.allclose(plain(x), lora(x), atol=1e-6), plain.weight.requires_grad
+(True, True)
 """
 
 from __future__ import annotations

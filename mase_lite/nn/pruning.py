@@ -4,13 +4,26 @@ Weight masks are boolean buffers inside a ``torch.nn.utils.parametrize`` paramet
 part of the state dict (and survive save/load) and the module keeps its class and its Parameter.
 Activation pruning is a forward pre-hook that zeroes part of the module's first input on every call.
 
-Example::
-
-    masks = weight_masks({"fc": fc.weight}, sparsity=0.5, method="l1-norm", granularity="unstructured")
-    attach_weight_mask(fc, masks["fc"])          # fc.weight now reads the masked weight
-    bake_weight_mask(fc)                         # the zeros are written into fc.weight, mask removed
-    attach_activation_pruner(fc, ActivationPruner(sparsity=0.25, method="l1-norm"))
-    detach_activation_pruner(fc)
+>>> import torch, torch.nn as nn
+>>> fc = nn.Linear(4, 2)
+>>> with torch.no_grad():
+...     _ = fc.weight.copy_(torch.tensor([[1., -2., 3., -4.], [0.5, 6., -7., 8.]]))
+>>> masks = weight_masks({"fc": fc.weight}, sparsity=0.5, method="l1-norm", granularity="unstructured")
+>>> masks["fc"]                                # the 4 smallest magnitudes go
+tensor([[False, False, False,  True],
+        [False,  True,  True,  True]])
+>>> _ = attach_weight_mask(fc, masks["fc"])    # fc.weight now reads the masked weight
+>>> fc.weight.detach()
+tensor([[ 0.,  0.,  0., -4.],
+        [ 0.,  6., -7.,  8.]])
+>>> bake_weight_mask(fc)                       # the zeros are written into fc.weight, mask removed
+True
+>>> pruner = attach_activation_pruner(fc, ActivationPruner(sparsity=0.25, method="l1-norm"))
+>>> pruner.prune(torch.tensor([[1., -2., 3., 0.1]]))
+tensor([[ 1., -2.,  3.,  0.]])
+>>> _ = fc(torch.randn(3, 4))
+>>> pruner.achieved, detach_activation_pruner(fc)
+(0.25, True)
 """
 
 from __future__ import annotations

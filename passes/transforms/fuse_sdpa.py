@@ -12,12 +12,26 @@ train/eval mode, like the Dropout it replaces. ``unfuse_sdpa`` writes the same c
 nodes (a bool mask becomes ``masked_fill(not mask, -inf)``, which ``fuse_sdpa`` matches again; the
 dropout becomes an ``nn.Dropout`` module node).
 
-Example::
+>>> import math, torch, torch.nn as nn, mase_lite as ml
+>>> class Attention(nn.Module):
+...     def forward(self, q, k, v, mask):  # mask: True where a key may be attended to
+...         scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~mask, float("-inf"))
+...         return torch.softmax(scores, dim=-1) @ v
+>>> q, k, v = torch.randn(3, 2, 4, 6, 8).unbind(0)
+>>> mask = torch.rand(2, 1, 6, 6) > 0.3
+>>> mask[..., 0] = True                     # every query sees at least one key
+>>> mg = ml.MaseGraph(Attention(), example_inputs={"q": q, "k": k, "v": v, "mask": mask})
+>>> naive = mg.model(q=q, k=k, v=v, mask=mask)
+>>> mg, info = ml.passes.fuse_sdpa(mg)
+>>> info
+{'fused': [{'node': 'sdpa', 'scale': 0.35355339059327373, 'dropout_p': 0.0, 'masked': True}]}
+>>> torch.allclose(mg.model(q=q, k=k, v=v, mask=mask), naive, atol=1e-6)
+True
+>>> mg, info = ml.passes.unfuse_sdpa(mg)
+>>> info
+{'unfused': ['sdpa'], 'kept': []}
 
-    bert = BertForSequenceClassification(config)          # attn_implementation="eager"
-    mg = ml.MaseGraph(bert, hf_input_names=["input_ids", "attention_mask"])
-    mg, info = ml.passes.fuse_sdpa(mg)                     # info["fused"]: one entry per layer
-    mg, info = ml.passes.unfuse_sdpa(mg)
+An eager-attention BERT (``attn_implementation="eager"``) gets one fused node per layer.
 """
 
 from __future__ import annotations

@@ -2,11 +2,15 @@
 
 Accepts MASE's keys as well: ``r`` for ``rank``, ``lora_alpha`` for ``alpha``, ``lora_dropout`` for ``dropout``.
 
-Example::
+>>> from collections import OrderedDict
+>>> import torch, torch.nn as nn, mase_lite as ml
+>>> model = nn.Sequential(OrderedDict(fc1=nn.Linear(8, 16), act=nn.ReLU(), fc2=nn.Linear(16, 2)))
+>>> mg = ml.MaseGraph(model, example_inputs={"input": torch.randn(4, 8)})
+>>> mg, info = ml.passes.lora(mg, {"by": "name", "targets": ["fc1"], "r": 4, "lora_alpha": 8})
+>>> info                                   # A: 4 x 8, B: 16 x 4; everything else is frozen
+{'adapted': ['fc1'], 'trainable': 96, 'total': 274}
 
-    mg, info = ml.passes.lora(mg, {"by": "regex", "targets": [".*attention_self_(query|value)"],
-                                   "rank": 8, "lora_alpha": 16, "lora_dropout": 0.1})
-    info["adapted"], info["trainable"]
+On BERT, the course's call: ``{"by": "regex", "targets": [".*attention_self_(query|value)"], "r": 8}``.
 """
 
 from __future__ import annotations

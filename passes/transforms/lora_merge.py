@@ -4,10 +4,17 @@ What ``lora`` froze trains again: a merged Linear's parameters as before they we
 rest of the model (``freeze: "all"``) once no adapter left in it keeps them frozen, so merging every
 adapter gives back the model's trainability before LoRA. A pruned Linear keeps its weight mask.
 
-Example::
-
-    mg, info = ml.passes.lora_merge(mg)                     # every adapter
-    mg, info = ml.passes.lora_merge(mg, {"by": "name", "targets": ["classifier"]})
+>>> from collections import OrderedDict
+>>> import torch, torch.nn as nn, mase_lite as ml
+>>> model = nn.Sequential(OrderedDict(fc1=nn.Linear(8, 16), act=nn.ReLU(), fc2=nn.Linear(16, 2)))
+>>> mg = ml.MaseGraph(model, example_inputs={"input": torch.randn(4, 8)})
+>>> mg, _ = ml.passes.lora(mg, {"rank": 2})               # every Linear; the rest frozen
+>>> mg, info = ml.passes.lora_merge(mg, {"by": "name", "targets": ["fc2"]})
+>>> info, type(mg.modules["fc2"]).__name__, mg.modules["fc2"].weight.requires_grad
+({'merged': ['fc2']}, 'Linear', True)
+>>> mg, info = ml.passes.lora_merge(mg)                    # every adapter left
+>>> info, all(p.requires_grad for p in mg.model.parameters())
+({'merged': ['fc1']}, True)
 """
 
 from __future__ import annotations
