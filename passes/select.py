@@ -1,9 +1,15 @@
 """Node selection shared by every pass that targets part of a graph: by op type, node name or regex.
 
-Example::
+>>> from collections import OrderedDict
+>>> import torch, torch.nn as nn, mase_lite as ml
+>>> model = nn.Sequential(OrderedDict(fc1=nn.Linear(8, 16), act=nn.ReLU(), drop=nn.Dropout(0.1), fc2=nn.Linear(16, 2)))
+>>> mg = ml.MaseGraph(model, example_inputs={"input": torch.randn(4, 8)})
+>>> [n.name for n in select_nodes(mg, by="type", targets=["linear", "relu"])]
+['fc1', 'act', 'fc2']
+>>> [n.name for n in select_nodes(mg, by="regex", targets=["fc[0-9]$"])]
+['fc1', 'fc2']
 
-    nodes = select_nodes(mg, by="type", targets=["linear"])
-    nodes = select_nodes(mg, by="regex", targets=[r".*attention_self_(query|key)$"])
+On BERT: ``select_nodes(mg, by="regex", targets=[r".*attention_self_(query|key)$"])``.
 """
 
 from __future__ import annotations

@@ -3,11 +3,16 @@
 Each module is credited with the parameters it owns directly, so the rows add up to the totals
 (a parameter shared by two modules is counted once, at its first owner).
 
-Example::
-
-    mg, info = ml.passes.report_trainable(mg)
-    info["trainable"], info["total"], info["fraction"]
-    info["modules"]["bert.encoder.layer.0.attention.self.query"]   # {"trainable": 1536, "total": 1536}
+>>> from collections import OrderedDict
+>>> import torch, torch.nn as nn, mase_lite as ml
+>>> model = nn.Sequential(OrderedDict(fc1=nn.Linear(8, 16), act=nn.ReLU(), drop=nn.Dropout(0.1), fc2=nn.Linear(16, 2)))
+>>> mg = ml.MaseGraph(model, example_inputs={"input": torch.randn(4, 8)})
+>>> _ = mg.modules["fc1"].requires_grad_(False)
+>>> mg, info = ml.passes.report_trainable(mg)
+>>> info["trainable"], info["total"], info["fraction"]
+(34, 178, 0.19101123595505617)
+>>> info["modules"]["fc1"]
+{'trainable': 0, 'total': 144}
 """
 
 from __future__ import annotations

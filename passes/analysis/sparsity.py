@@ -5,11 +5,16 @@ applied). Activation sparsity is the fraction of zeros in the inputs that a modu
 activation-pruning hook has passed on since it was attached (None for modules without one, or
 before the first forward call).
 
-Example::
-
-    mg, info = ml.passes.sparsity(mg)
-    info["nodes"]["classifier"]     # {"weight_sparsity": 0.5, "weight_zeros": 128, ..., "activation_sparsity": None}
-    info["weight_sparsity"]         # over every selected weight together
+>>> from collections import OrderedDict
+>>> import torch, torch.nn as nn, mase_lite as ml
+>>> model = nn.Sequential(OrderedDict(fc1=nn.Linear(8, 16), act=nn.ReLU(), drop=nn.Dropout(0.1), fc2=nn.Linear(16, 2)))
+>>> mg = ml.MaseGraph(model, example_inputs={"input": torch.randn(4, 8)})
+>>> mg, _ = ml.passes.prune(mg, {"by": "name", "targets": ["fc1"], "weight": {"sparsity": 0.5}})
+>>> mg, info = ml.passes.sparsity(mg)
+>>> [info["nodes"]["fc1"][key] for key in ("weight_zeros", "weight_total", "weight_sparsity", "activation_sparsity")]
+[64, 128, 0.5, None]
+>>> info["weight_sparsity"]        # over every selected weight together: 64 of 160
+0.4
 """
 
 from __future__ import annotations

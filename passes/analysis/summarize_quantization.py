@@ -1,13 +1,18 @@
 """``summarize_quantization``: the number formats of every quantized node, read from its metadata.
 
-Example::
-
-    mg, info = ml.passes.summarize_quantization(mg)
-    info["nodes"]["bert_encoder_layer_0_attention_self_query"]
-    # {"op": "linear", "module": "QuantizedLinear",
-    #  "formats": {"data_in": {"name": "integer", ...}, "weight": {...}},
-    #  "bits": {"data_in": 8.0, "weight": 8.0}}
-    info["by_format"]   # {"integer": 12}
+>>> from collections import OrderedDict
+>>> import torch, torch.nn as nn, mase_lite as ml
+>>> model = nn.Sequential(OrderedDict(fc1=nn.Linear(8, 16), act=nn.ReLU(), fc2=nn.Linear(16, 2)))
+>>> mg = ml.MaseGraph(model, example_inputs={"input": torch.randn(4, 8)})
+>>> int8_in_int4_w = {"name": "integer", "data_in_width": 8, "data_in_frac_width": 4,
+...                   "weight_width": 4, "weight_frac_width": 2}
+>>> mg, _ = ml.passes.quantize(mg, {"default": int8_in_int4_w})
+>>> mg, info = ml.passes.summarize_quantization(mg)
+>>> fc1 = info["nodes"]["fc1"]
+>>> fc1["module"], fc1["formats"]["weight"]["width"], fc1["bits"]
+('QuantizedLinear', 4, {'data_in': 8.0, 'weight': 4.0})
+>>> info["by_format"]
+{'integer': 2}
 """
 
 from __future__ import annotations

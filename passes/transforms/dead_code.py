@@ -1,9 +1,13 @@
 """``dead_code``: erase nodes whose results nobody uses; optionally delete modules no node calls.
 
-Example::
-
-    mg, info = ml.passes.dead_code(mg, {"delete_unused_modules": True})
-    info["removed_nodes"], info["deleted_modules"]
+>>> from collections import OrderedDict
+>>> import torch, torch.nn as nn, mase_lite as ml
+>>> model = nn.Sequential(OrderedDict(fc1=nn.Linear(8, 16), act=nn.ReLU(), drop=nn.Dropout(0.1), fc2=nn.Linear(16, 2)))
+>>> mg = ml.MaseGraph(model, example_inputs={"input": torch.randn(4, 8)})
+>>> mg, _ = ml.passes.remove_dropout(mg)       # leaves the Dropout module in the tree, uncalled
+>>> mg, info = ml.passes.dead_code(mg, {"delete_unused_modules": True})
+>>> info["removed_nodes"], info["deleted_modules"]
+([], ['drop'])
 """
 
 from __future__ import annotations

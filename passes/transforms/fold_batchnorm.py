@@ -8,10 +8,17 @@ folded when the Linear's output is 2-D (features on dim 1). The BatchNorm module
 model tree, unused (``dead_code`` with ``delete_unused_modules`` deletes them). A folded layer keeps
 its weight mask, activation pruning and quantization config (quantizers then see the folded weight).
 
-Example::
-
-    mg, info = ml.passes.fold_batchnorm(mg)
-    info["folded"]         # [{"into": "conv1", "batch_norm": "bn1"}, ...]
+>>> from collections import OrderedDict
+>>> import torch, torch.nn as nn, mase_lite as ml
+>>> model = nn.Sequential(OrderedDict(conv=nn.Conv2d(3, 4, 3), bn=nn.BatchNorm2d(4), act=nn.ReLU())).eval()
+>>> x = torch.randn(2, 3, 8, 8)
+>>> mg = ml.MaseGraph(model, example_inputs={"input": x})
+>>> before = mg.model(input=x)
+>>> mg, info = ml.passes.fold_batchnorm(mg)
+>>> info["folded"], [n.name for n in mg.nodes]
+([{'into': 'conv', 'batch_norm': 'bn'}], ['input_1', 'conv', 'act', 'output'])
+>>> torch.allclose(mg.model(input=x), before, atol=1e-6)
+True
 """
 
 from __future__ import annotations

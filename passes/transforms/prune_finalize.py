@@ -1,9 +1,15 @@
 """``prune_finalize``: bake weight masks into the weights; optionally remove activation-pruning hooks.
 
-Example::
-
-    mg, info = ml.passes.prune_finalize(mg, {"activations": "remove"})
-    info["baked"]        # modules whose zeros are now plain weight values
+>>> from collections import OrderedDict
+>>> import torch, torch.nn as nn, mase_lite as ml
+>>> model = nn.Sequential(OrderedDict(fc1=nn.Linear(8, 16), act=nn.ReLU(), drop=nn.Dropout(0.1), fc2=nn.Linear(16, 2)))
+>>> mg = ml.MaseGraph(model, example_inputs={"input": torch.randn(4, 8)})
+>>> mg, _ = ml.passes.prune(mg, {"weight": {"sparsity": 0.5}, "activation": {"sparsity": 0.25}})
+>>> mg, info = ml.passes.prune_finalize(mg, {"activations": "remove"})
+>>> info["baked"]                   # modules whose zeros are now plain weight values
+['fc1', 'fc2']
+>>> type(mg.modules["fc1"]).__name__, int((mg.modules["fc1"].weight == 0).sum())
+('Linear', 64)
 """
 
 from __future__ import annotations

@@ -3,10 +3,13 @@
 Each removed node's users read its input instead. The Dropout modules stay in the model tree,
 unused; ``dead_code`` with ``delete_unused_modules`` deletes them.
 
-Example::
-
-    mg, info = ml.passes.remove_dropout(mg)
-    info["removed"]        # node names
+>>> from collections import OrderedDict
+>>> import torch, torch.nn as nn, mase_lite as ml
+>>> model = nn.Sequential(OrderedDict(fc1=nn.Linear(8, 16), act=nn.ReLU(), drop=nn.Dropout(0.1), fc2=nn.Linear(16, 2)))
+>>> mg = ml.MaseGraph(model, example_inputs={"input": torch.randn(4, 8)})
+>>> mg, info = ml.passes.remove_dropout(mg)
+>>> info["removed"], [n.name for n in mg.nodes]
+(['drop'], ['input_1', 'fc1', 'act', 'fc2', 'output'])
 """
 
 from __future__ import annotations
