@@ -5,11 +5,14 @@ minifloat_denorm, log, block_fp, block_minifloat, block_log, binary, binary_scal
 binary_residual_sign, ternary, mxint, mxfp. A format dict such as
 ``{"name": "integer", "width": 8, "frac_width": 4}`` is the canonical spelling in configs and metadata.
 
-Example::
-
-    from mase_lite.numerics import quantize, bits_per_element, format_names
-    y = quantize(x, "minifloat_denorm", width=8, exponent_width=4)
-    bits_per_element({"name": "mxint", "element_width": 8})   # 8.25
+>>> import torch
+>>> from mase_lite.numerics import quantize, bits_per_element, format_names
+>>> quantize(torch.tensor([1.0, 0.3, 20.0]), "minifloat_denorm", width=8, exponent_width=4).tolist()
+[1.0, 0.3125, 20.0]
+>>> bits_per_element({"name": "mxint", "element_width": 8})   # 8 bits + one 8-bit scale per 32
+8.25
+>>> "minifloat_ieee" in format_names()
+True
 """
 
 # Importing a family module registers its formats.

@@ -12,10 +12,10 @@ Powers above 2**127 (width 9 with the default bias 127 reaches 2**128) lie beyon
 magnitudes saturate at 2**127 there.
 Stored bits per element: ``width``.
 
-Example::
-
-    quantize(torch.tensor([0.7, 1.5, -3.0, 0.0]), "log", width=4)   # bias 3
-    # tensor([0.5, 2.0, -4.0, 0.0])
+>>> import torch
+>>> from mase_lite.numerics import quantize
+>>> quantize(torch.tensor([0.7, 1.5, -3.0, 0.0]), "log", width=4).tolist()   # bias 3
+[0.5, 2.0, -4.0, 0.0]
 """
 
 from __future__ import annotations

@@ -10,10 +10,12 @@ largest ``(2 - 2**-m) * 2**(2**e - 1 - bias)``.
 ``minifloat_denorm``: every code is ``0.M * 2**(E-bias)`` (needs m >= 1), so powers of two inside
 the range are exact (1.0 = 0.1b * 2**1); largest ``(1 - 2**-m) * 2**(2**e - 1 - bias)``.
 
-Example::
+>>> import torch
+>>> from mase_lite.numerics import quantize
+>>> quantize(torch.tensor([1.0, 0.3, 1000.0]), "minifloat_ieee", width=8, exponent_width=4).tolist()
+[1.0, 0.3125, 480.0]
 
-    quantize(torch.tensor([1.0, 0.3, 1000.0]), "minifloat_ieee", width=8, exponent_width=4)
-    # tensor([1.0, 0.3125, 480.0])  (largest: 1.875 * 2**8)
+(1000 saturates to the largest finite value, 1.875 * 2**8.)
 """
 
 from __future__ import annotations

@@ -3,10 +3,15 @@
 ``"identity"`` passes the gradient everywhere; ``"clipped"`` zeroes it where the input saturated
 (lay outside the format's smallest..largest value).
 
-Example::
-
-    y = straight_through(x, quantized_value)                       # dy/dx = 1
-    y = straight_through(x, quantized_value, keep=~saturated)      # dy/dx = 0 where saturated
+>>> import torch
+>>> x = torch.tensor([0.2, 3.0], requires_grad=True)
+>>> saturated = x.detach() > 1.0
+>>> y = straight_through(x, x.detach().round().clamp(max=1.0), keep=~saturated)
+>>> y.detach().tolist()
+[0.0, 1.0]
+>>> y.sum().backward()
+>>> x.grad.tolist()                 # dy/dx = 1, but 0 where saturated (without keep: 1 everywhere)
+[1.0, 0.0]
 """
 
 from __future__ import annotations

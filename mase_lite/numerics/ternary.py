@@ -7,10 +7,10 @@ threshold (0 when there are none); ``scaling=False`` uses ``alpha = 1``. Statist
 elements only; NaN stays NaN; ±Inf becomes ±alpha. Stored bits: 2 per element (a 2-bit code),
 plus one float32 alpha per tensor when scaling (``2 + 32 / numel`` when the shape is known).
 
-Example::
-
-    quantize(torch.tensor([0.1, -0.9, 0.5, 0.0]), "ternary", threshold=0.3)
-    # tensor([0.0, -0.7, 0.7, 0.0])
+>>> import torch
+>>> from mase_lite.numerics import quantize
+>>> quantize(torch.tensor([0.1, -0.9, 0.5, 0.0]), "ternary", threshold=0.3)
+tensor([ 0.0000, -0.7000,  0.7000,  0.0000])
 """
 
 from __future__ import annotations
