@@ -10,10 +10,12 @@ import torch.nn.functional as F
 class ScaledDotProductAttention(nn.Module):
     """``F.scaled_dot_product_attention`` whose dropout follows the module's train/eval mode.
 
-    Example::
-
-        attn = ScaledDotProductAttention(dropout_p=0.1).eval()
-        out = attn(q, k, v, attn_mask=mask)   # no dropout in eval mode
+    >>> import torch
+    >>> q, k, v = torch.randn(3, 2, 4, 5, 8).unbind(0)
+    >>> attn = ScaledDotProductAttention(dropout_p=0.1).eval()
+    >>> out = attn(q, k, v, scale=0.5)        # no dropout in eval mode
+    >>> torch.allclose(out, torch.softmax(q @ k.transpose(-2, -1) * 0.5, dim=-1) @ v, atol=1e-6)
+    True
     """
 
     def __init__(self, dropout_p: float = 0.0):
