@@ -33,12 +33,13 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from mase_lite.numerics.blocks import finite_amax, from_blocks, nan_non_finite_blocks, per_element, to_blocks
+from mase_lite.numerics.blocks import amax_and_non_finite, finite_amax, from_blocks, nan_non_finite_, per_element, to_blocks
 from mase_lite.numerics.exponents import (
     floor_log2,
     largest_float,
     largest_float32_at_most,
     mul_pow2,
+    mul_pow2_,
     round_to_float,
 )
 from mase_lite.numerics.minifloat import check_exponent_fits
@@ -95,19 +96,19 @@ def _signed_range(bits: int) -> tuple[int, int]:
     return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
 
 
-def _block_fp_layout(blocks: Tensor, p: BlockFPParams) -> tuple[Tensor, Tensor]:
-    """Per block: the quantum exponent and the largest magnitude."""
-    shared = floor_log2(finite_amax(blocks)).clamp(-p.bias, 2**p.exponent_width - 1 - p.bias)
+def _block_fp_layout(amax: Tensor, p: BlockFPParams) -> tuple[Tensor, Tensor]:
+    """Per block, from its largest magnitude: the quantum exponent and the largest value."""
+    shared = floor_log2(amax).clamp(-p.bias, 2**p.exponent_width - 1 - p.bias)
     quantum = shared - (p.width - 2)
     largest_code = largest_float32_at_most(2.0 ** (p.width - 1) - 1)
-    largest = mul_pow2(torch.full_like(blocks[..., :1], largest_code), quantum)
+    largest = mul_pow2(torch.full_like(amax, largest_code), quantum)
     return quantum, largest
 
 
 def _bounds_from(layout):
     def bounds(x: Tensor, p) -> tuple[Tensor, Tensor]:
         blocks = to_blocks(x, p.block_size)
-        largest = per_element(layout(blocks, p)[-1], blocks, x.shape)
+        largest = per_element(layout(finite_amax(blocks), p)[-1], blocks, x.shape)
         return -largest, largest
 
     return bounds
@@ -119,18 +120,17 @@ def _bounds_from(layout):
 def block_fp(x: Tensor, p: BlockFPParams) -> Tensor:
     """Block floating point: integer mantissas sharing one exponent per block."""
     blocks = to_blocks(x, p.block_size)
-    quantum, largest = _block_fp_layout(blocks, p)
-    codes = torch.round(mul_pow2(blocks, -quantum))
-    values = mul_pow2(codes, quantum)
-    values = torch.minimum(torch.maximum(values, -largest), largest)
-    return from_blocks(nan_non_finite_blocks(values, blocks), x.shape)
+    amax, non_finite = amax_and_non_finite(blocks)
+    quantum, largest = _block_fp_layout(amax, p)
+    values = mul_pow2_(mul_pow2(blocks, -quantum).round_(), quantum).clamp_(-largest, largest)
+    return from_blocks(nan_non_finite_(values, non_finite), x.shape)
 
 
-def _block_minifloat_layout(blocks: Tensor, p: BlockMinifloatParams) -> tuple[Tensor, Tensor, Tensor]:
-    """Per block: min normal exponent, max exponent and largest magnitude of the elements."""
+def _block_minifloat_layout(amax: Tensor, p: BlockMinifloatParams) -> tuple[Tensor, Tensor, Tensor]:
+    """Per block, from its largest magnitude: min normal exponent, max exponent and largest value."""
     lo, hi = _signed_range(p.exponent_bias_width)
     top = 2**p.exponent_width - 1
-    bias = (top - floor_log2(finite_amax(blocks))).clamp(lo, hi)
+    bias = (top - floor_log2(amax)).clamp(lo, hi)
     mantissa = p.width - 1 - p.exponent_width
     return 1 - bias, top - bias, largest_float(mantissa, top - bias)
 
@@ -144,9 +144,10 @@ def _block_minifloat_layout(blocks: Tensor, p: BlockMinifloatParams) -> tuple[Te
 def block_minifloat(x: Tensor, p: BlockMinifloatParams) -> Tensor:
     """Minifloat elements with a per-block exponent bias aligned to the block's largest magnitude."""
     blocks = to_blocks(x, p.block_size)
-    min_exponent, max_exponent, _ = _block_minifloat_layout(blocks, p)
+    amax, non_finite = amax_and_non_finite(blocks)
+    min_exponent, max_exponent, _ = _block_minifloat_layout(amax, p)
     values = round_to_float(blocks, p.width - 1 - p.exponent_width, min_exponent, max_exponent)
-    return from_blocks(nan_non_finite_blocks(values, blocks), x.shape)
+    return from_blocks(nan_non_finite_(values, non_finite), x.shape)
 
 
 def _nearest_power_exponent(amax: Tensor) -> Tensor:
@@ -155,11 +156,11 @@ def _nearest_power_exponent(amax: Tensor) -> Tensor:
     return (exponent - 1 + (mantissa >= 0.75).to(exponent.dtype)).clamp(max=127)
 
 
-def _block_log_layout(blocks: Tensor, p: BlockLogParams) -> tuple[Tensor, Tensor, Tensor]:
-    """Per block: smallest and largest nonzero exponent, and the largest magnitude."""
+def _block_log_layout(amax: Tensor, p: BlockLogParams) -> tuple[Tensor, Tensor, Tensor]:
+    """Per block, from its largest magnitude: smallest and largest nonzero exponent, and the largest value."""
     lo, hi = _signed_range(p.exponent_bias_width)
     top = 2 ** (p.width - 1) - 1
-    bias = (top - _nearest_power_exponent(finite_amax(blocks))).clamp(lo, hi)
+    bias = (top - _nearest_power_exponent(amax)).clamp(lo, hi)
     return 1 - bias, top - bias, largest_float(0, top - bias)
 
 
@@ -169,6 +170,7 @@ def _block_log_layout(blocks: Tensor, p: BlockLogParams) -> tuple[Tensor, Tensor
 def block_log(x: Tensor, p: BlockLogParams) -> Tensor:
     """Powers of two with a per-block exponent bias aligned to the block's largest magnitude."""
     blocks = to_blocks(x, p.block_size)
-    min_exponent, max_exponent, _ = _block_log_layout(blocks, p)
+    amax, non_finite = amax_and_non_finite(blocks)
+    min_exponent, max_exponent, _ = _block_log_layout(amax, p)
     values = round_to_float(blocks, 0, min_exponent, max_exponent)
-    return from_blocks(nan_non_finite_blocks(values, blocks), x.shape)
+    return from_blocks(nan_non_finite_(values, non_finite), x.shape)

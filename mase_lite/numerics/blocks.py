@@ -33,9 +33,22 @@ def finite_amax(blocks: Tensor) -> Tensor:
     return magnitudes.amax(dim=-1, keepdim=True)
 
 
-def nan_non_finite_blocks(values: Tensor, blocks: Tensor) -> Tensor:
-    """``values`` (shaped like ``blocks``) with every block that holds a NaN or an Inf set to NaN."""
-    return torch.where(torch.isfinite(blocks).all(dim=-1, keepdim=True), values, torch.nan)
+def amax_and_non_finite(blocks: Tensor) -> tuple[Tensor, Tensor]:
+    """Per block (keeping the block dimension): the largest magnitude, and whether it holds NaN or Inf.
+
+    Two reductions that read ``blocks`` once each and allocate nothing of its size; the maximum of
+    a non-finite block is not meaningful.
+    """
+    high, low = blocks.amax(dim=-1, keepdim=True), blocks.amin(dim=-1, keepdim=True)
+    non_finite = ~(torch.isfinite(high) & torch.isfinite(low))
+    return torch.maximum(high, low.neg_()), non_finite
+
+
+def nan_non_finite_(values: Tensor, non_finite: Tensor) -> Tensor:
+    """``values`` (blocks), in place, with every block flagged in ``non_finite`` set to NaN."""
+    if non_finite.any():
+        values.masked_fill_(non_finite, torch.nan)
+    return values
 
 
 def per_element(per_block: Tensor, blocks: Tensor, shape: torch.Size) -> Tensor:

@@ -14,11 +14,33 @@ import math
 import torch
 from torch import Tensor
 
-from mase_lite.numerics.mx import pow2
+from mase_lite.errors import UserError
 
 FLOAT32_MANTISSA_BITS = 23
 FLOAT32_MAX_EXPONENT = 127
 FLOAT32_MIN_EXPONENT = -149
+
+
+def pow2(exponent: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Exact ``2.0 ** exponent`` for an integer tensor, built from exponent bits (subnormals included).
+
+    Exponents below the dtype's smallest subnormal give 0, above its largest finite power give Inf.
+    """
+    if dtype == torch.float32 and exponent.numel() and int(exponent.min()) >= -126:
+        # normal powers only (the common case): the exponent field alone, 2**128 and above give Inf
+        return ((exponent.clamp(max=128).to(torch.int32) + 127) << 23).view(torch.float32)
+    if dtype == torch.float64:
+        mbits, bias, int_dtype = 52, 1023, torch.int64
+    elif dtype == torch.float32:
+        mbits, bias, int_dtype = 23, 127, torch.int32
+    else:
+        raise UserError(f"pow2 dtype={dtype} is not supported; allowed: [torch.float32, torch.float64]")
+    e = exponent.to(torch.int64).clamp(-bias - mbits - 1, bias + 1)
+    normal_bits = (e + bias).clamp(min=0) << mbits
+    subnormal_bits = torch.ones_like(e) << (e + bias + mbits - 1).clamp(0, mbits - 1)
+    bits = torch.where(e > -bias, normal_bits, subnormal_bits)
+    bits = torch.where(e < -bias - mbits + 1, torch.zeros_like(bits), bits)
+    return bits.to(int_dtype).view(dtype)
 
 
 def floor_log2(x: Tensor) -> Tensor:
@@ -38,6 +60,14 @@ def mul_pow2(x: Tensor, exponent: Tensor | int) -> Tensor:
     return x * pow2(half) * pow2(exponent - half)
 
 
+def mul_pow2_(x: Tensor, exponent: Tensor | int) -> Tensor:
+    """:func:`mul_pow2` in place: the same two multiplications, so the same bits."""
+    if not isinstance(exponent, Tensor):
+        exponent = torch.tensor(exponent, dtype=torch.int32, device=x.device)
+    half = torch.div(exponent, 2, rounding_mode="floor")
+    return x.mul_(pow2(half)).mul_(pow2(exponent - half))
+
+
 def largest_float(mantissa_bits: int, max_exponent: Tensor | int) -> Tensor | float:
     """The largest value ``(2 - 2**-m) * 2**max_exponent`` of a float with ``m`` fraction bits."""
     significand = 2.0 - 2.0 ** -min(mantissa_bits, FLOAT32_MANTISSA_BITS)
@@ -54,17 +84,51 @@ def round_to_float(
     Normal exponents span ``[min_exponent, max_exponent]``; below ``2**min_exponent`` values are
     subnormal (same quantum as the lowest binade). Ties round to even; magnitudes beyond the
     largest value saturate (Inf included); NaN stays NaN; the sign of zero is kept. Exponent
-    arguments may be tensors broadcastable to ``x`` (per-block ranges).
+    arguments may be tensors broadcastable to ``x`` (per-block ranges). The result is a new tensor.
+
+    >>> round_to_float(torch.tensor([1.3, -0.01, 1000.0]), 2, -2, 3).tolist()
+    [1.25, -0.0, 14.0]
     """
     m = min(mantissa_bits, FLOAT32_MANTISSA_BITS)
-    exponent = floor_log2(x)
-    exponent = torch.maximum(exponent, torch.as_tensor(min_exponent, dtype=exponent.dtype, device=x.device))
-    quantum = exponent - m
-    y = mul_pow2(torch.round(mul_pow2(x, -quantum)), quantum)
+    if _magic_rounding_holds(m, min_exponent, max_exponent):
+        y = _round_by_magic_addition(x, m, min_exponent, max_exponent)
+    else:
+        exponent = torch.maximum(floor_log2(x), torch.as_tensor(min_exponent, dtype=torch.int32, device=x.device))
+        quantum = exponent - m
+        y = mul_pow2_(mul_pow2(x, -quantum).round_(), quantum)
     largest = largest_float(m, max_exponent)
-    if isinstance(largest, Tensor):
-        return torch.minimum(torch.maximum(y, -largest), largest)
-    return y.clamp(-largest, largest)
+    return y.clamp_(-largest, largest)
+
+
+def _magic_rounding_holds(m: int, min_exponent: Tensor | int, max_exponent: Tensor | int) -> bool:
+    """Whether :func:`_round_by_magic_addition` is exact: normal float32 steps, no overflow of its constant."""
+    lowest = int(min_exponent.min()) if isinstance(min_exponent, Tensor) else min_exponent
+    highest = int(max_exponent.max()) if isinstance(max_exponent, Tensor) else max_exponent
+    return m <= FLOAT32_MANTISSA_BITS - 2 and lowest >= -126 and highest + 2 + FLOAT32_MANTISSA_BITS - m <= 127
+
+
+def _round_by_magic_addition(x: Tensor, m: int, min_exponent: Tensor | int, max_exponent: Tensor | int) -> Tensor:
+    """``round(x / q) * q`` with ``q = 2**(max(e, min_exponent) - m)``, ``e`` the binade of ``x``, in six passes.
+
+    Adding ``C = 1.5 * 2**(max(e, min_exponent) + 23 - m)`` puts ``x + C`` in a binade whose float32
+    step is exactly ``q``, so float32's own round-half-to-even does the rounding in one step;
+    subtracting ``C`` is exact. ``C`` is built from the exponent bits of ``x``, its exponent
+    clamped to ``[min_exponent, max_exponent + 1]`` (larger magnitudes saturate afterwards anyway,
+    and Inf/NaN keep a finite ``C``). The sign of a zero result is restored from ``x``.
+    """
+    magic = torch.bitwise_and(x.view(torch.int32), 0x7F800000)
+    low = _exponent_field(min_exponent, x.device)
+    high = _exponent_field(max_exponent, x.device, plus=1)
+    magic.clamp_(low, high).add_(((FLOAT32_MANTISSA_BITS - m) << 23) + 0x400000)
+    magic = magic.view(torch.float32)
+    return torch.add(x, magic).sub_(magic).copysign_(x)
+
+
+def _exponent_field(exponent: Tensor | int, device: torch.device, plus: int = 0) -> Tensor | int:
+    """The biased float32 exponent field of ``2**(exponent + plus)``, shifted into place (``<< 23``)."""
+    if isinstance(exponent, Tensor):
+        return (exponent.to(torch.int32) + (plus + FLOAT32_MAX_EXPONENT)) << 23
+    return (exponent + plus + FLOAT32_MAX_EXPONENT) << 23
 
 
 def largest_float32_at_most(value: float) -> float:

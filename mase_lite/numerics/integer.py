@@ -48,7 +48,7 @@ def integer_bounds(x: Tensor, p: IntegerParams) -> tuple[float, float]:
 @register_format("integer", params=IntegerParams, bits=lambda p, shape: float(p.width), bounds=integer_bounds)
 def integer(x: Tensor, p: IntegerParams) -> Tensor:
     """Fixed point with ``width`` bits of which ``frac_width`` are fractional."""
-    scaled = x * 2.0**p.frac_width
-    codes = torch.floor(scaled) if p.floor else torch.round(scaled)
+    codes = torch.mul(x, 2.0**p.frac_width)
+    codes = codes.floor_() if p.floor else codes.round_()
     lo, hi = integer_codes(p)
-    return codes.clamp(lo, hi) * 2.0**-p.frac_width
+    return codes.clamp_(lo, hi).mul_(2.0**-p.frac_width)

@@ -33,6 +33,8 @@ import torch
 from torch import Tensor
 
 from mase_lite.errors import UserError
+from mase_lite.numerics.blocks import amax_and_non_finite, nan_non_finite_
+from mase_lite.numerics.exponents import pow2, round_to_float
 
 SCALE_RULES = ("floor", "ceil", "even", "rceil")
 MXINT_ELEMENT_WIDTHS = (8, 6, 4)
@@ -81,25 +83,6 @@ def mx_bits_per_element(element_bits: int, block_size: int = 32) -> float:
     """Stored bits per element, the shared 8-bit scale included: ``mx_bits_per_element(8, 32) == 8.25``."""
     _check_block_size(block_size)
     return element_bits + 8 / block_size
-
-
-def pow2(exponent: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Exact ``2.0 ** exponent`` for an integer tensor, built from exponent bits (subnormals included).
-
-    Exponents below the dtype's smallest subnormal give 0, above its largest finite power give Inf.
-    """
-    if dtype == torch.float64:
-        mbits, bias, int_dtype = 52, 1023, torch.int64
-    elif dtype == torch.float32:
-        mbits, bias, int_dtype = 23, 127, torch.int32
-    else:
-        raise UserError(f"pow2 dtype={dtype} is not supported; allowed: [torch.float32, torch.float64]")
-    e = exponent.to(torch.int64).clamp(-bias - mbits - 1, bias + 1)
-    normal_bits = (e + bias).clamp(min=0) << mbits
-    subnormal_bits = torch.ones_like(e) << (e + bias + mbits - 1).clamp(0, mbits - 1)
-    bits = torch.where(e > -bias, normal_bits, subnormal_bits)
-    bits = torch.where(e < -bias - mbits + 1, torch.zeros_like(bits), bits)
-    return bits.to(int_dtype).view(dtype)
 
 
 def shared_exponents(amax: Tensor, element: ElementFormat, scale_rule: str = "floor") -> Tensor:
@@ -151,7 +134,7 @@ def mxint_encode(x: Tensor, element_width: int = 8, block_size: int = 32,
     """
     element = mxint_element(element_width)
     codes, shared, non_finite = _mxint_blocks(x, element, block_size, scale_rule)
-    codes = torch.where(non_finite.unsqueeze(-1), 0.0, codes).to(torch.int8)
+    codes = torch.where(non_finite, 0.0, codes).to(torch.int8)
     scales = torch.where(non_finite, E8M0_NAN, shared + E8M0_BIAS).to(torch.uint8)
     return _unblock(codes, x.shape), scales.reshape(scales_shape(x.shape, block_size))
 
@@ -179,7 +162,7 @@ def mxint(x: Tensor, element_width: int = 8, block_size: int = 32, scale_rule: s
     """
     element = mxint_element(element_width)
     codes, shared, non_finite = _mxint_blocks(x, element, block_size, scale_rule)
-    values = codes * pow2(shared - element.mbits, codes.dtype).unsqueeze(-1)
+    values = codes.mul_(pow2(shared - element.mbits, codes.dtype))
     return _finish(values, non_finite, x)
 
 
@@ -194,35 +177,41 @@ def mxfp(x: Tensor, element_format: str = "e4m3", block_size: int = 32, scale_ru
     if element_format not in MXFP_FORMATS:
         raise UserError(f"element_format={element_format!r} is not an MXFP element; allowed: {list(MXFP_FORMATS)}")
     element = MXFP_FORMATS[element_format]
-    blocks, non_finite = _blocks(x, block_size)
-    shared = shared_exponents(_block_amax(blocks, non_finite), element, scale_rule)
-    scaled = blocks * pow2(-shared, blocks.dtype).unsqueeze(-1)
+    blocks, amax, non_finite = _blocks(x, block_size)
+    shared = shared_exponents(amax, element, scale_rule)
+    scaled = blocks * pow2(-shared, blocks.dtype)
+    elements = _round_elements(scaled, element).clamp_(-element.max_value, element.max_value)
+    return _finish(elements.mul_(pow2(shared, blocks.dtype)), non_finite, x)
+
+
+def _round_elements(scaled: Tensor, element: ElementFormat) -> Tensor:
+    """``scaled`` rounded (ties to even) to the element's ``mbits`` fraction bits, subnormals below ``2**emin``."""
+    if scaled.dtype == torch.float32:
+        return round_to_float(scaled, element.mbits, element.emin, element.emax)
     _, exponent = torch.frexp(scaled)
     quantum = (exponent - 1).clamp(min=element.emin) - element.mbits
-    rounded = torch.round(scaled * pow2(-quantum, blocks.dtype)) * pow2(quantum, blocks.dtype)
-    elements = rounded.clamp(-element.max_value, element.max_value)
-    values = elements * pow2(shared, blocks.dtype).unsqueeze(-1)
-    return _finish(values, non_finite, x)
+    return torch.round(scaled * pow2(-quantum, scaled.dtype)) * pow2(quantum, scaled.dtype)
 
 
 def _mxint_blocks(x: Tensor, element: ElementFormat, block_size: int,
                   scale_rule: str) -> tuple[Tensor, Tensor, Tensor]:
-    """Integer-valued float codes, shared exponents and non-finite flags, per block."""
-    blocks, non_finite = _blocks(x, block_size)
-    shared = shared_exponents(_block_amax(blocks, non_finite), element, scale_rule)
-    scaled = blocks * pow2(-shared, blocks.dtype).unsqueeze(-1) * 2.0 ** element.mbits
+    """Integer-valued float codes (blocks), shared exponents (``(..., n_blocks, 1)``) and non-finite flags."""
+    blocks, amax, non_finite = _blocks(x, block_size)
+    shared = shared_exponents(amax, element, scale_rule)
+    codes = (blocks * pow2(-shared, blocks.dtype)).mul_(2.0**element.mbits)
     largest_code = 2 ** (element.bits - 1) - 1
     # + 0.0 turns the -0.0 of negative values that round to zero into the +0.0 that code 0 decodes to
-    return torch.round(scaled).clamp(-largest_code, largest_code) + 0.0, shared, non_finite
+    return codes.round_().clamp_(-largest_code, largest_code).add_(0.0), shared, non_finite
 
 
-def _blocks(x: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
-    """``x`` in its compute dtype as ``(*rows, n_blocks, block_size)``, zero-padded per row."""
+def _blocks(x: Tensor, block_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``x`` in its compute dtype as ``(*rows, n_blocks, block_size)`` (zero-padded per row), and per
+    block (``(..., n_blocks, 1)``) its largest magnitude and whether it holds NaN or Inf."""
     _check_input(x)
     _check_block_size(block_size)
     compute_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     blocks = _as_blocks(x.to(compute_dtype), block_size)
-    return blocks, ~torch.isfinite(blocks).all(dim=-1)
+    return blocks, *amax_and_non_finite(blocks)
 
 
 def _as_blocks(t: Tensor, block_size: int) -> Tensor:
@@ -234,10 +223,6 @@ def _as_blocks(t: Tensor, block_size: int) -> Tensor:
     return rows.reshape(*rows.shape[:-1], -1, block_size)
 
 
-def _block_amax(blocks: Tensor, non_finite: Tensor) -> Tensor:
-    return torch.where(non_finite.unsqueeze(-1), 0.0, blocks).abs().amax(dim=-1)
-
-
 def _unblock(blocks: Tensor, shape: torch.Size) -> Tensor:
     row_length = shape[-1] if len(shape) else 1
     rows = blocks.reshape(*blocks.shape[:-2], -1)[..., :row_length]
@@ -245,8 +230,7 @@ def _unblock(blocks: Tensor, shape: torch.Size) -> Tensor:
 
 
 def _finish(values: Tensor, non_finite: Tensor, like: Tensor) -> Tensor:
-    values = torch.where(non_finite.unsqueeze(-1), math.nan, values)
-    return _unblock(values, like.shape).to(like.dtype)
+    return _unblock(nan_non_finite_(values, non_finite), like.shape).to(like.dtype)
 
 
 def scales_shape(shape: torch.Size | tuple[int, ...], block_size: int) -> tuple[int, ...]:
