@@ -5,6 +5,7 @@ Example::
     import mase_lite as ml
     mg = ml.MaseGraph(model, hf_input_names=["input_ids", "attention_mask", "labels"])
     mg, info = ml.passes.count(mg)
+    mg.save("runs/g"); mg = ml.load("runs/g")
     result = ml.run_pipeline("pipelines/quickstart.json")
 """
 
@@ -24,6 +25,13 @@ def __getattr__(name: str):
 
         return MaseGraph
     raise AttributeError(f"module 'mase_lite' has no attribute {name!r}")
+
+
+def load(directory, model=None):
+    """A saved graph with its transforms replayed; see :func:`mase_lite.passes.replay.load_graph`."""
+    from mase_lite.passes.replay import load_graph
+
+    return load_graph(directory, model=model)
 
 
 def run_pipeline(source, output_dir=None):

@@ -10,6 +10,7 @@ Example::
 import importlib
 import pkgutil
 
+from mase_lite.passes.manager import PassContext, PassInstrument, PassRun, instrument
 from mase_lite.passes.registry import (
     NoParams,
     PassError,
@@ -40,4 +41,16 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(all_passes()))
 
 
-__all__ = ["NoParams", "PassError", "PassInfo", "PassParams", "all_passes", "get_pass", "register_pass"]
+__all__ = [
+    "NoParams",
+    "PassContext",
+    "PassError",
+    "PassInfo",
+    "PassInstrument",
+    "PassParams",
+    "PassRun",
+    "all_passes",
+    "get_pass",
+    "instrument",
+    "register_pass",
+]

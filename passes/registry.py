@@ -1,45 +1,43 @@
 """The pass registry: every pass, built-in or third-party, registers here the same way.
 
-A pass is a plain function ``fn(mg, params) -> (mg, info)`` where ``params`` is an
-instance of the pass's pydantic model (frozen: a pass cannot mutate it) and ``info``
-is a JSON-serialisable dict.
+A pass is a plain function ``fn(mg, params) -> (mg, info)`` — or ``fn(mg, params, ctx)`` when it
+needs the run's data or output directory (a :class:`~mase_lite.passes.manager.PassContext`) —
+where ``params`` is a deep-frozen instance of the pass's pydantic model and ``info`` a
+JSON-serialisable dict. Every call goes through :mod:`mase_lite.passes.manager`.
 
-Example::
-
-    from pydantic import Field
-    from mase_lite.passes import register_pass, PassParams
-
-    class CountParams(PassParams):
-        op: str = Field("dropout", description="op name to count")
-
-    @register_pass("count_op", kind="analysis", params=CountParams)
-    def count_op(mg, params):
-        n = sum(1 for node in mg.nodes if node.meta["mase"]["op"] == params.op)
-        return mg, {"count": n}
-
-    mg, info = mase_lite.passes.count_op(mg, {"op": "dropout"})
+>>> from pydantic import BaseModel
+>>> from mase_lite.passes import register_pass
+>>> class CountOpParams(BaseModel):
+...     op: str = "dropout"
+>>> @register_pass("doc_count_op", kind="analysis", params=CountOpParams)
+... def doc_count_op(mg, params):
+...     '''Count the nodes of one op.'''
+...     return mg, {"count": sum(n.meta["mase"]["op"] == params.op for n in mg.nodes)}
+>>> doc_count_op.name, doc_count_op.kind, sorted(doc_count_op.params.model_fields)
+('doc_count_op', 'analysis', ['op'])
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from types import UnionType
-from typing import Any, Callable, Literal, Union, get_args, get_origin
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from mase_lite.errors import UserError
+from mase_lite.errors import UserError, format_validation_error
 
 logger = logging.getLogger(__name__)
 
 PassKind = Literal["analysis", "transform"]
 ENTRY_POINT_GROUP = "mase_lite.passes"
+ALL_FACTS = "*"
 
 
 class PassParams(BaseModel):
-    """Base of every pass's params model: unknown keys are errors, instances are frozen."""
+    """Base of the built-in passes' params models: unknown keys are errors, instances are frozen."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -52,25 +50,38 @@ class PassError(UserError):
     """A user-caused pass failure: bad params, an impossible selection, a missing requirement."""
 
 
+def _frozen_model(params: type[BaseModel]) -> type[BaseModel]:
+    """``params`` itself when its instances are frozen and reject unknown keys, else a subclass that does."""
+    config = params.model_config
+    if config.get("frozen") and config.get("extra") == "forbid":
+        return params
+    frozen = type(params.__name__, (params,), {"model_config": ConfigDict(**{**config, "frozen": True, "extra": "forbid"})})
+    frozen.__module__ = params.__module__
+    frozen.__doc__ = params.__doc__
+    return frozen
+
+
 @dataclass(frozen=True)
 class PassInfo:
-    """What the registry knows of one pass."""
+    """What the registry knows of one pass; calling it runs the pass through the pass manager."""
 
     name: str
     fn: Callable[..., tuple[Any, dict]]
     kind: PassKind
-    params: type[PassParams]
+    params: type[BaseModel]
     requires: tuple[str, ...] = ()
     provides: tuple[str, ...] = ()
+    invalidates: tuple[str, ...] = ()
     doc: str = ""
     module: str = field(default="")
     replay: bool = False
+    takes_context: bool = False
 
     @property
     def summary(self) -> str:
         return self.doc.strip().splitlines()[0] if self.doc.strip() else ""
 
-    def validate(self, params: PassParams | dict | None) -> PassParams:
+    def validate(self, params: BaseModel | dict | None) -> BaseModel:
         """Turn a dict (or None) into this pass's frozen params model; the input is not touched."""
         if params is None:
             params = {}
@@ -87,52 +98,79 @@ class PassInfo:
                 format_validation_error(err, prefix=f"pass '{self.name}' params", model=self.params)
             ) from None
 
-    def __call__(self, mg, params: PassParams | dict | None = None):
-        validated = self.validate(params)
-        mg, info = self.fn(mg, validated)
-        if self.replay and hasattr(mg, "record_transform"):
-            mg.record_transform(self.name, validated.model_dump(mode="json"))
-        return mg, dict(info or {})
+    def drops(self, facts: set[str]) -> set[str]:
+        """The facts of ``facts`` this pass invalidates."""
+        return set(facts) if ALL_FACTS in self.invalidates else set(facts) & set(self.invalidates)
+
+    def __call__(self, mg, params: BaseModel | dict | None = None, *, context=None, **context_fields):
+        """Run the pass on ``mg`` through the pass manager (see :func:`mase_lite.passes.manager.run_pass`)."""
+        from mase_lite.passes.manager import PassContext, run_pass
+
+        if context is None:
+            context = PassContext(**context_fields)
+        elif context_fields:
+            raise PassError(f"pass '{self.name}': give either context= or its fields ({', '.join(context_fields)}), not both")
+        return run_pass(self, mg, params, context)
 
 
 _REGISTRY: dict[str, PassInfo] = {}
 _ENTRY_POINTS_LOADED = False
 
 
+def _takes_context(fn: Callable) -> bool:
+    positional = [
+        p for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in positional)
+
+
 def register_pass(
     name: str,
     *,
     kind: PassKind,
-    params: type[PassParams] = NoParams,
+    params: type[BaseModel] = NoParams,
     requires: tuple[str, ...] | list[str] = (),
     provides: tuple[str, ...] | list[str] = (),
+    invalidates: tuple[str, ...] | list[str] | None = None,
     replay: bool | None = None,
 ) -> Callable[[Callable], PassInfo]:
-    """Register ``fn(mg, params) -> (mg, info)`` as pass ``name``; returns the callable pass.
+    """Register ``fn(mg, params[, ctx]) -> (mg, info)`` as pass ``name``; returns the callable pass.
 
-    ``requires`` and ``provides`` name metadata facts (e.g. ``"profile"``) so a pipeline's
-    order is checked before it runs. ``replay`` (default: true for transforms) records the
-    call in the graph's history so ``MaseGraph.load`` can rebuild the same structure;
-    passes that only change weights (training) set it to false.
+    ``requires`` and ``provides`` name metadata facts (e.g. ``"profile"``; ``"data"`` means the run
+    has data); ``invalidates`` the facts a run of this pass makes stale (default: every fact for a
+    transform, none for an analysis). Pipelines are checked against them before they run, and every
+    call is checked against the graph. ``replay`` (default: true for transforms) records the call so
+    a saved graph can be rebuilt with the same structure; passes that only change weights (training)
+    set it to false. ``params`` is any pydantic model; its instances are frozen and reject unknown keys.
     """
     if kind not in ("analysis", "transform"):
         raise PassError(f"pass '{name}': kind must be 'analysis' or 'transform', got {kind!r}")
-    if not (isinstance(params, type) and issubclass(params, PassParams)):
-        raise PassError(f"pass '{name}': params must be a subclass of mase_lite.passes.PassParams")
+    if not (isinstance(params, type) and issubclass(params, BaseModel)):
+        raise PassError(
+            f"pass '{name}': params must be a pydantic model class (a subclass of pydantic.BaseModel), "
+            f"got {params!r}"
+        )
+    if invalidates is None:
+        invalidates = (ALL_FACTS,) if kind == "transform" else ()
 
     def decorate(fn: Callable) -> PassInfo:
-        if name in _REGISTRY and _REGISTRY[name].fn is not fn:
-            raise PassError(f"a pass named '{name}' is already registered (by {_REGISTRY[name].module})")
+        module = getattr(fn, "__module__", "")
+        existing = _REGISTRY.get(name)
+        if existing is not None and (existing.module, existing.fn.__qualname__) != (module, fn.__qualname__):
+            raise PassError(f"a pass named '{name}' is already registered (by {existing.module})")
         info = PassInfo(
             name=name,
             fn=fn,
             kind=kind,
-            params=params,
+            params=_frozen_model(params),
             requires=tuple(requires),
             provides=tuple(provides),
+            invalidates=tuple(invalidates),
             doc=fn.__doc__ or "",
-            module=getattr(fn, "__module__", ""),
+            module=module,
             replay=(kind == "transform") if replay is None else replay,
+            takes_context=_takes_context(fn),
         )
         _REGISTRY[name] = info
         return info
@@ -168,44 +206,6 @@ def all_passes() -> dict[str, PassInfo]:
     return dict(sorted(_REGISTRY.items()))
 
 
-def _strip_optional(tp: Any) -> Any:
-    args = [a for a in get_args(tp) if a is not type(None)]
-    if get_origin(tp) in (Union, UnionType) and len(args) == 1:
-        return args[0]
-    return tp
-
-
-def _field_keys(model: type[BaseModel]) -> dict[str, Any]:
-    return {(f.alias or name): f.annotation for name, f in model.model_fields.items()}
-
-
-def _allowed_keys(model: type[BaseModel] | None, loc: tuple) -> list[str]:
-    """The keys allowed where ``loc`` points, when the path can be followed through ``model``."""
-    current: Any = model
-    for part in loc[:-1]:
-        current = _strip_optional(current)
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            current = _field_keys(current).get(str(part))
-        elif get_origin(current) in (list, dict) and get_args(current):
-            current = get_args(current)[-1]
-        else:
-            return []
-    current = _strip_optional(current)
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return sorted(_field_keys(current))
-    return []
-
-
-def format_validation_error(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> str:
-    """One line per problem: the JSON path, what is wrong or allowed, and the bad value."""
-    lines = []
-    for e in err.errors():
-        where = ".".join([prefix] * bool(prefix) + [str(p) for p in e["loc"]]) or "<root>"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            allowed = _allowed_keys(model, tuple(e["loc"]))
-            msg = "unknown key" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
-        bad = e.get("input")
-        got = "" if isinstance(bad, (dict, list)) else f" (got {bad!r})"
-        lines.append(f"{where}: {msg}{got}")
-    return "\n".join(lines)
+def providers_of(fact: str) -> list[str]:
+    """Names of the passes that provide ``fact``."""
+    return [p.name for p in all_passes().values() if fact in p.provides]

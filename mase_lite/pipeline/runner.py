@@ -13,11 +13,10 @@ import logging
 import platform
 import time
 import traceback
-from collections import Counter
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from tqdm import tqdm
@@ -26,8 +25,10 @@ from mase_lite.errors import UserError, ensure_dir
 from mase_lite.files import staged_file
 from mase_lite.ir.graph import MaseGraph
 from mase_lite.ir.serialize import example_inputs_from_specs
+from mase_lite.passes.instruments import DrawAfter, GraphChange, Timing, VerifyAfterEach
+from mase_lite.passes.manager import PassContext, PassInstrument, PassRun, run_pass
 from mase_lite.passes.registry import get_pass
-from mase_lite.pipeline.spec import PipelineSpec, check_pipeline, load_spec
+from mase_lite.pipeline.spec import PipelineSpec, StepSpec, check_pipeline, load_spec
 from mase_lite.train.seeding import seed_everything
 
 logger = logging.getLogger(__name__)
@@ -37,11 +38,12 @@ _PACKAGES = ("mase-lite", "torch", "transformers", "pydantic", "optuna", "safete
 
 @dataclass
 class PipelineResult:
-    """What a run leaves: the final graph, the report dict and the output directory."""
+    """What a run leaves: the final graph, the report dict, the output directory and the run's data."""
 
     mg: MaseGraph | None
     report: dict[str, Any]
     output_dir: Path
+    data: Any = None
 
 
 def package_versions() -> dict[str, str]:
@@ -77,19 +79,26 @@ def write_json_atomic(path: Path, payload: Any) -> None:
         tmp.write_text(json.dumps(json_safe(payload), indent=2))
 
 
-def op_counts(mg: MaseGraph) -> Counter:
-    return Counter(n.meta.get("mase", {}).get("op", n.op) for n in mg.model.graph.nodes)
+class StepCache(Protocol):
+    """Where a run may resume from a state saved after its first steps (the search's prefix cache)."""
+
+    def restore(self, spec: PipelineSpec, ctx: PassContext) -> tuple[int, MaseGraph, list[dict[str, Any]]] | None:
+        """``(steps done, graph after them, their report entries)``, or ``None`` to run from the start."""
+
+    def store(self, spec: PipelineSpec, done: int, mg: MaseGraph, entries: list[dict[str, Any]], ctx: PassContext) -> None:
+        """Called after each step (``done`` steps finished); the cache decides what to keep."""
 
 
-def graph_change(before: Counter, after: Counter) -> dict[str, Any]:
-    changed = {op: [before.get(op, 0), after.get(op, 0)] for op in sorted(set(before) | set(after))}
-    return {
-        "nodes": [sum(before.values()), sum(after.values())],
-        "ops": {op: counts for op, counts in changed.items() if counts[0] != counts[1]},
-    }
+class _Keep(PassInstrument):
+    """Keeps the record the other instruments wrote for the last pass."""
+
+    record: dict[str, Any] = {}
+
+    def after_pass(self, run: PassRun) -> None:
+        self.record = run.record
 
 
-def build_graph(spec: PipelineSpec, output_dir: Path) -> MaseGraph:
+def build_graph(spec: PipelineSpec, output_dir: Path) -> tuple[MaseGraph, Any]:
     """Model and data from the spec, captured with the data's (or the spec's) inputs."""
     from mase_lite.train import prepare
 
@@ -101,19 +110,29 @@ def build_graph(spec: PipelineSpec, output_dir: Path) -> MaseGraph:
     else:
         names = spec.inputs or (data.input_names if data is not None else None)
         mg = MaseGraph(model, hf_input_names=names, recipe=recipe)
-    mg.data = data
-    mg.run_dir = output_dir
-    return mg
+    return mg, data
 
 
-def run_pipeline(source: str | Path | dict | PipelineSpec, output_dir: str | Path | None = None) -> PipelineResult:
+def metrics_key(step: StepSpec, info: dict[str, Any]) -> str:
+    """The name a step's metrics get in the report: its label, else the pass's own label, else the pass."""
+    return step.label or info.get("label") or step.pass_name
+
+
+def run_pipeline(
+    source: str | Path | dict | PipelineSpec,
+    output_dir: str | Path | None = None,
+    *,
+    instruments: tuple[PassInstrument, ...] = (),
+    cache: StepCache | None = None,
+) -> PipelineResult:
     """Validate the whole pipeline, run it, and write ``<output_dir>/report.json``.
 
-    The report is written even when a step fails; it then names the step and its error,
-    and the error is raised again.
+    Every step runs through the pass manager with timing and graph-change instruments (plus
+    ``instruments``); ``cache`` may resume the run after its first steps. The report is written
+    even when a step fails; it then names the step and its error, and the error is raised again.
     """
     spec = load_spec(source)
-    params = check_pipeline(spec)
+    check_pipeline(spec)
     out = Path(output_dir or spec.output_dir)
     ensure_dir(out, "output_dir")
     report: dict[str, Any] = {
@@ -130,30 +149,39 @@ def run_pipeline(source: str | Path | dict | PipelineSpec, output_dir: str | Pat
     seed_everything(spec.seed)
     mg: MaseGraph | None = None
     current = "capture"
+    base = (Timing(), GraphChange(), *((VerifyAfterEach(),) if spec.verify_each else ()), *instruments)
     try:
         t0 = time.perf_counter()
-        mg = build_graph(spec, out)
+        mg, data = build_graph(spec, out)
+        ctx = PassContext(data=data, output_dir=out)
+        done = 0
+        restored = cache.restore(spec, ctx) if cache is not None else None
+        if restored is not None:
+            done, mg, entries = restored
+            report["steps"] = [{**entry, "cached": True} for entry in entries]
+            for step, entry in zip(spec.steps, entries):
+                if "metrics" in entry["info"]:
+                    report["metrics"][metrics_key(step, entry["info"])] = entry["info"]["metrics"]
         report["capture"] = {"seconds": time.perf_counter() - t0, "nodes": len(mg.nodes)}
-        bar = tqdm(list(zip(spec.steps, params)), desc=spec.name, unit="step", disable=None)
-        for i, (step, step_params) in enumerate(bar):
+        bar = tqdm(total=len(spec.steps), initial=done, desc=spec.name, unit="step", disable=None)
+        for i in range(done, len(spec.steps)):
+            step = spec.steps[i]
             current = f"steps.{i} ({step.pass_name})"
             bar.set_postfix_str(step.pass_name)
-            before = op_counts(mg)
-            t0 = time.perf_counter()
-            mg, info = get_pass(step.pass_name)(mg, step_params)
-            seconds = time.perf_counter() - t0
-            entry = {
-                "pass": step.pass_name,
-                "seconds": seconds,
-                "info": info,
-                "graph_change": graph_change(before, op_counts(mg)),
-            }
-            if step.draw_after:
-                entry["drawing"] = str(mg.draw(out / f"step{i:02d}_{step.pass_name}.svg"))
+            keep = _Keep()
+            draw = (DrawAfter(out, f"step{i:02d}"),) if step.draw_after else ()
+            ctx.instruments = (*base, *draw, keep)
+            mg, info = run_pass(get_pass(step.pass_name), mg, step.params, ctx, where=f"steps.{i}")
+            entry = {"pass": step.pass_name, "info": info}
+            entry.update({k: v for k, v in keep.record.items() if not k.startswith("_")})
             if "metrics" in info:
-                report["metrics"][step.label or info.get("label") or step.pass_name] = info["metrics"]
+                report["metrics"][metrics_key(step, info)] = info["metrics"]
             report["steps"].append(entry)
-            logger.info("step %d %s: %.3f s", i, step.pass_name, seconds)
+            logger.info("step %d %s: %.3f s", i, step.pass_name, entry.get("seconds", 0.0))
+            if cache is not None:
+                cache.store(spec, i + 1, mg, report["steps"], ctx)
+            bar.update()
+        bar.close()
         report["status"] = "ok"
     except BaseException as err:
         report["status"] = "failed"
@@ -165,4 +193,4 @@ def run_pipeline(source: str | Path | dict | PipelineSpec, output_dir: str | Pat
     finally:
         report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         write_json_atomic(report_path, report)
-    return PipelineResult(mg=mg, report=json_safe(report), output_dir=out)
+    return PipelineResult(mg=mg, report=json_safe(report), output_dir=out, data=ctx.data)

@@ -14,19 +14,21 @@ Example (``pipelines/quickstart.json``)::
 from __future__ import annotations
 
 import difflib
+import importlib
+import importlib.util
 import json
+import sys
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from mase_lite.errors import UserError
-from mase_lite.passes.registry import PassError, PassParams, all_passes, format_validation_error, get_pass
+from mase_lite.errors import UserError, format_validation_error
+from mase_lite.passes.manager import BASE_FACTS, check_requirements
+from mase_lite.passes.registry import PassError, all_passes
 from mase_lite.train.data import DataSpec
 from mase_lite.train.models import ModelSpec
-
-# Facts every captured graph has before the first step.
-BASE_FACTS = ("graph", "metadata")
 
 
 class InputSpec(BaseModel):
@@ -39,25 +41,40 @@ class InputSpec(BaseModel):
 
 
 class StepSpec(BaseModel):
-    """One pipeline step: a registered pass and its params."""
+    """One pipeline step: a registered pass and its params (one subclass per pass, tagged by ``pass``)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     pass_name: str = Field(alias="pass", description="a registered pass (see `mase-lite passes`)")
-    params: dict[str, Any] = Field(default_factory=dict, description="the pass's params")
+    params: Any = Field(default_factory=dict, description="the pass's params")
     label: str | None = Field(
-        None, pattern=r"^[A-Za-z_][\w-]*$", description="the step's name in report metrics and search paths (default: the pass's own label, else its name)"
+        None,
+        pattern=r"^[A-Za-z_][\w-]*$",
+        description="the step's name in report metrics and search paths (default: the pass's own label, else its name)",
     )
     draw_after: bool = Field(False, description="draw the graph to <output_dir>/step<N>_<pass>.svg after this step")
 
 
-class PipelineSpec(BaseModel):
+def _step_model(name: str, params: type[BaseModel], doc: str) -> type[StepSpec]:
+    return create_model(
+        f"{name}_step",
+        __base__=StepSpec,
+        __doc__=doc or f"A `{name}` step.",
+        pass_name=(Literal[name], Field(alias="pass", description=doc)),
+        params=(params, Field(default_factory=params, description=f"params of the `{name}` pass")),
+    )
+
+
+class _PipelineBase(BaseModel):
     """A whole run: the model, its data, the ordered steps and where results go."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field("pipeline", description="run name")
-    seed: int = Field(0, description="seed for torch, python and data order")
+    seed: int = Field(0, ge=0, lt=2**63, description="seed for torch, python and data order")
+    plugins: list[str] = Field(
+        default_factory=list, description="modules or .py files to import first (they register passes)"
+    )
     model: ModelSpec = Field(default_factory=ModelSpec, description="what to capture")
     inputs: list[str] | None = Field(None, description="model input names (default: the data's inputs)")
     example_inputs: dict[str, InputSpec] | None = Field(
@@ -65,11 +82,45 @@ class PipelineSpec(BaseModel):
     )
     data: DataSpec | None = Field(default_factory=DataSpec, description="the run's data; null for none")
     steps: list[StepSpec] = Field(default_factory=list, description="passes, run in order")
-    output_dir: str = Field("runs/pipeline", description="where report.json and artifacts are written")
+    verify_each: bool = Field(False, description="verify the graph after every step (names the step that broke it)")
+    output_dir: str = Field("runs/pipeline", min_length=1, description="where report.json and artifacts are written")
+
+
+@lru_cache(maxsize=8)
+def _pipeline_model(pass_names: tuple[str, ...]) -> type[BaseModel]:
+    passes = all_passes()
+    steps = [_step_model(name, passes[name].params, passes[name].summary) for name in pass_names]
+    step = Annotated[Union[tuple(steps)], Field(discriminator="pass_name")]
+    return create_model(
+        "PipelineSpec",
+        __base__=_PipelineBase,
+        steps=(list[step], Field(default_factory=list, description="passes, run in order")),
+    )
+
+
+def pipeline_model() -> type[BaseModel]:
+    """The pydantic model of pipeline specs, with one step type per registered pass (plug-ins included)."""
+    return _pipeline_model(tuple(all_passes()))
+
+
+# What callers annotate with; instances are of :func:`pipeline_model`'s class.
+PipelineSpec = _PipelineBase
+
+
+def _explain(error: dict) -> str | None:
+    """An unknown pass gets a did-you-mean and the list of passes instead of a union-tag error."""
+    loc = error["loc"]
+    if error["type"] == "union_tag_invalid" and len(loc) == 2 and loc[0] == "steps":
+        return _unknown_pass(loc[1], error["ctx"]["tag"], sorted(all_passes()))
+    if error["type"] == "union_tag_not_found" and len(loc) == 2 and loc[0] == "steps":
+        return f"steps.{loc[1]}.pass: required; registered passes: {', '.join(sorted(all_passes()))}"
+    return None
 
 
 def spec_error(err: ValidationError, source: str) -> UserError:
-    return UserError(f"invalid pipeline spec {source}:\n" + format_validation_error(err, model=PipelineSpec))
+    return UserError(
+        f"invalid pipeline spec {source}:\n" + format_validation_error(err, model=pipeline_model(), explain=_explain)
+    )
 
 
 def read_json(path: str | Path) -> Any:
@@ -78,66 +129,94 @@ def read_json(path: str | Path) -> Any:
     if not path.is_file():
         raise UserError(f"no such spec file: {path}")
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not UTF-8 text (byte {err.start}): a spec is a JSON file") from None
     except json.JSONDecodeError as err:
         raise UserError(f"{path}: not valid JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
 
 
-def load_spec(source: str | Path | dict | PipelineSpec) -> PipelineSpec:
-    """A validated spec from a path, a dict, a ``report.json`` (its recorded spec) or a spec."""
-    if isinstance(source, PipelineSpec):
-        return source
+def import_plugins(plugins: list[str], base: Path | None = None) -> None:
+    """Import each plug-in: a module name (``my_pkg.passes``) or a ``.py`` file (relative to ``base``)."""
+    for i, plugin in enumerate(plugins):
+        if not isinstance(plugin, str) or not plugin:
+            raise UserError(f"plugins.{i}: expected a module name or a .py file, got {plugin!r}")
+        if plugin.endswith(".py"):
+            path = Path(plugin) if Path(plugin).is_absolute() or base is None else base / plugin
+            if not path.is_file():
+                raise UserError(f"plugins.{i}: no such file: {path}")
+            name = f"mase_lite_plugin_{path.stem}_{abs(hash(str(path.resolve())))}"
+            if name in sys.modules:
+                continue
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except Exception as err:
+                del sys.modules[name]
+                raise UserError(f"plugins.{i}: importing {path} failed: {type(err).__name__}: {err}") from None
+        else:
+            try:
+                importlib.import_module(plugin)
+            except ImportError as err:
+                raise UserError(f"plugins.{i}: cannot import module {plugin!r}: {err}") from None
+
+
+def load_spec(source: str | Path | dict | BaseModel, plugins: list[str] = ()) -> PipelineSpec:
+    """A validated spec from a path, a dict, a ``report.json`` (its recorded spec) or a spec.
+
+    ``plugins`` (e.g. from ``--plugin``) and the spec's own ``plugins`` are imported before the
+    steps are validated, so their passes can be used.
+    """
+    base = None
     name = "<dict>"
+    if isinstance(source, BaseModel):
+        source = source.model_dump(mode="json", by_alias=True)
     if isinstance(source, (str, Path)):
         name = str(source)
+        base = Path(source).parent
         source = read_json(source)
     if isinstance(source, dict) and "spec" in source and "versions" in source:
         source = source["spec"]
+    import_plugins(list(plugins))
+    if isinstance(source, dict) and isinstance(source.get("plugins"), list):
+        import_plugins(source["plugins"], base)
     try:
-        return PipelineSpec.model_validate(source)
+        return pipeline_model().model_validate(source)
     except ValidationError as err:
         raise spec_error(err, name) from None
 
 
-def _unknown_pass(index: int, name: str) -> str:
-    known = sorted(all_passes())
+def _unknown_pass(index: int, name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     return f"steps.{index}.pass: unknown pass {name!r}{hint}; registered passes: {', '.join(known)}"
 
 
-def check_pipeline(spec: PipelineSpec) -> list[PassParams]:
-    """Validate every step before anything runs; returns each step's frozen params.
+def check_pipeline(spec: PipelineSpec) -> None:
+    """Check the order of the steps before anything runs (their params are validated by the spec).
 
-    Raises one UserError listing every problem: unknown passes, invalid params (with their
-    JSON path), and requirements no earlier step provides (naming the passes that do).
+    Raises one UserError listing every step whose requirement no earlier step provides (or a
+    later transform invalidated), naming the passes that provide it.
     """
     problems: list[str] = []
-    validated: list[PassParams] = []
-    provided = set(BASE_FACTS) | ({"data"} if spec.data is not None else set())
+    facts = set(BASE_FACTS) | ({"data"} if spec.data is not None else set())
+    passes = all_passes()
     for i, step in enumerate(spec.steps):
+        info = passes[step.pass_name]
         try:
-            info = get_pass(step.pass_name)
-        except PassError:
-            problems.append(_unknown_pass(i, step.pass_name))
-            continue
-        try:
-            validated.append(info.validate(step.params))
+            check_requirements(info, facts, f"steps.{i} ({info.name})", "no earlier step provides (or a transform since invalidated)")
         except PassError as err:
-            problems.append(str(err).replace(f"pass '{info.name}' params", f"steps.{i}.params"))
-        for need in info.requires:
-            if need not in provided:
-                providers = [p.name for p in all_passes().values() if need in p.provides]
-                where = f"run one of: {', '.join(providers)} before it" if providers else "no registered pass provides it"
-                if need == "data":
-                    where = "give the pipeline a `data` section"
-                problems.append(f"steps.{i} ({info.name}) needs {need!r}, which no earlier step provides; {where}")
-        provided.update(info.provides)
+            message = str(err)
+            if "'data'" in message:
+                message = f"steps.{i} ({info.name}) needs 'data': give the pipeline a `data` section"
+            problems.append(message)
+        facts = (facts - info.drops(facts - {"data"})) | set(BASE_FACTS) | set(info.provides)
     if problems:
         raise UserError("pipeline check failed:\n" + "\n".join(problems))
-    return validated
 
 
 def pipeline_schema() -> dict[str, Any]:
-    """The JSON Schema of pipeline specs."""
-    return PipelineSpec.model_json_schema(by_alias=True)
+    """The JSON Schema of pipeline specs: every pass's params and every number format's fields."""
+    return pipeline_model().model_json_schema(by_alias=True)

@@ -12,7 +12,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from mase_lite.errors import UserError
-from mase_lite.passes.registry import format_validation_error
+from mase_lite.errors import format_validation_error
 
 Section = TypeVar("Section", bound=BaseModel)
 

@@ -1,23 +1,26 @@
-"""The ``draw`` pass: render the graph with graphviz."""
+"""The ``draw`` pass: render the graph with graphviz, or write it as a networkx graph.
+
+Example::
+
+    ml.passes.draw(mg, {"path": "bert.svg", "depth": 3, "fold_repeats": True, "color_by": "format"})
+    ml.passes.draw(mg, {"path": "bert.graphml"})      # for Gephi, yEd or a notebook
+"""
 
 from __future__ import annotations
 
-from pydantic import Field
-
-from mase_lite.passes.paths import run_path
+from mase_lite.ir.draw import DrawOptions, render
 from mase_lite.passes.registry import PassParams, register_pass
 
 
-class DrawParams(PassParams):
-    path: str = Field("graph.svg", description="output file (.svg, .png, .pdf or .dot), relative to the run")
-    timeout: float = Field(60.0, gt=0, description="seconds dot may take")
+class DrawParams(PassParams, DrawOptions):
+    """The options of :class:`mase_lite.ir.draw.DrawOptions`; ``path`` is relative to the run."""
 
 
 @register_pass("draw", kind="analysis", params=DrawParams)
-def draw_pass(mg, params: DrawParams):
-    """Draw the graph: one box per node with op and output shape.
-
-    Example: ``ml.passes.draw(mg, {"path": "bert.svg"})``.
-    """
-    path = mg.draw(run_path(mg, params.path), timeout=params.timeout)
-    return mg, {"path": str(path)}
+def draw_pass(mg, params: DrawParams, ctx):
+    """Draw the graph: module clusters, collapsed depth, folded repeats, colour by type/format/sparsity/profile."""
+    path, drawing = render(mg, params.model_copy(update={"path": str(ctx.path(params.path))}))
+    info = {"path": str(path)}
+    if drawing is not None:
+        info.update(boxes=drawing.boxes, folded=drawing.folded, note=drawing.note)
+    return mg, info

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from mase_lite.passes.registry import PassError, PassParams, register_pass
+from mase_lite.passes.registry import PassParams, register_pass
 from mase_lite.train.evaluator import evaluate_model
 
 
@@ -26,13 +26,11 @@ class EvaluateParams(PassParams):
 
 
 @register_pass("evaluate", kind="analysis", params=EvaluateParams, requires=("data",))
-def evaluate_pass(mg, params: EvaluateParams):
+def evaluate_pass(mg, params: EvaluateParams, ctx):
     """Accuracy, mean cross-entropy, per-class counts and the confusion matrix on a data split."""
-    if mg.data is None:
-        raise PassError("pass 'evaluate' needs data: run it in a pipeline with a `data` section or set mg.data")
     metrics = evaluate_model(
         mg.model,
-        mg.data,
+        ctx.data,
         split=params.split,
         batch_size=params.batch_size,
         input_names=mg.input_names,

@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 from pydantic import Field
 
-from mase_lite.passes.registry import PassError, register_pass
+from mase_lite.passes.registry import register_pass
 from mase_lite.passes.select import Selection, select_nodes
 
 
@@ -102,12 +102,10 @@ class _Recorder(fx.Interpreter):
         return out
 
 
-def _batches(mg, params: ProfileParams):
-    if mg.data is None:
-        raise PassError("pass 'profile' needs data: run it in a pipeline with a `data` section or set mg.data")
+def _batches(mg, params: ProfileParams, data):
     device = next(iter(mg.model.parameters())).device
     names = [n.target for n in mg.model.graph.nodes if n.op == "placeholder"]
-    loader = mg.data.loader(params.split, batch_size=params.batch_size, shuffle=False)
+    loader = data.loader(params.split, batch_size=params.batch_size, shuffle=False)
     for i, batch in enumerate(loader):
         if i >= params.num_batches:
             break
@@ -115,7 +113,7 @@ def _batches(mg, params: ProfileParams):
 
 
 @register_pass("profile", kind="analysis", params=ProfileParams, requires=("data",), provides=("profile",))
-def profile_pass(mg, params: ProfileParams):
+def profile_pass(mg, params: ProfileParams, ctx):
     """Statistics (min/max/mean/variance/abs-mean/quantiles) of weights and activations of selected nodes."""
     nodes = select_nodes(mg, params.by, params.targets, params.allow_empty)
     gen = torch.Generator().manual_seed(0)
@@ -124,7 +122,7 @@ def profile_pass(mg, params: ProfileParams):
         stats = {n.name: RunningStats(params.max_samples, gen) for n in nodes}
         recorder = _Recorder(mg.model, stats)
         with torch.no_grad():
-            for inputs in _batches(mg, params):
+            for inputs in _batches(mg, params, ctx.data):
                 recorder.run(*inputs)
         for name, s in stats.items():
             if s.count:

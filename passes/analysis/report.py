@@ -8,7 +8,6 @@ from pydantic import Field
 from tqdm import tqdm
 
 from mase_lite.errors import ensure_dir
-from mase_lite.passes.paths import run_path
 from mase_lite.passes.registry import PassParams, register_pass
 
 COLUMNS = ("name", "op", "module", "inputs", "output", "format")
@@ -62,14 +61,14 @@ def console_table(rows: list[dict[str, str]]) -> str:
 
 
 @register_pass("report", kind="analysis", params=ReportParams)
-def report_pass(mg, params: ReportParams):
+def report_pass(mg, params: ReportParams, ctx):
     """Tabulate nodes (name, op, module class, shapes, format); write <path>.md and <path>.json.
 
     Example: ``ml.passes.report(mg, {"path": "bert_nodes"})``.
     """
     shown = ("call_module", "placeholder", "output") if not params.all_nodes else None
     rows = [node_row(n) for n in mg.model.graph.nodes if shown is None or n.op in shown]
-    stem = run_path(mg, params.path)
+    stem = ctx.path(params.path)
     ensure_dir(stem.parent, "report.path")
     md, js = stem.with_name(stem.name + ".md"), stem.with_name(stem.name + ".json")
     md.write_text(markdown_table(rows))

@@ -20,8 +20,8 @@ from pydantic import Field
 from mase_lite.errors import UserError, ensure_dir
 from mase_lite.files import staged_directory
 from mase_lite.ir.serialize import RECIPE
-from mase_lite.passes.paths import run_path
 from mase_lite.passes.registry import PassError, PassParams, register_pass
+from mase_lite.passes.replay import load_graph
 from mase_lite.train.tokenizer import load_tokenizer, same_vocabulary
 
 logger = logging.getLogger(__name__)
@@ -46,14 +46,14 @@ def _check_replaceable(target: Path) -> None:
 
 
 @register_pass("save", kind="analysis", params=SaveParams)
-def save_pass(mg, params: SaveParams):
+def save_pass(mg, params: SaveParams, ctx):
     """Save weights, recipe and tokenizer to a checkpoint directory (whole or not at all)."""
-    target = run_path(mg, params.path)
+    target = ctx.path(params.path)
     _check_replaceable(target)
     ensure_dir(target.parent, "save.path")
     with staged_directory(target) as staging:
         mg.save(staging)
-        tokenizer = getattr(mg.data, "tokenizer", None) if params.tokenizer else None
+        tokenizer = getattr(ctx.data, "tokenizer", None) if params.tokenizer else None
         if tokenizer is not None:
             tokenizer.save_pretrained(str(staging / TOKENIZER_DIR))
     files = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
@@ -62,9 +62,9 @@ def save_pass(mg, params: SaveParams):
     return mg, {"path": str(target), "files": files, "bytes": size}
 
 
-def _find_checkpoint(mg, path: str) -> Path:
+def _find_checkpoint(ctx, path: str) -> Path:
     """``path`` under the run directory if it is there, else as given (relative to the working directory)."""
-    candidates = [run_path(mg, path), Path(path)]
+    candidates = [ctx.path(path), Path(path)]
     for candidate in candidates:
         if (candidate / RECIPE).is_file():
             return candidate
@@ -89,16 +89,14 @@ def _check_against_data(model, data, where: Path) -> None:
 
 
 @register_pass("load", kind="transform", params=LoadParams, replay=False)
-def load_pass(mg, params: LoadParams):
-    """Replace the graph by a checkpoint's (rebuilt from its recipe), keeping the run's data and directory."""
-    from mase_lite.ir.graph import MaseGraph
-
-    where = _find_checkpoint(mg, params.path)
+def load_pass(mg, params: LoadParams, ctx):
+    """Replace the graph by a checkpoint's (rebuilt from its recipe); the run's data is re-tokenized if needed."""
+    where = _find_checkpoint(ctx, params.path)
     try:
-        loaded = MaseGraph.load(where)
+        loaded = load_graph(where)
     except UserError as err:
         raise PassError(f"pass 'load': checkpoint {where}: {err}") from None
-    data = mg.data
+    data = ctx.data
     tokenizer_dir = where / TOKENIZER_DIR
     if data is not None and params.tokenizer and tokenizer_dir.is_dir():
         saved = load_tokenizer(tokenizer_dir)
@@ -107,6 +105,6 @@ def load_pass(mg, params: LoadParams):
             data = data.with_tokenizer(saved)
     if data is not None:
         _check_against_data(loaded.source_model, data, where)
-    loaded.data = data
-    loaded.run_dir = mg.run_dir
-    return loaded, {"path": str(where), "retokenized": data is not mg.data}
+    retokenized = data is not ctx.data
+    ctx.data = data
+    return loaded, {"path": str(where), "retokenized": retokenized}

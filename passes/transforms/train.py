@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from mase_lite.passes.registry import PassError, PassParams, register_pass
+from mase_lite.passes.registry import PassParams, register_pass
 from mase_lite.train.trainer import Precision, Schedule, fit
 
 
@@ -30,14 +30,12 @@ class TrainParams(PassParams):
 
 
 @register_pass("train", kind="transform", params=TrainParams, requires=("data",), replay=False)
-def train_pass(mg, params: TrainParams):
+def train_pass(mg, params: TrainParams, ctx):
     """Fine-tune the weights with AdamW, warm-up and decay, gradient clipping and freezing by name."""
-    if mg.data is None:
-        raise PassError("pass 'train' needs data: run it in a pipeline with a `data` section or set mg.data")
-    seed = params.seed if params.seed is not None else getattr(mg.data, "seed", 0)
+    seed = params.seed if params.seed is not None else getattr(ctx.data, "seed", 0)
     info = fit(
         mg.model,
-        mg.data,
+        ctx.data,
         input_names=mg.input_names,
         seed=seed,
         **params.model_dump(exclude={"seed"}),

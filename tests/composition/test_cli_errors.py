@@ -36,7 +36,7 @@ def test_step_path_under_a_file(tmp_path, capsys, step):
     assert main(["run", str(_spec(tmp_path, steps, out))]) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
-        f"mase-lite: error: {step}.path: cannot create directory {str(blocker)!r} (File exists)"
+        f"mase-lite: error: steps.0.params.path: cannot create directory {str(blocker)!r} (File exists)"
     ]
     assert blocker.read_text() == "not a directory"
     assert sorted(p.name for p in out.iterdir()) == ["report.json"]

@@ -162,7 +162,7 @@ def test_replacing_a_quantized_layer_drops_its_formats():
 def test_quantize_default_after_lora_says_it_quantizes_nothing():
     mg, _ = mlp_graph()
     mg, _ = ml.passes.lora(mg, {"rank": 2})
-    with pytest.raises(ml.passes.PassError, match=r"^default: the graph has no Linear/Conv1d/Conv2d node for it to "
+    with pytest.raises(ml.passes.PassError, match=r"^pass 'quantize' params.default: the graph has no Linear/Conv1d/Conv2d node for it to "
                        r"quantize \(module ops: dropout, gelu, lora_linear\); merge LoRA adapters first"):
         ml.passes.quantize(mg, {"default": INT4})
     mg, info = ml.passes.quantize(mg, {"default": INT4, "allow_unmatched": True})

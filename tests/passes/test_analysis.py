@@ -84,8 +84,7 @@ def test_metadata_pass_restores_after_edit(bert_graph):
 
 
 def test_report_writes_markdown_and_json(bert_graph, tmp_path, capsys):
-    bert_graph.run_dir = tmp_path
-    _, info = ml.passes.report(bert_graph, {"path": "nodes"})
+    _, info = ml.passes.report(bert_graph, {"path": "nodes"}, output_dir=tmp_path)
     rows = json.loads((tmp_path / "nodes.json").read_text())
     assert info["rows"] == len(rows) == 31 + 2 + 2 + 1
     query = next(r for r in rows if r["name"] == "bert_encoder_layer_0_attention_self_query")
@@ -116,9 +115,8 @@ def _batches(n, batch=4, seq=12, seed=0):
 
 def test_profile_statistics_equal_direct_torch(bert_graph, tiny_bert):
     batches = _batches(3)
-    bert_graph.data = ListData(batches)
     params = {"by": "name", "targets": ["bert_encoder_layer_0_intermediate_dense"], "num_batches": 3, "quantiles": [0.1, 0.5, 0.9]}
-    _, info = ml.passes.profile(bert_graph, params)
+    _, info = ml.passes.profile(bert_graph, params, data=ListData(batches))
     outs = []
     hook = tiny_bert.bert.encoder.layer[0].intermediate.dense.register_forward_hook(lambda m, i, o: outs.append(o.detach()))
     with torch.no_grad():
@@ -143,10 +141,10 @@ def test_profile_statistics_equal_direct_torch(bert_graph, tiny_bert):
 
 
 def test_profile_selects_by_op_and_regex(bert_graph):
-    bert_graph.data = ListData(_batches(1))
-    _, info = ml.passes.profile(bert_graph, {"num_batches": 1})
+    data = ListData(_batches(1))
+    _, info = ml.passes.profile(bert_graph, {"num_batches": 1}, data=data)
     assert len(info["nodes"]) == 14 + 2
-    _, info = ml.passes.profile(bert_graph, {"by": "regex", "targets": [r".*layer_1.*dense"], "num_batches": 1})
+    _, info = ml.passes.profile(bert_graph, {"by": "regex", "targets": [r".*layer_1.*dense"], "num_batches": 1}, data=data)
     assert sorted(info["nodes"]) == [
         "bert_encoder_layer_1_attention_output_dense",
         "bert_encoder_layer_1_intermediate_dense",
@@ -155,13 +153,13 @@ def test_profile_selects_by_op_and_regex(bert_graph):
 
 
 def test_profile_without_data(bert_graph):
-    with pytest.raises(PassError, match=r"pass 'profile' needs data: run it in a pipeline with a `data` section"):
+    with pytest.raises(PassError, match=r"pass 'profile' needs 'data', which this call lacks: give it data \(ml.passes.profile\(mg, params, data=...\)\) or run it in a pipeline with a `data` section"):
         ml.passes.profile(bert_graph)
 
 
 def test_selection_matching_nothing(bert_graph):
-    bert_graph.data = ListData(_batches(1))
-    with pytest.raises(PassError, match=r"selection by type with targets \['conv2d'\] matches no node; available: "):
-        ml.passes.profile(bert_graph, {"targets": ["conv2d"]})
-    _, info = ml.passes.profile(bert_graph, {"targets": ["conv2d"], "allow_empty": True})
+    data = ListData(_batches(1))
+    with pytest.raises(PassError, match=r"pass 'profile': selection by type with targets \['conv2d'\] matches no node; available: "):
+        ml.passes.profile(bert_graph, {"targets": ["conv2d"]}, data=data)
+    _, info = ml.passes.profile(bert_graph, {"targets": ["conv2d"], "allow_empty": True}, data=data)
     assert info["nodes"] == {}

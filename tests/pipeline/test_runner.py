@@ -54,9 +54,11 @@ def test_third_party_pass_runs_in_a_pipeline_and_report_is_complete(tmp_path):
     change = report["steps"][1]["graph_change"]
     assert change["ops"] == {"mul": [0, 1]} and change["nodes"][1] == change["nodes"][0] + 1
     assert report["steps"][0]["graph_change"] == {"nodes": change["nodes"][:1] * 2, "ops": {}}
-    assert report["metrics"] == {"scaled": {"factor": 3.0}}
+    assert report["metrics"]["scaled"] == {"factor": 3.0} and set(report["metrics"]) == {"count", "scaled"}
     assert (tmp_path / "out" / "step01_test_double_classifier.svg").is_file()
-    assert result.mg.history == [{"pass": "test_double_classifier", "params": {"factor": 3.0}}]
+    assert result.mg.history == [
+        {"pass": "test_double_classifier", "params": {"factor": 3.0}, "module": "tests.pipeline.test_runner"}
+    ]
     assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".")) == []
 
 
@@ -66,7 +68,7 @@ def test_failing_step_still_writes_report_naming_it(tmp_path):
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["status"] == "failed"
     assert report["failed_step"] == "steps.1 (test_explode)"
-    assert report["error"] == "PassError: boom: the test pass failed on purpose"
+    assert report["error"] == "PassError: steps.1 (test_explode): boom: the test pass failed on purpose"
     assert len(report["steps"]) == 1
 
 
@@ -91,7 +93,7 @@ def test_cli_run_and_errors(tmp_path, capsys):
     path.write_text(json.dumps({"steps": [{"pass": "count", "params": {"dimz": 1}}]}))
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("mase-lite: error: pipeline check failed:\nsteps.0.params.dimz: unknown key; allowed keys: dims")
+    assert err.startswith(f"mase-lite: error: invalid pipeline spec {path}:\nsteps.0.params.dimz: unknown key; allowed keys: dims")
 
 
 def test_cli_passes_schema_version(capsys):

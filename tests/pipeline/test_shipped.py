@@ -30,11 +30,11 @@ def test_quickstart(tmp_path):
 def test_qat_int8(tmp_path):
     result = ml.run_pipeline(shrunk("qat_int8.json", tmp_path))
     metrics = result.report["metrics"]
-    assert set(metrics) == {"fp32", "ptq", "qat"}
+    assert set(metrics) == {"fp32", "ptq", "qat", "avg_bits"}
     steps = {s["pass"]: s["info"] for s in result.report["steps"]}
     assert steps["quantize"]["count"] == 14
     assert steps["avg_bits"]["weights"] == pytest.approx(8.0)
-    loaded = ml.MaseGraph.load(tmp_path / "qat_int8.json" / "checkpoint")
+    loaded = ml.load(tmp_path / "qat_int8.json" / "checkpoint")
     assert [n.meta["mase"]["module"] for n in loaded.nodes if n.meta["mase"]["op"] == "linear"] == ["QuantizedLinear"] * 14
 
 

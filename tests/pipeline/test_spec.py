@@ -38,7 +38,7 @@ def test_schema_rejects_unknown_top_level_key():
 
 
 def test_unknown_key_names_path_and_allowed_keys():
-    with pytest.raises(UserError, match=r"stepz: unknown key; allowed keys: data, example_inputs, inputs, model, name, output_dir, seed, steps"):
+    with pytest.raises(UserError, match=r"stepz: unknown key; allowed keys: data, example_inputs, inputs, model, name, output_dir, plugins, seed, steps, verify_each"):
         load_spec({"stepz": []})
 
 
@@ -65,17 +65,16 @@ def test_missing_file():
 
 
 def test_check_reports_every_problem_with_paths():
-    spec = load_spec(
-        {
-            "steps": [
-                {"pass": "cuont"},
-                {"pass": "count", "params": {"dimz": {}}},
-                {"pass": "profile", "params": {"num_batches": 0}},
-            ]
-        }
-    )
     with pytest.raises(UserError) as err:
-        check_pipeline(spec)
+        load_spec(
+            {
+                "steps": [
+                    {"pass": "cuont"},
+                    {"pass": "count", "params": {"dimz": {}}},
+                    {"pass": "profile", "params": {"num_batches": 0}},
+                ]
+            }
+        )
     text = str(err.value)
     assert "steps.0.pass: unknown pass 'cuont' (did you mean 'count'?); registered passes: " in text
     assert "steps.1.params.dimz: unknown key; allowed keys: dims" in text
@@ -87,7 +86,7 @@ def test_requirement_not_provided_names_the_provider():
 
     register_pass("test_needs_profile", kind="analysis", requires=("profile",))(lambda mg, p: (mg, {}))
     spec = load_spec({"steps": [{"pass": "test_needs_profile"}, {"pass": "profile"}]})
-    with pytest.raises(UserError, match=r"steps.0 \(test_needs_profile\) needs 'profile', which no earlier step provides; run one of: profile before it"):
+    with pytest.raises(UserError, match=r"steps.0 \(test_needs_profile\) needs 'profile', which no earlier step provides \(or a transform since invalidated\); run one of: profile before it"):
         check_pipeline(spec)
     check_pipeline(load_spec({"steps": [{"pass": "profile"}, {"pass": "test_needs_profile"}]}))
     with pytest.raises(UserError, match=r"steps.0 \(profile\) needs 'data'.*give the pipeline a `data` section"):
@@ -95,6 +94,6 @@ def test_requirement_not_provided_names_the_provider():
 
 
 def test_report_json_is_accepted_as_a_spec():
-    spec = PipelineSpec(name="x")
+    spec = load_spec({"name": "x"})
     report = {"spec": spec.model_dump(mode="json", by_alias=True), "versions": {}}
     assert load_spec(report) == spec

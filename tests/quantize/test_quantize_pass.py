@@ -8,6 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import mase_lite.passes as passes
+import mase_lite as ml
 from mase_lite.ir.graph import MaseGraph
 from mase_lite.nn.quant_functional import QuantizedMatmul
 from mase_lite.nn.quantized import QuantizedConv2d, QuantizedLinear
@@ -240,6 +241,6 @@ def test_save_and_load_replays_the_quantization(mlp, tmp_path):
     x = torch.randn(3, 16)
     expected = mg.model(x=x)
     mg.save(tmp_path)
-    loaded = MaseGraph.load(tmp_path, model=copy.deepcopy(mlp.source_model))
+    loaded = ml.load(tmp_path, model=copy.deepcopy(mlp.source_model))
     assert isinstance(loaded.modules["fc1"], QuantizedLinear)
     assert torch.equal(loaded.model(x=x), expected)

@@ -38,7 +38,7 @@ def test_masks_survive_quantization_and_training(order, tmp_path):
     assert torch.all(layer.parametrizations.weight.original[mask] != 0)
     mg.save(tmp_path / "g")
     torch.manual_seed(1)
-    loaded = ml.MaseGraph.load(tmp_path / "g", model=TwiceMLP())
+    loaded = ml.load(tmp_path / "g", model=TwiceMLP())
     x = torch.randn(3, 16)
     mg.model.eval()
     assert torch.equal(loaded.model(x=x), mg.model(x=x))

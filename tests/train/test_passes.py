@@ -1,6 +1,5 @@
 import json
 import shutil
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,9 +16,9 @@ def test_registered_with_their_kinds_and_needs():
 
 
 @pytest.mark.parametrize("name", ["train", "evaluate"])
-def test_passes_without_data_say_how_to_get_it(name):
-    with pytest.raises(PassError, match=rf"pass '{name}' needs data: run it in a pipeline with a `data` section or set mg.data"):
-        get_pass(name)(SimpleNamespace(data=None), {})
+def test_passes_without_data_say_how_to_get_it(name, finetune_run):
+    with pytest.raises(PassError, match=rf"pass '{name}' needs 'data', which this call lacks: give it data \(ml.passes.{name}\(mg, params, data=...\)\) or run it in a pipeline with a `data` section"):
+        get_pass(name)(finetune_run.mg, {})
 
 
 def test_params_are_checked():
@@ -58,7 +57,7 @@ def test_a_second_pipeline_starts_from_the_saved_model(finetune_run, tmp_path):
     result = ml.run_pipeline(spec, output_dir=tmp_path / "reload")
     assert result.report["steps"][0]["info"]["retokenized"] is True
     assert result.report["metrics"]["reloaded"] == finetune_run.report["metrics"]["finetune"]
-    assert result.mg.run_dir == tmp_path / "reload" and result.mg.data is not None
+    assert result.data is not None and result.data.tokenizer is not None
 
 
 def test_checkpoint_with_mismatched_shapes_names_the_tensor(finetune_run, tmp_path):
@@ -69,12 +68,12 @@ def test_checkpoint_with_mismatched_shapes_names_the_tensor(finetune_run, tmp_pa
     (broken / "recipe.json").write_text(json.dumps(recipe))
     mg = finetune_run.mg
     with pytest.raises(PassError, match=r"pass 'load': checkpoint .*broken: .*tensor 'classifier.weight' has shape \[2, 128\] in the checkpoint but \[3, 128\] in the model"):
-        ml.passes.load(mg, {"path": str(broken)})
+        ml.passes.load(mg, {"path": str(broken)}, data=finetune_run.data)
 
 
 def test_load_of_a_missing_checkpoint_says_where_it_looked(finetune_run):
     with pytest.raises(PassError, match=r"pass 'load': no checkpoint at 'nowhere' \(looked for recipe.json in .*nowhere and nowhere\)"):
-        ml.passes.load(finetune_run.mg, {"path": "nowhere"})
+        ml.passes.load(finetune_run.mg, {"path": "nowhere"}, output_dir=finetune_run.output_dir)
 
 
 def test_save_is_whole_or_nothing_and_never_replaces_other_directories(finetune_run, tmp_path, monkeypatch):
@@ -89,21 +88,21 @@ def test_save_is_whole_or_nothing_and_never_replaces_other_directories(finetune_
     def broken_save(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(mg.data.tokenizer, "save_pretrained", broken_save)
+    monkeypatch.setattr(finetune_run.data.tokenizer, "save_pretrained", broken_save)
     with pytest.raises(OSError, match="disk full"):
-        ml.passes.save(mg, {"path": str(tmp_path / "ckpt")})
+        ml.passes.save(mg, {"path": str(tmp_path / "ckpt")}, data=finetune_run.data)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes"]
 
 
 def test_save_relative_path_lands_in_the_run_and_reloads_the_same_weights(finetune_run, tmp_path, monkeypatch):
     mg = finetune_run.mg
-    monkeypatch.setattr(mg, "run_dir", tmp_path)
-    ml.passes.save(mg, {"path": "again"})
-    _, info = ml.passes.save(mg, {"path": "again", "tokenizer": False})
+    ctx = ml.passes.PassContext(data=finetune_run.data, output_dir=tmp_path)
+    ml.passes.save(mg, {"path": "again"}, context=ctx)
+    _, info = ml.passes.save(mg, {"path": "again", "tokenizer": False}, context=ctx)
     assert info["path"] == str(tmp_path / "again") and info["files"] == ["model.safetensors", "recipe.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]
-    loaded, info = ml.passes.load(mg, {"path": "again"})
+    loaded, info = ml.passes.load(mg, {"path": "again"}, context=ctx)
     assert info == {"path": str(tmp_path / "again"), "retokenized": False}
-    assert loaded.data is mg.data and loaded.run_dir == tmp_path
+    assert ctx.data is finetune_run.data
     for (name, a), b in zip(mg.model.state_dict().items(), loaded.model.state_dict().values()):
         assert torch.equal(a, b), name

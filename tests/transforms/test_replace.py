@@ -91,6 +91,7 @@ def test_recorded_params_use_the_with_key(cnn):
     assert cnn.history[-1] == {
         "pass": "replace",
         "params": {"by": "name", "targets": ["relu1"], "allow_empty": False, "with": "identity"},
+        "module": "mase_lite.passes.transforms.replace",
     }
 
 

@@ -5,6 +5,7 @@ import json
 import torch
 
 import mase_lite.passes as passes
+import mase_lite as ml
 from mase_lite.ir.graph import MaseGraph
 from mase_lite.nn.lora import LoRALinear
 from mase_lite.nn.pruning import activation_pruner_of, weight_mask_of
@@ -31,7 +32,7 @@ def test_bert_with_fused_attention_masks_and_adapters_round_trips(bert, bert_inp
     bert.save(tmp_path / "bert.v1")
     recipe = json.loads((tmp_path / "bert.v1" / "recipe.json").read_text())
     assert [step["pass"] for step in recipe["transforms"]] == ["fuse_sdpa", "prune", "lora"]
-    loaded = MaseGraph.load(tmp_path / "bert.v1")
+    loaded = ml.load(tmp_path / "bert.v1")
 
     assert_same_state(bert, loaded)
     query = loaded.modules["bert.encoder.layer.0.attention.self.query"]
@@ -52,7 +53,7 @@ def test_cnn_folded_pruned_and_replaced_round_trips(cnn, cnn_input, fresh_cnn, t
     cnn, _ = passes.dead_code(cnn, {"delete_unused_modules": True})
     expected = cnn.model(x=cnn_input)
     cnn.save(tmp_path / "cnn")
-    loaded = MaseGraph.load(tmp_path / "cnn", model=fresh_cnn())
+    loaded = ml.load(tmp_path / "cnn", model=fresh_cnn())
     assert_same_state(cnn, loaded)
     assert type(loaded.modules["relu1"]).__name__ == "GELU" and "bn" not in loaded.modules
     torch.testing.assert_close(loaded.model(x=cnn_input), expected, rtol=0, atol=0)
@@ -68,7 +69,7 @@ def test_finalized_and_merged_graph_round_trips_without_masks_or_adapters(cnn, c
     cnn, _ = passes.lora_merge(cnn)
     expected = cnn.model(x=cnn_input)
     cnn.save(tmp_path / "cnn")
-    loaded = MaseGraph.load(tmp_path / "cnn", model=fresh_cnn())
+    loaded = ml.load(tmp_path / "cnn", model=fresh_cnn())
     assert not any("mask" in k or "lora" in k for k in loaded.model.state_dict())
     assert all(activation_pruner_of(m) is None for m in loaded.model.modules())
     assert int((loaded.modules["fc1"].weight == 0).sum()) == round(0.7 * 128 * 32)

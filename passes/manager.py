@@ -1,0 +1,262 @@
+"""The pass manager: the one place every pass call goes through.
+
+From a pipeline, a search trial or ``ml.passes.<name>(mg, ...)``, a call:
+
+1. validates the params into a deep-frozen copy (a pass that tries to change them fails, and the
+   caller's params are never touched);
+2. checks the pass's ``requires`` against the facts the graph holds (and ``"data"`` against the
+   context), naming the passes that provide what is missing;
+3. runs the pass, with the instruments' ``before_pass``/``after_pass`` hooks around it;
+4. after a transform: lints the graph, regenerates its code and metadata (once per pass), and drops
+   the facts the pass invalidates before adding those it provides;
+5. on failure names the pass and, inside a pipeline, the step's JSON path
+   (``steps.1.params.rules.x: ...``).
+
+>>> import torch, mase_lite as ml
+>>> mg = ml.MaseGraph(torch.nn.Sequential(torch.nn.Linear(4, 4)), example_inputs={"input": torch.randn(2, 4)})
+>>> sorted(mg.facts)
+['graph', 'metadata']
+>>> ml.passes.profile(mg, {"num_batches": 1})
+Traceback (most recent call last):
+...
+mase_lite.passes.registry.PassError: pass 'profile' needs 'data', which this call lacks: give it data (ml.passes.profile(mg, params, data=...)) or run it in a pipeline with a `data` section
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from mase_lite.errors import UserError
+from mase_lite.passes.registry import PassError, PassInfo, providers_of
+
+logger = logging.getLogger(__name__)
+
+# Facts every captured graph holds.
+BASE_FACTS = frozenset({"graph", "metadata"})
+
+
+class PassContractError(RuntimeError):
+    """A pass broke the contract (left an invalid graph, returned the wrong thing): a bug in the pass."""
+
+
+class ReadOnlyParamsError(PassError):
+    """A pass tried to change its params."""
+
+
+def _read_only(self, *args, **kwargs):
+    raise ReadOnlyParamsError(
+        f"params are read-only ({type(self).__name__}); a pass must copy a value before changing it "
+        "(e.g. list(params.targets))"
+    )
+
+
+class FrozenList(list):
+    """A list whose mutating methods raise :class:`ReadOnlyParamsError`."""
+
+    append = extend = insert = pop = remove = clear = sort = reverse = _read_only
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _read_only
+
+
+class FrozenDict(dict):
+    """A dict whose mutating methods raise :class:`ReadOnlyParamsError`."""
+
+    __setitem__ = __delitem__ = __ior__ = _read_only
+    pop = popitem = clear = update = setdefault = _read_only
+
+
+def frozen_copy(value: Any) -> Any:
+    """A deep copy of ``value`` (params models, dicts, lists) that cannot be changed in place.
+
+    >>> frozen = frozen_copy({"targets": ["relu"]})
+    >>> frozen["targets"].append("relu")
+    Traceback (most recent call last):
+    ...
+    mase_lite.passes.manager.ReadOnlyParamsError: params are read-only (FrozenList); a pass must copy a value before changing it (e.g. list(params.targets))
+    """
+    if isinstance(value, BaseModel):
+        copy = value.model_copy()
+        for name in type(value).model_fields:
+            object.__setattr__(copy, name, frozen_copy(getattr(value, name)))
+        return copy
+    if isinstance(value, dict):
+        return FrozenDict({k: frozen_copy(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        items = [frozen_copy(v) for v in value]
+        return tuple(items) if isinstance(value, tuple) else FrozenList(items)
+    if isinstance(value, set):
+        return frozenset(frozen_copy(v) for v in value)
+    return value
+
+
+@dataclass
+class PassContext:
+    """The run state a pass may use: the run's data and output directory, and the instruments.
+
+    A pass takes it as a third argument: ``def my_pass(mg, params, ctx)``.
+    """
+
+    data: Any = None
+    output_dir: Path | None = None
+    instruments: tuple["PassInstrument", ...] = ()
+
+    def path(self, path: str | Path) -> Path:
+        """``path`` resolved against the output directory when it is relative and there is one."""
+        path = Path(path)
+        if path.is_absolute() or self.output_dir is None:
+            return path
+        return Path(self.output_dir) / path
+
+    def facts(self) -> set[str]:
+        """Facts the context itself provides (``"data"`` when the run has data)."""
+        return {"data"} if self.data is not None else set()
+
+
+@dataclass
+class PassRun:
+    """One call of a pass, as instruments see it; ``record`` is where they write what they measure."""
+
+    info: PassInfo
+    params: BaseModel
+    context: PassContext
+    where: str | None
+    mg: Any
+    result: dict[str, Any] = field(default_factory=dict)
+    record: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """How messages name this call: ``steps.1 (quantize)`` in a pipeline, ``pass 'quantize'`` outside."""
+        return f"{self.where} ({self.info.name})" if self.where else f"pass '{self.info.name}'"
+
+
+class PassInstrument:
+    """Hooks around every pass call (MLIR's pass instrumentation): subclass and override what you need."""
+
+    def before_pass(self, run: PassRun) -> None:
+        """Called after params are validated and requirements checked, before the pass runs."""
+
+    def after_pass(self, run: PassRun) -> None:
+        """Called after the pass ran and the graph was recompiled; ``run.mg`` is the new graph."""
+
+    def on_error(self, run: PassRun, error: BaseException) -> None:
+        """Called when the pass (or its contract check) failed."""
+
+
+_GLOBAL_INSTRUMENTS: list[PassInstrument] = []
+
+
+@contextlib.contextmanager
+def instrument(*instruments: PassInstrument) -> Iterator[None]:
+    """Apply ``instruments`` to every pass call inside the block (user scripts, searches).
+
+    >>> from mase_lite.passes.instruments import Timing
+    >>> with instrument(Timing()):
+    ...     pass
+    """
+    _GLOBAL_INSTRUMENTS.extend(instruments)
+    try:
+        yield
+    finally:
+        for inst in instruments:
+            _GLOBAL_INSTRUMENTS.remove(inst)
+
+
+def check_requirements(
+    info: PassInfo, available: set[str], label: str, lacking: str = "the graph does not hold (or a transform since invalidated)"
+) -> None:
+    """Raise a :class:`PassError` naming what ``info`` needs beyond ``available`` and who provides it."""
+    for need in info.requires:
+        if need in available:
+            continue
+        if need == "data":
+            raise PassError(
+                f"{label} needs 'data', which this call lacks: give it data "
+                f"(ml.passes.{info.name}(mg, params, data=...)) or run it in a pipeline with a `data` section"
+            )
+        providers = providers_of(need)
+        hint = f"run one of: {', '.join(providers)} before it" if providers else "no registered pass provides it"
+        raise PassError(f"{label} needs {need!r}, which {lacking}; {hint}")
+
+
+_PATH_HEAD = re.compile(r"^([A-Za-z_][\w]*)(?:[.\[][^\s:]*)?: ")
+
+
+def _located(message: str, run: PassRun) -> str:
+    """``message`` prefixed with where it happened: the step's params path, or the pass's name."""
+    name = re.escape(run.info.name)
+    message = re.sub(rf"^(?:pass '{name}'(?: params)?[:.]?\s*|{name}\.(?=\w+: ))", "", message)
+    head = _PATH_HEAD.match(message)
+    if head and head.group(1) in run.info.params.model_fields:
+        prefix = f"{run.where}.params" if run.where else f"pass '{run.info.name}' params"
+        return f"{prefix}.{message}"
+    return f"{run.label}: {message}"
+
+
+def _relabelled(err: UserError, run: PassRun) -> UserError:
+    """The same kind of error, its message located at the pass (and step)."""
+    message = _located(str(err), run)
+    try:
+        return type(err)(message)
+    except TypeError:  # an error class with its own constructor
+        return PassError(message)
+
+
+def _validated(info: PassInfo, params: BaseModel | dict | None, where: str | None) -> BaseModel:
+    try:
+        return frozen_copy(info.validate(params))
+    except PassError as err:
+        if where is None:
+            raise
+        raise PassError(str(err).replace(f"pass '{info.name}' params", f"{where}.params")) from None
+
+
+def run_pass(info: PassInfo, mg, params: BaseModel | dict | None, context: PassContext, where: str | None = None):
+    """Run ``info`` on ``mg`` under the contract above; returns ``(mg, info_dict)``."""
+    run = PassRun(info, _validated(info, params, where), context, where, mg)
+    check_requirements(info, set(mg.facts) | context.facts(), run.label)
+    instruments = (*_GLOBAL_INSTRUMENTS, *context.instruments)
+    for inst in instruments:
+        inst.before_pass(run)
+    try:
+        args = (mg, run.params, context) if info.takes_context else (mg, run.params)
+        out = info.fn(*args)
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], (dict, type(None)))):
+            raise PassContractError(f"{run.label} returned {type(out).__name__}; a pass returns (mg, info_dict)")
+        new_mg, result = out
+        run.result = dict(result or {})
+        if info.kind == "transform":
+            _settle_transform(run, mg, new_mg)
+        new_mg.facts = (set(mg.facts) - info.drops(mg.facts)) | BASE_FACTS | set(info.provides)
+        run.mg = new_mg
+    except BaseException as err:
+        for inst in instruments:
+            inst.on_error(run, err)
+        if isinstance(err, UserError):
+            raise _relabelled(err, run) from None
+        err.add_note(f"while running {run.label}")
+        raise
+    if info.replay:
+        new_mg.record_transform(info.name, run.params.model_dump(mode="json"), info.module)
+    for inst in instruments:
+        inst.after_pass(run)
+    return run.mg, run.result
+
+
+def _settle_transform(run: PassRun, old_mg, new_mg) -> None:
+    """Lint, regenerate code and metadata once, after a transform."""
+    if new_mg is not old_mg:
+        return  # a pass that returns another graph (load) hands over a settled one
+    try:
+        new_mg.model.graph.lint()
+    except Exception as err:
+        raise PassContractError(f"{run.label} left an invalid graph: {err}") from err
+    new_mg.recompile()

@@ -1,0 +1,50 @@
+"""Loading a saved graph whose structural transforms must be re-applied, through the pass registry.
+
+The IR saves and loads weights and captures; it knows no pass. This module sits above both.
+
+>>> import tempfile, torch, mase_lite as ml
+>>> from mase_lite.passes.replay import load_graph
+>>> make = lambda: torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.1))
+>>> mg = ml.MaseGraph(make(), example_inputs={"input": torch.randn(2, 4)})
+>>> mg, _ = ml.passes.remove_dropout(mg)
+>>> with tempfile.TemporaryDirectory() as d:
+...     _ = mg.save(d)
+...     loaded = load_graph(d, model=make())
+>>> [step["pass"] for step in loaded.history]
+['remove_dropout']
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch.nn as nn
+
+from mase_lite.errors import UserError
+from mase_lite.ir.serialize import load
+from mase_lite.passes.manager import PassContext, run_pass
+from mase_lite.passes.registry import PassError, get_pass
+
+
+def replay_transforms(mg, transforms: list[dict[str, Any]]):
+    """Re-apply saved transforms in order; each must be a registered structural (replayable) pass."""
+    for i, step in enumerate(transforms):
+        name = step.get("pass")
+        try:
+            info = get_pass(name)
+        except PassError:
+            module = step.get("module") or "an unknown module"
+            raise UserError(
+                f"transforms.{i}: this graph was saved after pass {name!r} from {module}, which is not registered "
+                "here; install the package that provides it, or name the module with --plugin (or `plugins` in the spec)"
+            ) from None
+        if not info.replay:
+            raise UserError(f"transforms.{i}: pass {name!r} is not a structural transform and is never replayed")
+        mg, _ = run_pass(info, mg, step.get("params", {}), PassContext(), where=f"transforms.{i}")
+    return mg
+
+
+def load_graph(directory: str | Path, model: nn.Module | None = None):
+    """The graph saved in ``directory`` with its transforms replayed and its weights loaded."""
+    return load(directory, model=model, replay=replay_transforms)
