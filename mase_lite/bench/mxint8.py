@@ -90,7 +90,7 @@ def bench_memory(device: torch.device, bert_config: dict, batch: int, seq: int) 
                   "of theory": f"{(fp32_resident - packed_resident) / fp32_weights / THEORETICAL_SAVING:.1%}"},
                  {"measure": f"CUDA max_memory_allocated, forward {batch}x{seq} (MiB)", "fp32": fp32_peak / MIB,
                   "packed": packed_peak / MIB, "saved": f"{1 - packed_peak / fp32_peak:.1%}", "of theory": ""}]
-    notes = [f"BERT {bert_config}; {len(layers)} Linear layers packed (all but the classifier, "
+    notes = [f"BERT {bert_config or 'bert-base (BertConfig defaults)'}; {len(layers)} Linear layers packed (all but the classifier, "
              f"{weights / 1e6:.2f} M weights); theory {THEORETICAL_SAVING:.1%}; max |logit difference| fp32 vs "
              f"packed (random init, batch {batch}x{seq}): {logit_gap:.2e}."]
     return Section("memory", "MXINT8 memory", ["measure", "fp32", "packed", "saved", "of theory"], rows, notes)
