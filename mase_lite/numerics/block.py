@@ -40,6 +40,7 @@ from mase_lite.numerics.exponents import (
     largest_float32_at_most,
     mul_pow2,
     mul_pow2_,
+    pow2,
     round_to_float,
 )
 from mase_lite.numerics.minifloat import check_exponent_fits
@@ -121,8 +122,17 @@ def block_fp(x: Tensor, p: BlockFPParams) -> Tensor:
     """Block floating point: integer mantissas sharing one exponent per block."""
     blocks = to_blocks(x, p.block_size)
     amax, non_finite = amax_and_non_finite(blocks)
-    quantum, largest = _block_fp_layout(amax, p)
-    values = mul_pow2_(mul_pow2(blocks, -quantum).round_(), quantum).clamp_(-largest, largest)
+    shared = floor_log2(amax).clamp(-p.bias, 2**p.exponent_width - 1 - p.bias)
+    quantum = shared - (p.width - 2)
+    largest_code = largest_float32_at_most(2.0 ** (p.width - 1) - 1)
+    # clamping the codes equals clamping the values: scaling by a power of two is monotonic
+    if -127 <= int(quantum.min()) and int(quantum.max()) <= 127:
+        # both powers are float32 values: one exact multiplication each way
+        codes = (blocks * pow2(-quantum)).round_().clamp_(-largest_code, largest_code)
+        values = codes.mul_(pow2(quantum))
+    else:
+        codes = mul_pow2(blocks, -quantum).round_().clamp_(-largest_code, largest_code)
+        values = mul_pow2_(codes, quantum)
     return from_blocks(nan_non_finite_(values, non_finite), x.shape)
 
 

@@ -70,6 +70,15 @@ MXFP_FORMATS: dict[str, ElementFormat] = {
 }
 
 
+# element -> (float8 dtype with the same fraction bits and subnormal step, exponent shift onto it)
+FLOAT8_CARRIERS: dict[str, tuple[torch.dtype, int]] = {
+    "e4m3": (torch.float8_e4m3fn, 0),
+    "e5m2": (torch.float8_e5m2, 0),
+    "e3m2": (torch.float8_e5m2, 12),
+    "e2m3": (torch.float8_e4m3fn, 6),
+}
+
+
 def mxint_element(width: int) -> ElementFormat:
     """The MXINT element of ``width`` bits: two's complement with an implicit scale 2**-(width-2)."""
     if isinstance(width, bool) or width not in MXINT_ELEMENT_WIDTHS:
@@ -179,6 +188,14 @@ def mxfp(x: Tensor, element_format: str = "e4m3", block_size: int = 32, scale_ru
     element = MXFP_FORMATS[element_format]
     blocks, amax, non_finite = _blocks(x, block_size)
     shared = shared_exponents(amax, element, scale_rule)
+    carrier, shift = FLOAT8_CARRIERS.get(element.name, (None, 0))
+    if carrier is not None and blocks.dtype == torch.float32 and (not shared.numel() or int(shared.max()) <= 127 - shift):
+        # torch's float8 conversion rounds half to even with subnormals, in one vectorised pass;
+        # scaling by 2**-shift moves the element's exponent range onto the carrier's
+        scaled = blocks * pow2(-shared - shift)
+        limit = element.max_value * 2.0**-shift
+        elements = scaled.clamp_(-limit, limit).copy_(scaled.to(carrier))
+        return _finish(elements.mul_(pow2(shared + shift)), non_finite, x)
     scaled = blocks * pow2(-shared, blocks.dtype)
     elements = _round_elements(scaled, element).clamp_(-element.max_value, element.max_value)
     return _finish(elements.mul_(pow2(shared, blocks.dtype)), non_finite, x)
@@ -198,7 +215,12 @@ def _mxint_blocks(x: Tensor, element: ElementFormat, block_size: int,
     """Integer-valued float codes (blocks), shared exponents (``(..., n_blocks, 1)``) and non-finite flags."""
     blocks, amax, non_finite = _blocks(x, block_size)
     shared = shared_exponents(amax, element, scale_rule)
-    codes = (blocks * pow2(-shared, blocks.dtype)).mul_(2.0**element.mbits)
+    if blocks.dtype == torch.float32 and (not shared.numel() or int(shared.min()) >= element.mbits - 127):
+        # one multiplication by 2**(mbits - E): exact whenever the two-step product is, and
+        # otherwise both are far below half a code step
+        codes = blocks * pow2(element.mbits - shared)
+    else:
+        codes = (blocks * pow2(-shared, blocks.dtype)).mul_(2.0**element.mbits)
     largest_code = 2 ** (element.bits - 1) - 1
     # + 0.0 turns the -0.0 of negative values that round to zero into the +0.0 that code 0 decodes to
     return codes.round_().clamp_(-largest_code, largest_code).add_(0.0), shared, non_finite
