@@ -1,23 +1,11 @@
-"""One call that makes a run repeatable: python's, numpy's and torch's generators seeded together.
+"""One call that makes a run repeatable: python's, numpy's and torch's generators (every device)
+seeded together, as transformers' ``set_seed`` does.
 
 Example::
 
     seed_everything(0)
 """
 
-from __future__ import annotations
+from transformers import set_seed as seed_everything
 
-import random
-
-import torch
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python ``random``, numpy (when installed) and torch (every device)."""
-    random.seed(seed)
-    torch.manual_seed(seed)
-    try:
-        import numpy
-    except ImportError:
-        return
-    numpy.random.seed(seed % 2**32)
+__all__ = ["seed_everything"]

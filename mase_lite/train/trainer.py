@@ -1,4 +1,4 @@
-"""Fine-tuning a model on a :class:`DataModule`: AdamW, warm-up then decay, clipping, freezing.
+"""Fine-tuning a model on a :class:`DataModule`: AdamW, transformers' warm-up/decay schedules, clipping, freezing.
 
 Example::
 
@@ -19,6 +19,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 from tqdm import tqdm
+from transformers import get_scheduler
 
 from mase_lite.errors import UserError
 from mase_lite.train.batches import forward_batch, model_device
@@ -29,16 +30,9 @@ Schedule = Literal["linear", "cosine", "constant"]
 Precision = Literal["auto", "off", "bf16", "fp16"]
 
 
-def lr_factor(step: int, total: int, warmup: int, schedule: Schedule) -> float:
-    """Learning-rate multiplier at ``step`` (0-based): linear warm-up over ``warmup`` steps, then decay to 0."""
-    if step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    progress = (step - warmup) / max(1, total - warmup)
-    if schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-    return max(0.0, 1.0 - progress)
+# transformers' scheduler names: each warms up linearly from 0 over the warm-up steps, then decays
+# linearly or along a half cosine to 0 at the last step, or stays constant.
+_HF_SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
 
 
 def split_trainable(model: nn.Module, freeze: Sequence[str]) -> tuple[dict[str, nn.Parameter], list[nn.Parameter]]:
@@ -90,8 +84,8 @@ class _Optimiser:
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s, total, warmup, schedule)
+        self.scheduler = get_scheduler(
+            _HF_SCHEDULES[schedule], self.optimizer, num_warmup_steps=warmup, num_training_steps=total
         )
         self.scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
         self.grad_clip = grad_clip

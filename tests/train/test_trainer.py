@@ -7,15 +7,42 @@ from transformers.modeling_outputs import SequenceClassifierOutput
 
 from mase_lite.errors import UserError
 from mase_lite.train import evaluate_model, fit, prepare
-from mase_lite.train.trainer import lr_factor, split_trainable
+from mase_lite.train.trainer import _Optimiser, split_trainable
 
 
-def test_lr_factor_warm_up_then_decay():
-    assert [lr_factor(s, 10, 2, "linear") for s in (0, 1, 2, 6, 10)] == [0.5, 1.0, 1.0, 0.5, 0.0]
-    assert lr_factor(6, 10, 2, "cosine") == pytest.approx(0.5)
-    assert lr_factor(2, 10, 2, "cosine") == 1.0 and lr_factor(10, 10, 2, "cosine") == pytest.approx(0.0)
-    assert [lr_factor(s, 10, 2, "constant") for s in (0, 5, 9)] == [0.5, 1.0, 1.0]
-    assert lr_factor(0, 4, 0, "linear") == 1.0
+def learning_rates(schedule: str, total: int = 10, warmup: int = 2) -> list[float]:
+    """The learning rate of each of ``total`` steps of a ``fit`` optimiser with base lr 1."""
+    p = nn.Parameter(torch.zeros(2, 2))
+    opt = _Optimiser({"p": p}, 1.0, 0.0, total, warmup, schedule, None, None)
+    rates = []
+    for _ in range(total + 1):
+        rates.append(opt.optimizer.param_groups[0]["lr"])
+        opt.step((p * 0).sum())
+    return rates
+
+
+def test_schedules_warm_up_from_zero_then_decay_to_zero():
+    # warm-up: step / warmup; then linear (total - step) / (total - warmup), or half a cosine period
+    assert learning_rates("linear") == pytest.approx([0.0, 0.5] + [(10 - s) / 8 for s in range(2, 11)])
+    assert learning_rates("cosine") == pytest.approx(
+        [0.0, 0.5] + [0.5 * (1 + math.cos(math.pi * (s - 2) / 8)) for s in range(2, 11)]
+    )
+    assert learning_rates("constant") == pytest.approx([0.0, 0.5] + [1.0] * 9)
+    assert learning_rates("linear", total=4, warmup=0) == pytest.approx([1.0, 0.75, 0.5, 0.25, 0.0])
+
+
+def test_seed_everything_repeats_python_numpy_and_torch():
+    import random
+
+    import numpy as np
+
+    from mase_lite.train import seed_everything
+
+    draws = []
+    for _ in range(2):
+        seed_everything(3)
+        draws.append((random.random(), float(np.random.rand()), torch.rand(1).item()))
+    assert draws[0] == draws[1]
 
 
 @pytest.fixture
