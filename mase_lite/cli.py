@@ -22,6 +22,7 @@ from pathlib import Path
 
 from mase_lite import __version__
 from mase_lite.errors import UserError
+from mase_lite.plugins import import_plugins
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -59,7 +60,9 @@ def _cmd_draw(args: argparse.Namespace) -> int:
     if args.graph is not None:
         if args.model:
             raise UserError("draw: give a saved graph directory or --model, not both")
-        mg = MaseGraph.load(args.graph)
+        from mase_lite.passes.replay import load_graph
+
+        mg = load_graph(args.graph)
     else:
         spec = validate_section(ModelSpec, read_json(args.model) if args.model else None, "model")
         mg = MaseGraph(build_model(spec), hf_input_names=args.inputs)
@@ -122,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mase-lite", description="Capture, compress and explore PyTorch models.")
     parser.add_argument("--version", action="version", version=f"mase-lite {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    parser.add_argument(
+        "--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
+        help="import a module or .py file that registers passes (repeatable)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a pipeline spec")
@@ -166,10 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
+        import_plugins(args.plugin)
         return args.fn(args)
     except UserError as err:
         print(f"mase-lite: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `mase-lite schema | head`: the reader is gone, nothing to report
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         return 130
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch.nn as nn
 
 from mase_lite.errors import UserError
-from mase_lite.ir.serialize import load
+from mase_lite.ir.graph import MaseGraph
 from mase_lite.passes.manager import PassContext, run_pass
 from mase_lite.passes.registry import PassError, get_pass
 
@@ -47,4 +47,4 @@ def replay_transforms(mg, transforms: list[dict[str, Any]]):
 
 def load_graph(directory: str | Path, model: nn.Module | None = None):
     """The graph saved in ``directory`` with its transforms replayed and its weights loaded."""
-    return load(directory, model=model, replay=replay_transforms)
+    return MaseGraph.load(directory, model=model, replay=replay_transforms)

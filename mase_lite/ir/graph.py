@@ -13,7 +13,7 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -199,12 +199,31 @@ class MaseGraph:
         return save(self, directory)
 
     @classmethod
-    def load(cls, directory: str | Path, model: nn.Module | None = None) -> "MaseGraph":
-        """Rebuild a graph saved by :meth:`save` without transforms (``model`` is needed only when no recipe
-        was saved); :func:`mase_lite.load` also replays the transforms a graph went through."""
-        from mase_lite.ir.serialize import load
+    def load(
+        cls,
+        directory: str | Path,
+        model: nn.Module | None = None,
+        replay: Callable[["MaseGraph", list[dict[str, Any]]], "MaseGraph"] | None = None,
+    ) -> "MaseGraph":
+        """Rebuild a graph saved by :meth:`save` (``model`` is needed only when no recipe was saved).
 
-        return load(directory, model=model)
+        The IR knows no pass: ``replay(mg, transforms)`` re-applies the structural transforms the graph
+        went through; :func:`mase_lite.load` passes one that runs them through the pass registry.
+        """
+        from mase_lite.ir.serialize import load_weights, read_checkpoint
+
+        recipe, model, capture_args = read_checkpoint(directory, model)
+        mg = cls(model, **capture_args)
+        if recipe["transforms"]:
+            if replay is None:
+                names = ", ".join(str(step.get("pass")) for step in recipe["transforms"])
+                raise UserError(
+                    f"{directory} was saved after transforms ({names}); load it with mase_lite.load({str(directory)!r}), "
+                    "which replays them through the pass registry"
+                )
+            mg = replay(mg, recipe["transforms"])
+        load_weights(mg, directory)
+        return mg
 
     def __repr__(self) -> str:
         ops: dict[str, int] = {}

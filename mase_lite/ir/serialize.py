@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import safetensors
 import safetensors.torch
@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from mase_lite.errors import UserError
 from mase_lite.ir.capture import dynamic_shapes_of
-from mase_lite.files import staged_directory
+from mase_lite.files import recover, staged_directory
 
 RECIPE = "recipe.json"
 WEIGHTS = "model.safetensors"
@@ -163,18 +163,10 @@ def _tied_names(model: nn.Module) -> set[str]:
     return {n for group in names.values() if len(group) > 1 for n in group}
 
 
-Replay = Callable[[Any, list[dict[str, Any]]], Any]
-
-
-def load(directory: str | Path, model: nn.Module | None = None, replay: Replay | None = None):
-    """Rebuild the graph saved in ``directory``: model, capture, transforms, weights.
-
-    The IR knows no pass: ``replay(mg, transforms)`` re-applies the saved structural transforms
-    (``mase_lite.load`` passes one that runs them through the pass registry).
-    """
-    from mase_lite.ir.graph import MaseGraph
-
+def read_checkpoint(directory: str | Path, model: nn.Module | None = None) -> tuple[dict[str, Any], nn.Module, dict[str, Any]]:
+    """The recipe saved in ``directory``, the model to capture (rebuilt unless given) and the capture's arguments."""
     directory = Path(directory)
+    recover(directory)
     recipe = _read_recipe(directory)
     if model is None:
         if recipe["model"] is None:
@@ -185,21 +177,16 @@ def load(directory: str | Path, model: nn.Module | None = None, replay: Replay |
     model.eval()
     leaf = tuple(_import(q) for q in recipe["leaf_modules"])
     if recipe["hf_input_names"] is not None:
-        inputs = {"hf_input_names": recipe["hf_input_names"]}
+        inputs: dict[str, Any] = {"hf_input_names": recipe["hf_input_names"]}
         names = recipe["hf_input_names"]
     else:
         inputs = {"example_inputs": example_inputs_from_specs(recipe["input_specs"])}
         names = list(inputs["example_inputs"])
     dynamic = dynamic_shapes_of(recipe["dynamic_dims"], names) if "dynamic_dims" in recipe else None
-    mg = MaseGraph(model, **inputs, leaf_modules=leaf, dynamic_shapes=dynamic, recipe=recipe["model"])
-    if recipe["transforms"]:
-        if replay is None:
-            names = ", ".join(step["pass"] for step in recipe["transforms"])
-            raise UserError(
-                f"{directory} was saved after transforms ({names}); load it with mase_lite.load({str(directory)!r}), "
-                "which replays them through the pass registry"
-            )
-        mg = replay(mg, recipe["transforms"])
-    _load_weights(mg.model, directory / WEIGHTS)
+    return recipe, model, {**inputs, "leaf_modules": leaf, "dynamic_shapes": dynamic, "recipe": recipe["model"]}
+
+
+def load_weights(mg, directory: str | Path) -> None:
+    """Load the saved weights into the (captured, transformed) graph and put it in eval mode."""
+    _load_weights(mg.model, Path(directory) / WEIGHTS)
     mg.model.eval()
-    return mg

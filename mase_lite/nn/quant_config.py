@@ -18,6 +18,11 @@ functional op) are quantized::
     {"name": "integer", "data_in_width": 8, "data_in_frac_width": 4,
      "weight_width": 8, "weight_frac_width": 4, "bias_width": 8, "bias_frac_width": 4}
 
+Canonically (what the JSON Schema describes) a config is a :class:`QuantSpec`: one format object per
+operand, each a member of a union discriminated on the format ``name`` (so an editor completes each
+format's own fields), plus ``inputs`` for "every input operand" (data_in, weight and bias of a layer;
+both inputs of a functional op) — what the flat form means when no key names an operand.
+
 ``{"name": null}`` (or ``None``) means: leave this node alone. ``"storage": "packed"`` with
 ``{"name": "mxint", "element_width": 8}`` asks for a packed MXINT8 weight instead of fake quantization.
 """
@@ -26,13 +31,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Annotated, Any, Literal, Mapping, Union
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_serializer, model_validator
+from pydantic_core import PydanticCustomError
 from torch import Tensor
 
-from mase_lite.errors import UserError
-from mase_lite.numerics import FormatError, FormatParams, NumberFormat, apply_format, get_format
-from mase_lite.numerics.ste import STE_KINDS
+from mase_lite.errors import UserError, format_validation_error
+from mase_lite.numerics import FormatParams, NumberFormat, apply_format, get_format
+from mase_lite.numerics.registry import format_names
+from mase_lite.numerics.ste import SteKind
 
 LAYER_OPERANDS: tuple[str, ...] = ("data_in", "weight", "bias", "data_out")
 FUNCTION_OPERANDS: tuple[str, ...] = ("data_in_0", "data_in_1", "data_out")
@@ -80,8 +88,230 @@ class QuantConfig:
         return {name: spec.as_dict() for name, spec in self.operands.items()}
 
 
+
+def _format_model(fmt: NumberFormat) -> type[BaseModel]:
+    """The format's params model plus its ``name`` tag and the gradient to use."""
+
+    def _mase_block_size(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("block_size"), (list, tuple)):
+            value = list(data["block_size"])
+            if not value or any(v != 1 for v in value[:-1]):
+                raise PydanticCustomError(
+                    "block_size",
+                    "block_size={value} is not supported; blocks run along the last dimension only, so give one "
+                    "number (or a list like [1, 16])",
+                    {"value": value},
+                )
+            data = {**data, "block_size": value[-1]}
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if v is not None or k == "name"}
+        return data
+
+    return create_model(
+        f"{fmt.name}_format",
+        __base__=fmt.params,
+        __doc__=fmt.doc.splitlines()[0] if fmt.doc else f"The {fmt.name} format.",
+        __validators__={"_mase_block_size": model_validator(mode="before")(classmethod(_mase_block_size))},
+        name=(Literal[fmt.name], Field(description="number format")),
+        ste=(SteKind, Field("identity", description="gradient: identity everywhere, or clipped where saturated")),
+    )
+
+
+_FORMAT_MODELS = {name: _format_model(get_format(name)) for name in format_names()}
+FormatSpec = Annotated[Union[tuple(_FORMAT_MODELS.values())], Field(discriminator="name")]
+_OPERAND_FIELDS = ("inputs",) + LAYER_OPERANDS + FUNCTION_OPERANDS[:2]
+
+
+def _operand_field(operand: str) -> tuple[Any, Any]:
+    doc = {
+        "inputs": "every input operand (data_in, weight, bias of a layer; both inputs of a functional op)",
+        "data_in": "the layer's input (of a functional op: both inputs)",
+        "weight": "the layer's weight (of a functional op: the second input)",
+    }.get(operand, f"the {operand} operand")
+    return (FormatSpec | None, Field(None, description=f"format of {doc}; null: not quantized"))
+
+
+class _QuantSpecBase(BaseModel):
+    """The number format of each operand of one layer or op; MASE's flat keys are accepted too."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    storage: Literal["fake", "packed"] = Field(
+        "fake", description="fake: quantize-dequantize in float; packed: MXINT8 codes + scales (weight only)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _canonical(cls, data: Any) -> Any:
+        """MASE's flat form (``name`` plus ``<operand>_<param>`` keys) and ``format`` for ``name``, as nested."""
+        if not isinstance(data, Mapping):
+            return data
+        if "name" in data:
+            return _from_flat(data)
+        out = {}
+        for key, spec in data.items():
+            if isinstance(spec, Mapping) and "format" in spec:
+                if "name" in spec:
+                    raise PydanticCustomError("format_name", "give the format's name as 'name' (or 'format'), exactly once")
+                spec = {"name": spec["format"], **{k: v for k, v in spec.items() if k != "format"}}
+            out[key] = spec
+        return out
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> dict[str, Any]:
+        """The nested form, or MASE's flat form (``name`` plus ``<operand>_<param>`` keys)."""
+        nested = handler(core_schema)
+        flat = {
+            "type": "object",
+            "title": "MASE flat form",
+            "required": ["name"],
+            "properties": {
+                "name": {"enum": [*format_names(), None], "description": "number format of every operand named"},
+                "storage": {"enum": ["fake", "packed"]},
+            },
+            "additionalProperties": {"type": ["number", "string", "boolean", "array", "null"]},
+        }
+        return {"anyOf": [nested, flat]}
+
+    @model_serializer(mode="wrap")
+    def _given_only(self, handler: Any) -> dict[str, Any]:
+        """Dump the operands the config named (a ``null`` among them is meaningful: "not this one")."""
+        return {k: v for k, v in handler(self).items() if k in self.model_fields_set or k == "storage"}
+
+
+QuantSpec = create_model(
+    "QuantSpec",
+    __base__=_QuantSpecBase,
+    __doc__=_QuantSpecBase.__doc__,
+    **{operand: _operand_field(operand) for operand in _OPERAND_FIELDS},
+)
+
+
+def _from_flat(config: Mapping[str, Any]) -> dict[str, Any]:
+    """MASE's flat keys as the nested form; unprefixed params are shared, prefixed ones override them."""
+    name = config["name"]
+    if name is None:
+        return {}
+    if not isinstance(name, str) or name not in _FORMAT_MODELS:
+        raise PydanticCustomError("format_name", _unknown_format(name))
+    known = set(_FORMAT_MODELS[name].model_fields) - {"name"}
+    prefixes = sorted(_OPERAND_FIELDS[1:], key=len, reverse=True)
+    shared: dict[str, Any] = {}
+    per_operand: dict[str, dict[str, Any]] = {}
+    for key, value in config.items():
+        if key in ("name", "storage"):
+            continue
+        operand = next((p for p in prefixes if key.startswith(p + "_") and key[len(p) + 1 :] in known), None)
+        param = key[len(operand) + 1 :] if operand else key
+        if operand is None and param not in known:
+            raise PydanticCustomError(
+                "flat_key",
+                "{key}: unknown key for format '{name}'; use <operand>_<param> or <param> with operands {operands} "
+                "and params {params}",
+                {"key": key, "name": name, "operands": ", ".join(_OPERAND_FIELDS[1:]), "params": ", ".join(sorted(known))},
+            )
+        if value is not None:
+            (per_operand.setdefault(operand, {}) if operand else shared)[param] = value
+    storage = config.get("storage", "fake")
+    if not per_operand:
+        return {"storage": storage, ("weight" if storage == "packed" else "inputs"): {"name": name, **shared}}
+    nested: dict[str, Any] = {"storage": storage}
+    for operand, params in per_operand.items():
+        merged = dict(shared)
+        for alias, targets in _FUNCTION_ALIASES.items():  # data_in_0 also takes what data_in says (flat form)
+            if operand in targets and alias in per_operand:
+                merged.update(per_operand[alias])
+        nested[operand] = {"name": name, **merged, **params}
+    return nested
+
+
+def _unknown_format(name: Any) -> str:
+    return f"unknown format {name!r}; known formats: {', '.join(format_names())}".replace("{", "{{").replace("}", "}}")
+
+
+def _explain(error: dict) -> str | None:
+    """Format-name errors in words: the unknown name and the known formats."""
+    where = ".".join(str(p) for p in error["loc"])
+    if error["type"] == "union_tag_invalid":
+        return f"{where}: {_unknown_format(error['ctx']['tag'])}"
+    if error["type"] == "union_tag_not_found":
+        return f"{where}: give the format's name as 'name' (or 'format'); known formats: {', '.join(format_names())}"
+    return None
+
+
+def _precedence(operand: str) -> int:
+    """``inputs`` first, then the aliases of a functional op, so a specific operand overrides them."""
+    return {"inputs": 0, "data_in": 1, "weight": 2}.get(operand, 3)
+
+
+def _expand(operand: str, operands: tuple[str, ...]) -> tuple[str, ...]:
+    if operand == "inputs":
+        return tuple(o for o in operands if o != "data_out")
+    if operands == FUNCTION_OPERANDS and operand in _FUNCTION_ALIASES:
+        return _FUNCTION_ALIASES[operand]
+    return (operand,)
+
+
+def resolve(spec: BaseModel, operands: tuple[str, ...] = LAYER_OPERANDS, where: str = "config") -> QuantConfig | None:
+    """The :class:`QuantConfig` a validated :class:`QuantSpec` gives for a layer or a functional op."""
+    given = [o for o in _OPERAND_FIELDS if o in spec.model_fields_set]
+    accepted = ("inputs",) + operands + (tuple(_FUNCTION_ALIASES) if operands == FUNCTION_OPERANDS else ())
+    wrong = [o for o in given if o not in accepted]
+    if wrong:
+        raise QuantConfigError(f"{where}.{wrong[0]}: not an operand here; allowed keys: {', '.join(accepted + ('storage',))}")
+    chosen: dict[str, OperandFormat | None] = {}
+    for operand in sorted(given, key=_precedence):
+        value = getattr(spec, operand)
+        for real in _expand(operand, operands):
+            chosen[real] = None if value is None else _operand(value, real, f"{where}.{operand}")
+    specs = {k: v for k, v in chosen.items() if v is not None}
+    if not specs:
+        return None
+    return _finish(specs, spec.storage, operands, where)
+
+
+def _operand(value: BaseModel, operand: str, where: str) -> OperandFormat:
+    fmt = get_format(value.name)
+    if fmt.operands is not None and operand not in fmt.operands:
+        raise QuantConfigError(f"{where}: format '{fmt.name}' is usable for {', '.join(sorted(fmt.operands))} only, not {operand}")
+    params = fmt.params.model_construct(**{k: getattr(value, k) for k in fmt.params.model_fields})
+    return OperandFormat(fmt, params, value.ste)
+
+
+def _finish(specs: dict[str, OperandFormat], storage: str, operands: tuple[str, ...], where: str) -> QuantConfig:
+    if storage == "packed":
+        weight = specs.get("weight")
+        is_mxint8 = weight is not None and weight.format.name == "mxint" and weight.params.element_width == 8
+        if operands != LAYER_OPERANDS or not is_mxint8:
+            raise QuantConfigError(f"{where}.storage: 'packed' needs a layer weight in format mxint with element_width 8")
+        others = sorted(set(specs) - {"weight"})
+        if others:
+            raise QuantConfigError(
+                f"{where}.storage: 'packed' quantizes the weight only; remove the config of {', '.join(others)}"
+            )
+    return QuantConfig(specs, storage)
+
+
+def validate_spec(config: Any, where: str = "config") -> BaseModel | None:
+    """``config`` (flat, nested or a :class:`QuantSpec`) as a :class:`QuantSpec`; ``None`` for "leave alone"."""
+    if config is None or isinstance(config, QuantSpec):
+        return config
+    if not isinstance(config, Mapping):
+        raise QuantConfigError(f"{where}: a quantization config must be an object, got {type(config).__name__}")
+    try:
+        return QuantSpec.model_validate(config)
+    except ValidationError as err:
+        raise QuantConfigError(
+            format_validation_error(err, prefix=where, model=QuantSpec, explain=lambda e: _prefixed(_explain(e), where))
+        ) from None
+
+
+def _prefixed(line: str | None, where: str) -> str | None:
+    return None if line is None else f"{where}.{line}".replace(f"{where}.: ", f"{where}: ")
+
+
 def parse_quant_config(
-    config: Mapping[str, Any] | QuantConfig | None,
+    config: Mapping[str, Any] | BaseModel | QuantConfig | None,
     operands: tuple[str, ...] = LAYER_OPERANDS,
     where: str = "config",
 ) -> QuantConfig | None:
@@ -92,150 +322,10 @@ def parse_quant_config(
     >>> cfg = parse_quant_config({"name": "integer", "weight_width": 8, "weight_frac_width": 4})
     >>> cfg.formats()
     {'weight': {'name': 'integer', 'width': 8, 'frac_width': 4, 'signed': True, 'floor': False}}
+    >>> parse_quant_config({"inputs": {"name": "integer", "width": 8, "frac_width": 4}, "bias": None}).formats().keys()
+    dict_keys(['data_in', 'weight'])
     """
-    if config is None or isinstance(config, QuantConfig):
+    if isinstance(config, QuantConfig):
         return config
-    if not isinstance(config, Mapping):
-        raise QuantConfigError(f"{where}: a quantization config must be an object, got {type(config).__name__}")
-    if "name" in config:
-        return _parse_flat(config, operands, where)
-    return _parse_nested(config, operands, where)
-
-
-def _accepted_operands(operands: tuple[str, ...]) -> tuple[str, ...]:
-    aliases = tuple(_FUNCTION_ALIASES) if operands == FUNCTION_OPERANDS else ()
-    return operands + aliases
-
-
-def _expand(operand: str, operands: tuple[str, ...]) -> tuple[str, ...]:
-    if operands == FUNCTION_OPERANDS and operand in _FUNCTION_ALIASES:
-        return _FUNCTION_ALIASES[operand]
-    return (operand,)
-
-
-def _precedence(operand: str) -> int:
-    """Aliases first, so a specific operand's keys override them."""
-    return {"data_in": 0, "weight": 1}.get(operand, 2) if operand in _FUNCTION_ALIASES else 2
-
-
-def _normalise_value(param: str, value: Any, where: str) -> Any:
-    """MASE writes block sizes as lists (``[1, 16]``); only blocks along the last dimension exist here."""
-    if param == "block_size" and isinstance(value, (list, tuple)):
-        if not value or any(v != 1 for v in value[:-1]):
-            raise QuantConfigError(
-                f"{where}: block_size={list(value)} is not supported; blocks run along the last dimension "
-                "only, so give one number (or a list like [1, 16])"
-            )
-        return value[-1]
-    return value
-
-
-def _parse_flat(config: Mapping[str, Any], operands: tuple[str, ...], where: str) -> QuantConfig | None:
-    name = config["name"]
-    if name is None:
-        return None
-    fmt = _format(name, where)
-    storage = config.get("storage", "fake")
-    accepted = _accepted_operands(operands)
-    known = set(fmt.params.model_fields) | {"ste"}
-    prefixes = sorted(accepted, key=len, reverse=True)
-    shared: dict[str, Any] = {}
-    per_operand: dict[str, dict[str, Any]] = {}
-    for key, value in config.items():
-        if key in ("name", "storage"):
-            continue
-        operand = next((p for p in prefixes if key.startswith(p + "_") and key[len(p) + 1 :] in known), None)
-        param = key[len(operand) + 1 :] if operand else key
-        if operand is None and param not in known:
-            raise QuantConfigError(
-                f"{where}.{key}: unknown key for format '{name}'; use <operand>_<param> or <param> with "
-                f"operands {', '.join(accepted)} and params {', '.join(sorted(known))}"
-            )
-        if value is None:
-            continue
-        target = per_operand.setdefault(operand, {}) if operand else shared
-        target[param] = _normalise_value(param, value, f"{where}.{key}")
-    if per_operand:
-        chosen: dict[str, dict[str, Any]] = {}
-        for operand in sorted(per_operand, key=_precedence):
-            for real in _expand(operand, operands):
-                chosen.setdefault(real, dict(shared)).update(per_operand[operand])
-    else:
-        defaults = ("weight",) if storage == "packed" else tuple(o for o in operands if o != "data_out")
-        chosen = {operand: dict(shared) for operand in defaults}
-    specs = {operand: _operand(fmt, params, operand, where) for operand, params in chosen.items()}
-    return _finish(specs, storage, operands, where)
-
-
-def _parse_nested(config: Mapping[str, Any], operands: tuple[str, ...], where: str) -> QuantConfig | None:
-    accepted = _accepted_operands(operands)
-    storage = config.get("storage", "fake")
-    chosen: dict[str, tuple[NumberFormat, dict[str, Any]]] = {}
-    for operand in sorted((k for k in config if k != "storage"), key=_precedence):
-        if operand not in accepted:
-            raise QuantConfigError(
-                f"{where}.{operand}: unknown key; allowed keys: {', '.join(accepted + ('storage',))} "
-                "(or the flat form with 'name')"
-            )
-        spec = config[operand]
-        if spec is None:
-            for real in _expand(operand, operands):
-                chosen.pop(real, None)
-            continue
-        if not isinstance(spec, Mapping):
-            raise QuantConfigError(f"{where}.{operand}: expected a format object or null, got {type(spec).__name__}")
-        if ("name" in spec) == ("format" in spec):
-            raise QuantConfigError(f"{where}.{operand}: give the format's name as 'name' (or 'format'), exactly once")
-        fmt_name = spec["name"] if "name" in spec else spec["format"]
-        params = {
-            k: _normalise_value(k, v, f"{where}.{operand}.{k}")
-            for k, v in spec.items()
-            if k not in ("name", "format") and v is not None
-        }
-        for real in _expand(operand, operands):
-            chosen[real] = (_format(fmt_name, f"{where}.{operand}"), params)
-    specs = {operand: _operand(fmt, params, operand, where) for operand, (fmt, params) in chosen.items()}
-    if not specs:
-        return None
-    return _finish(specs, storage, operands, where)
-
-
-def _format(name: Any, where: str) -> NumberFormat:
-    try:
-        return get_format(name)
-    except FormatError as err:
-        raise QuantConfigError(f"{where}: {err}") from None
-
-
-def _operand(fmt: NumberFormat, params: dict[str, Any], operand: str, where: str) -> OperandFormat:
-    if fmt.operands is not None and operand not in fmt.operands:
-        raise QuantConfigError(
-            f"{where}: format '{fmt.name}' is usable for {', '.join(sorted(fmt.operands))} only, not {operand}"
-        )
-    params = dict(params)
-    ste = params.pop("ste", "identity")
-    if ste not in STE_KINDS:
-        raise QuantConfigError(f"{where}.{operand}: ste={ste!r} is unknown; allowed: {', '.join(STE_KINDS)}")
-    try:
-        validated = fmt.validate(params)
-    except FormatError as err:
-        raise QuantConfigError(f"{where}.{operand}: {err}") from None
-    return OperandFormat(fmt, validated, ste)
-
-
-def _finish(specs: dict[str, OperandFormat], storage: Any, operands: tuple[str, ...], where: str) -> QuantConfig:
-    if storage not in STORAGES:
-        raise QuantConfigError(f"{where}.storage: {storage!r} is unknown; allowed: {', '.join(STORAGES)}")
-    if storage == "packed":
-        weight = specs.get("weight")
-        is_mxint8 = weight is not None and weight.format.name == "mxint" and weight.params.element_width == 8
-        if operands != LAYER_OPERANDS or not is_mxint8:
-            raise QuantConfigError(
-                f"{where}.storage: 'packed' needs a layer weight in format mxint with element_width 8"
-            )
-        others = sorted(set(specs) - {"weight"})
-        if others:
-            raise QuantConfigError(
-                f"{where}.storage: 'packed' quantizes the weight only; remove the config of {', '.join(others)}"
-            )
-    return QuantConfig(specs, storage)
+    spec = validate_spec(config, where)
+    return None if spec is None else resolve(spec, operands, where)

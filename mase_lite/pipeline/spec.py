@@ -14,10 +14,7 @@ Example (``pipelines/quickstart.json``)::
 from __future__ import annotations
 
 import difflib
-import importlib
-import importlib.util
 import json
-import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -25,6 +22,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from mase_lite.errors import UserError, format_validation_error
+from mase_lite.plugins import import_plugins
 from mase_lite.passes.manager import BASE_FACTS, check_requirements
 from mase_lite.passes.registry import PassError, all_passes
 from mase_lite.train.data import DataSpec
@@ -134,33 +132,6 @@ def read_json(path: str | Path) -> Any:
         raise UserError(f"{path}: not UTF-8 text (byte {err.start}): a spec is a JSON file") from None
     except json.JSONDecodeError as err:
         raise UserError(f"{path}: not valid JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
-
-
-def import_plugins(plugins: list[str], base: Path | None = None) -> None:
-    """Import each plug-in: a module name (``my_pkg.passes``) or a ``.py`` file (relative to ``base``)."""
-    for i, plugin in enumerate(plugins):
-        if not isinstance(plugin, str) or not plugin:
-            raise UserError(f"plugins.{i}: expected a module name or a .py file, got {plugin!r}")
-        if plugin.endswith(".py"):
-            path = Path(plugin) if Path(plugin).is_absolute() or base is None else base / plugin
-            if not path.is_file():
-                raise UserError(f"plugins.{i}: no such file: {path}")
-            name = f"mase_lite_plugin_{path.stem}_{abs(hash(str(path.resolve())))}"
-            if name in sys.modules:
-                continue
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            try:
-                spec.loader.exec_module(module)
-            except Exception as err:
-                del sys.modules[name]
-                raise UserError(f"plugins.{i}: importing {path} failed: {type(err).__name__}: {err}") from None
-        else:
-            try:
-                importlib.import_module(plugin)
-            except ImportError as err:
-                raise UserError(f"plugins.{i}: cannot import module {plugin!r}: {err}") from None
 
 
 def load_spec(source: str | Path | dict | BaseModel, plugins: list[str] = ()) -> PipelineSpec:

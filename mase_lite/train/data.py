@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
 from mase_lite.errors import UserError
-from mase_lite.files import staged_directory
+from mase_lite.files import staged_directory, staged_file
 from mase_lite.train.hub import hub_cache_dir
 from mase_lite.train.sources import TextSplit, read_hub, read_local, synthetic_splits
 from mase_lite.train.tokenizer import load_tokenizer, train_wordpiece
@@ -226,14 +225,9 @@ class DataModule:
         target = run_dir / CACHE_DIR / f"{self.fingerprint}.safetensors"
         if target.is_file():
             return
-        target.parent.mkdir(parents=True, exist_ok=True)
         flat = {f"{s}.{n}": t.contiguous() for s, named in self.tensors.items() for n, t in named.items()}
-        staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        try:
+        with staged_file(target) as staging:
             save_file(flat, str(staging), metadata={"max_length": str(self.max_length)})
-            os.replace(staging, target)
-        finally:
-            staging.unlink(missing_ok=True)
 
 
 def _subset(split: TextSplit, n: int | None, seed: int) -> TextSplit:

@@ -39,7 +39,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from mase_lite.ir.ops import function_packet_name
-from mase_lite.nn.quant_config import FUNCTION_OPERANDS, LAYER_OPERANDS, QuantConfig, parse_quant_config
+from mase_lite.nn.quant_config import FUNCTION_OPERANDS, LAYER_OPERANDS, QuantConfig, QuantSpec, resolve
 from mase_lite.nn.quant_functional import QUANTIZED_FUNCTIONS, QuantizedFunction
 from mase_lite.nn.quantized import QUANTIZED_LAYERS, quantize_module
 from mase_lite.passes.registry import PassError, PassParams, register_pass
@@ -56,10 +56,10 @@ class QuantizeParams(PassParams):
     """Which nodes to quantize, and how."""
 
     by: SelectBy = Field("type", description="match rule keys against op types, node names, or regexes on node names")
-    rules: dict[str, dict[str, Any] | None] = Field(
-        default_factory=dict, description="selector -> layer config (flat or nested); null skips the node"
+    rules: dict[str, QuantSpec | None] = Field(
+        default_factory=dict, description="selector -> layer config (nested, or MASE's flat keys); null skips the node"
     )
-    default: dict[str, Any] | None = Field(
+    default: QuantSpec | None = Field(
         None, description="config for the Linear/Conv modules no rule matched; null: leave them alone"
     )
     bypass: bool = Field(False, description="do nothing")
@@ -90,12 +90,28 @@ class QuantizeParams(PassParams):
     def _unwrap_rules(cls, rules: Any) -> Any:
         if not isinstance(rules, dict):
             return rules
-        return {key: _checked(value, f"rules.{key}") for key, value in rules.items()}
+        return {key: _unwrapped(value) for key, value in rules.items()}
 
     @field_validator("default", mode="before")
     @classmethod
     def _unwrap_default(cls, default: Any) -> Any:
-        return _checked(default, "default")
+        return _unwrapped(default)
+
+    @model_validator(mode="after")
+    def _usable_configs(self) -> "QuantizeParams":
+        """Each config must fit a layer or a functional op (which one is decided per node)."""
+        configs = {f"rules.{key}": spec for key, spec in self.rules.items()} | {"default": self.default}
+        for where, spec in configs.items():
+            if spec is None:
+                continue
+            try:
+                resolve(spec, LAYER_OPERANDS, where)
+            except ValueError as layer_error:
+                try:
+                    resolve(spec, FUNCTION_OPERANDS, where)
+                except ValueError:
+                    raise PydanticCustomError("quant_config", str(layer_error).replace("{", "{{").replace("}", "}}")) from None
+        return self
 
     @model_validator(mode="after")
     def _valid_regexes(self) -> "QuantizeParams":
@@ -108,19 +124,12 @@ class QuantizeParams(PassParams):
         return self
 
 
-def _checked(value: Any, where: str) -> Any:
-    """Unwrap MASE's ``{"config": {...}}`` and check the config parses for a layer or a functional op."""
+def _unwrapped(value: Any) -> Any:
+    """MASE wraps each config as ``{"config": {...}}``; ``{"name": null}`` means "leave alone"."""
     if isinstance(value, dict) and set(value) == {"config"}:
         value = value["config"]
-    if value is None or not isinstance(value, dict):
-        return value
-    try:
-        parse_quant_config(value, LAYER_OPERANDS, where)
-    except ValueError as layer_error:
-        try:
-            parse_quant_config(value, FUNCTION_OPERANDS, where)
-        except ValueError:
-            raise PydanticCustomError("quant_config", str(layer_error)) from None
+    if isinstance(value, dict) and "name" in value and value["name"] is None:
+        return None
     return value
 
 
@@ -217,7 +226,7 @@ def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str]]:
         if (where, kind) not in parsed:
             operands = LAYER_OPERANDS if kind == "layer" else FUNCTION_OPERANDS
             try:
-                parsed[where, kind] = parse_quant_config(raw, operands, where)
+                parsed[where, kind] = resolve(raw, operands, where) if raw is not None else None
             except ValueError as err:
                 raise PassError(f"{err} (for node {node.name!r})") from None
         config = parsed[where, kind]

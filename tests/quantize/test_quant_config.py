@@ -84,21 +84,21 @@ def test_packed_storage_quantizes_the_weight_only():
 
 
 ERRORS = [
-    ({"name": "integer", "weight_width": 8, "weight_frac_width": 9}, r"config\.weight: format 'integer': frac_width=9 must be <= width=8"),
+    ({"name": "integer", "weight_width": 8, "weight_frac_width": 9}, r"config\.weight: frac_width=9 must be <= width=8"),
     ({"name": "minifloat_ieee", "weight_width": 8, "weight_exponent_width": 8}, r"config\.weight: .*exponent_width=8 must be < width=8"),
-    ({"name": "int8", "weight_width": 8}, r"config: format name: unknown format 'int8'; known formats: binary, "),
-    ({"name": "integer", "weight_widht": 8}, r"config\.weight_widht: unknown key for format 'integer'; use <operand>_<param>"),
-    ({"name": "integer", "weight_width": 8}, r"config\.weight: format 'integer': frac_width is required"),
+    ({"name": "int8", "weight_width": 8}, r"config: unknown format 'int8'; known formats: binary, "),
+    ({"name": "integer", "weight_widht": 8}, r"config: weight_widht: unknown key for format 'integer'; use <operand>_<param>"),
+    ({"name": "integer", "weight_width": 8}, r"config\.weight\.frac_width: Field required"),
     ({"name": "binary_scaling"}, r"format 'binary_scaling' is usable for weight only, not data_in"),
-    ({"name": "integer", "width": 8, "frac_width": 4, "ste": "smooth"}, r"ste='smooth' is unknown; allowed: identity, clipped"),
-    ({"name": "integer", "width": 8, "frac_width": 4, "storage": "disk"}, r"config\.storage: 'disk' is unknown; allowed: fake, packed"),
+    ({"name": "integer", "width": 8, "frac_width": 4, "ste": "smooth"}, r"config\.inputs\.ste: Input should be 'identity' or 'clipped' \(got 'smooth'\)"),
+    ({"name": "integer", "width": 8, "frac_width": 4, "storage": "disk"}, r"config\.storage: Input should be 'fake' or 'packed' \(got 'disk'\)"),
     ({"name": "integer", "width": 8, "frac_width": 4, "storage": "packed"}, r"'packed' needs a layer weight in format mxint with element_width 8"),
     ({"name": "mxint", "element_width": 4, "storage": "packed"}, r"'packed' needs a layer weight in format mxint with element_width 8"),
     ({"name": "mxint", "element_width": 8, "data_in_element_width": 8, "weight_element_width": 8, "storage": "packed"}, r"'packed' quantizes the weight only; remove the config of data_in"),
     ({"name": "block_fp", "weight_width": 8, "weight_block_size": [4, 16]}, r"block_size=\[4, 16\] is not supported; blocks run along the last dimension"),
-    ({"weights": {"name": "integer", "width": 8, "frac_width": 4}}, r"config\.weights: unknown key; allowed keys: data_in, weight, bias, data_out, storage"),
-    ({"weight": {"width": 8}}, r"config\.weight: give the format's name as 'name' \(or 'format'\), exactly once"),
-    ({"weight": 8}, r"config\.weight: expected a format object or null, got int"),
+    ({"weights": {"name": "integer", "width": 8, "frac_width": 4}}, r"config\.weights: unknown key; allowed keys: bias, data_in, data_in_0, data_in_1, data_out, inputs, storage, weight"),
+    ({"weight": {"width": 8}}, r"config\.weight: give the format's name as 'name' \(or 'format'\); known formats: binary, "),
+    ({"weight": 8}, r"config\.weight: Input should be a valid dictionary or object to extract fields from \(got 8\)"),
     ("integer", r"config: a quantization config must be an object, got str"),
 ]
 

@@ -143,7 +143,7 @@ def test_bypass_changes_nothing(mlp):
     "params, match",
     [
         ({"linear": {"config": integer(8, 4)}, "matmul": {"config": {"name": "integer", "data_in_width": 4, "data_in_frac_width": 6}}},
-         r"rules\.matmul\.data_in: format 'integer': frac_width=6 must be <= width=4"),
+         r"params\.rules\.matmul\.data_in: frac_width=6 must be <= width=4"),
         ({"linear": {"config": {"name": "minifloat_ieee", "weight_width": 4, "weight_exponent_width": 4}}},
          r"rules\.linear\.weight: .*exponent_width=4 must be < width=4"),
         ({"linear": {"config": {"name": "int8"}}}, r"unknown format 'int8'; known formats: binary"),

@@ -167,8 +167,8 @@ def test_functional_ops_quantize_each_operand():
 
 
 def test_functional_op_configs_are_validated():
-    with pytest.raises(QuantConfigError, match=r"unknown key for format 'integer'.*operands data_in_0, data_in_1, data_out, data_in, weight"):
-        quantized_matmul(torch.ones(2, 2), torch.ones(2, 2), {"name": "integer", "bias_width": 8})
+    with pytest.raises(QuantConfigError, match=r"config\.bias: not an operand here; allowed keys: inputs, data_in_0, data_in_1, data_out, data_in, weight, storage"):
+        quantized_matmul(torch.ones(2, 2), torch.ones(2, 2), {"name": "integer", "bias_width": 8, "bias_frac_width": 4})
 
 
 def test_matches_the_numerics_entry_point_for_other_formats():

@@ -1,0 +1,45 @@
+"""Plug-ins named by a spec's ``plugins`` or the CLI's ``--plugin``: modules or files imported so they register passes.
+
+>>> import_plugins(["json"])          # any importable module
+>>> import_plugins(["no_such_module_here"])
+Traceback (most recent call last):
+...
+mase_lite.errors.UserError: plugins.0: cannot import module 'no_such_module_here': No module named 'no_such_module_here'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from mase_lite.errors import UserError
+
+
+def import_plugins(plugins: list[str], base: Path | None = None) -> None:
+    """Import each plug-in: a module name (``my_pkg.passes``) or a ``.py`` file (relative to ``base``)."""
+    for i, plugin in enumerate(plugins):
+        if not isinstance(plugin, str) or not plugin:
+            raise UserError(f"plugins.{i}: expected a module name or a .py file, got {plugin!r}")
+        if plugin.endswith(".py"):
+            path = Path(plugin) if Path(plugin).is_absolute() or base is None else base / plugin
+            if not path.is_file():
+                raise UserError(f"plugins.{i}: no such file: {path}")
+            name = f"mase_lite_plugin_{path.stem}_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
+            if name in sys.modules:
+                continue
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except Exception as err:
+                del sys.modules[name]
+                raise UserError(f"plugins.{i}: importing {path} failed: {type(err).__name__}: {err}") from None
+        else:
+            try:
+                importlib.import_module(plugin)
+            except ImportError as err:
+                raise UserError(f"plugins.{i}: cannot import module {plugin!r}: {err}") from None
