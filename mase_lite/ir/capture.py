@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import operator
 import os
 import re
 import traceback
@@ -351,22 +352,42 @@ def raise_leaf_calls(
             calls = (signatures or {}).get(fqn, [])
             sig = calls[call_index] if call_index < len(calls) else None
             inputs = _order_by_signature(inputs, sig, by_name, replaced) if sig is not None else []
-        if len(outputs) != 1 or not inputs:
-            logger.debug("leaving %s (%s) inlined: %d outputs, inputs not matched", key, fqn, len(outputs))
+        source = _tuple_source(outputs, members)
+        if not inputs or (len(outputs) != 1 and source is None):
+            why = "its inputs could not be matched to its call" if not inputs else f"it has {len(outputs)} separate outputs"
+            logger.warning("capture: leaf module %s (%s) stays inlined as aten ops: %s", fqn, type(modules[fqn]).__name__, why)
             continue
-        out = outputs[0]
+        out = source if source is not None else outputs[0]
         if any(order[a] > order[out] for a in inputs):
+            logger.warning("capture: leaf module %s stays inlined: an input is computed after its output", fqn)
             continue
         with graph.inserting_before(out):
             new = graph.create_node("call_module", fqn, tuple(inputs))
         new.meta = dict(out.meta)
         order[new] = order[out]
         replaced[out] = new
-        out.replace_all_uses_with(new)
+        if source is not None:  # a tuple result (MaxPool2d with indices): its items become getitems of the call
+            for item in outputs:
+                with graph.inserting_before(item):
+                    picked = graph.call_function(operator.getitem, (new, item.args[1]))
+                picked.meta = dict(item.meta)
+                order[picked] = order[item]
+                item.replace_all_uses_with(picked)
+        else:
+            out.replace_all_uses_with(new)
         for n in sorted(nodes, key=order.__getitem__, reverse=True):
             graph.erase_node(n)
         raised += 1
     return raised
+
+
+def _tuple_source(outputs: list[fx.Node], members: set[fx.Node]) -> fx.Node | None:
+    """The group node whose tuple result the outputs pick items from (``getitem`` of one node), if so."""
+    sources = {o.args[0] for o in outputs if o.target is operator.getitem and isinstance(o.args[0], fx.Node)}
+    if len(outputs) < 2 or len(sources) != 1 or any(o.target is not operator.getitem for o in outputs):
+        return None
+    (source,) = sources
+    return source if source in members and isinstance(source.meta.get("val"), (tuple, list)) else None
 
 
 def _owner_name(node: fx.Node) -> str:
