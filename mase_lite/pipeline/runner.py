@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from mase_lite.errors import UserError, ensure_dir
 from mase_lite.files import staged_file
+from mase_lite.lock import DirectoryLock
 from mase_lite.ir.graph import MaseGraph
 from mase_lite.ir.serialize import example_inputs_from_specs
 from mase_lite.passes.instruments import DrawAfter, GraphChange, Timing, VerifyAfterEach
@@ -83,10 +84,11 @@ class StepCache(Protocol):
     """Where a run may resume from a state saved after its first steps (the search's prefix cache)."""
 
     def restore(self, spec: PipelineSpec, ctx: PassContext) -> tuple[int, MaseGraph, list[dict[str, Any]]] | None:
-        """``(steps done, graph after them, their report entries)``, or ``None`` to run from the start."""
+        """``(steps done, graph after them, their report entries)`` with ``ctx.data`` set, or ``None`` to
+        build, capture and run from the start. Called before the model is built."""
 
     def store(self, spec: PipelineSpec, done: int, mg: MaseGraph, entries: list[dict[str, Any]], ctx: PassContext) -> None:
-        """Called after each step (``done`` steps finished); the cache decides what to keep."""
+        """Called after the capture (``done == 0``) and after each step; the cache decides what to keep."""
 
 
 class _Keep(PassInstrument):
@@ -150,13 +152,17 @@ def run_pipeline(
     mg: MaseGraph | None = None
     current = "capture"
     base = (Timing(), GraphChange(), *((VerifyAfterEach(),) if spec.verify_each else ()), *instruments)
+    lock = DirectoryLock(out, "output_dir").acquire()  # one run per directory; released after the report
     try:
         t0 = time.perf_counter()
-        mg, data = build_graph(spec, out)
-        ctx = PassContext(data=data, output_dir=out)
+        ctx = PassContext(output_dir=out)
         done = 0
-        restored = cache.restore(spec, ctx) if cache is not None else None
-        if restored is not None:
+        restored = cache.restore(spec, ctx) if cache is not None else None  # skips build and capture on a hit
+        if restored is None:
+            mg, ctx.data = build_graph(spec, out)
+            if cache is not None:
+                cache.store(spec, 0, mg, [], ctx)
+        else:
             done, mg, entries = restored
             report["steps"] = [{**entry, "cached": True} for entry in entries]
             for step, entry in zip(spec.steps, entries):
@@ -193,4 +199,5 @@ def run_pipeline(
     finally:
         report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         write_json_atomic(report_path, report)
+        lock.release()
     return PipelineResult(mg=mg, report=json_safe(report), output_dir=out, data=ctx.data)

@@ -26,6 +26,7 @@ from tqdm import tqdm
 from mase_lite.errors import UserError, ensure_dir
 from mase_lite.pipeline.runner import json_safe, run_pipeline
 from mase_lite.pipeline.spec import read_json
+from mase_lite.search.cache import PrefixCache, prefix_length
 from mase_lite.search.space import Space
 from mase_lite.search.spec import SearchSpec, StudySpec, load_search_spec
 from mase_lite.search.storage import fail_stale, heartbeat_thread, open_storage
@@ -46,6 +47,7 @@ class Study:
     output_dir: Path
     sampler: optuna.samplers.BaseSampler
     study: optuna.Study | None = None
+    cache: PrefixCache | None = None  # the prefix cache (None: off, or the space varies every step's input)
     overhead: list[float] = field(default_factory=list)  # seconds per trial spent outside the pipeline run
     loop_seconds: list[float] = field(default_factory=list)  # seconds per trial, from the stale check to tell
 
@@ -168,7 +170,9 @@ def prepare_studies(spec: SearchSpec) -> list[Study]:
         space.check()
         sampler = make_sampler(spec, variant, space, f"{prefix}sampler" if variant.sampler else "sampler")
         name = f"{spec.study_name}.{variant.name}" if spec.studies else spec.study_name
-        studies.append(Study(name, spec, variant, space, out / variant.name if spec.studies else out, sampler))
+        k = prefix_length(pipeline, space) if spec.cache else None
+        cache = PrefixCache(out / "cache", k) if k is not None else None
+        studies.append(Study(name, spec, variant, space, out / variant.name if spec.studies else out, sampler, cache=cache))
     return studies
 
 
@@ -207,7 +211,7 @@ def run_trial(study: Study, trial: optuna.Trial) -> tuple[TrialState, list[float
         pipeline["output_dir"] = str(trial_dir)
         t1 = time.perf_counter()
         try:
-            result = run_pipeline(pipeline, output_dir=trial_dir)
+            result = run_pipeline(pipeline, output_dir=trial_dir, cache=study.cache)
         finally:
             run_seconds = time.perf_counter() - t1
         metrics = flatten_metrics(result.report["metrics"])

@@ -21,6 +21,7 @@ TINY_PIPELINE = {
         }
     },
     "steps": [
+        {"pass": "train", "params": {"max_steps": 2, "batch_size": 8, "progress": False}},
         {
             "pass": "quantize",
             "params": {

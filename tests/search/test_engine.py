@@ -26,7 +26,7 @@ def test_spec_errors_name_paths_and_exit_2(tmp_path, tiny_search, capsys):
     )
     assert main(["search", str(write_spec(tmp_path, spec))]) == 2
     err = capsys.readouterr().err
-    assert "space.0.path: steps.quantise: no step has this label or pass; steps: 0 quantize, 1 avg_bits, 2 evaluate" in err
+    assert "space.0.path: steps.quantise: no step has this label or pass; steps: 0 train, 1 quantize, 2 avg_bits, 3 evaluate" in err
     assert "space.1.path: steps.quantize.params.rulez: pass 'quantize' has no parameter 'rulez'; its parameters: by, rules" in err
 
     spec = tiny_search(space=[{"path": WIDTH, "type": "choice", "values": [8, 2]}])
@@ -52,13 +52,16 @@ def test_grid_over_widths_matches_standalone_runs(tmp_path, tiny_search):
     assert all(t["state"] == "COMPLETE" for t in trials) and len(trials) == 2
     for t in trials:
         pipeline = copy.deepcopy(TINY_PIPELINE)
-        pipeline["steps"][0]["params"]["rules"]["linear"]["weight_width"] = t["params"][WIDTH]
+        pipeline["steps"][1]["params"]["rules"]["linear"]["weight_width"] = t["params"][WIDTH]
         path = write_spec(tmp_path, pipeline, f"standalone{t['number']}.json")
         assert main(["run", str(path), "--output-dir", str(tmp_path / f"run{t['number']}")]) == 0
         standalone = json.loads((tmp_path / f"run{t['number']}" / "report.json").read_text())["metrics"]
         metrics = {k: v for k, v in t["metrics"].items() if k != "trial.seconds"}
-        assert metrics == flatten_metrics(standalone)
-        assert (out / "trials" / str(t["number"]) / "report.json").is_file()
+        assert metrics == flatten_metrics(standalone)  # the prefix cache (on by default) changes no figure
+    # the shared prefix (train) ran once; the other trial restored it from the cache
+    steps = [json.loads((out / "trials" / str(t["number"]) / "report.json").read_text())["steps"] for t in trials]
+    assert sorted([s.get("cached", False) for s in run] for run in steps) == [[False] * 4, [True, False, False, False]]
+    assert len(list((out / "cache").iterdir())) == 1
     # 4-bit weights cost fewer bits; the report names the best trial by the objective
     bits = {t["params"][WIDTH]: t["metrics"]["avg_bits.weights"] for t in trials}
     assert bits[4] < bits[8]

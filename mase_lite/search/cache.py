@@ -1,0 +1,267 @@
+"""The prefix cache: trials that share their first steps reuse the state after them.
+
+A search whose space touches only steps ``k`` and later (the usual case: train once, then quantize,
+prune and evaluate many ways) runs those first ``k`` steps once. The state after them (the graph,
+the run's data, the random generators of torch, python and numpy, and the steps' report entries)
+is kept in memory for this worker and written to ``<output_dir>/cache/<key>/`` for every worker that
+sees the directory: the graph as ``mg.save`` writes it (safetensors + JSON), the generators as
+safetensors + JSON. The key hashes the canonical JSON of everything the state depends on: model,
+data, seed, inputs, plug-ins and the first ``k`` steps. A trial restored from the cache reports
+exactly the metrics of a run without it; its restored steps say ``"cached": true`` in report.json.
+Files the cached steps wrote (a drawing, a checkpoint) exist only in the trial that ran them.
+
+Example::
+
+    k = prefix_length(pipeline_dict, space)          # None: the space varies the model, data or seed
+    cache = PrefixCache(Path("runs/s/cache"), k)
+    run_pipeline(trial_pipeline, cache=cache)        # the first trial runs steps 0..k-1 and stores
+    run_pipeline(other_trial_pipeline, cache=cache)  # later trials start at step k
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from mase_lite.errors import UserError
+from mase_lite.passes.manager import BASE_FACTS, PassContext
+from mase_lite.passes.registry import PassError, get_pass
+from mase_lite.search.spec import ChoiceParam, FloatParam, IntParam, LogFloatParam
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1
+GRAPH, RNG, STATE = "graph", "rng.safetensors", "state.json"
+UNKEYED = ("name", "output_dir", "steps")  # pipeline fields the state after a prefix does not depend on
+
+
+def _single_valued(entry) -> bool:
+    if isinstance(entry, ChoiceParam):
+        return len({json.dumps(v, sort_keys=True) for v in entry.values}) == 1
+    if isinstance(entry, (IntParam, FloatParam, LogFloatParam)):
+        return entry.low == entry.high
+    return False
+
+
+def prefix_length(pipeline: dict, space) -> int | None:
+    """How many leading steps of ``pipeline`` no entry of ``space`` changes; ``None`` when an entry varies
+    something every step depends on (model, data, seed, inputs).
+
+    The prefix also ends before a step that draws (``draw_after``) or leaves facts on the graph that a
+    saved graph does not keep (such as ``profile``'s statistics).
+
+    >>> from types import SimpleNamespace as NS
+    >>> steps = [{"pass": "train"}, {"pass": "quantize"}, {"pass": "evaluate"}]
+    >>> prefix_length({"steps": steps}, NS(entries=[NS()], keys=[["steps", 1, "params", "rules"]]))
+    1
+    >>> print(prefix_length({"steps": steps}, NS(entries=[NS()], keys=[["model", "hf_config", "hidden_size"]])))
+    None
+    """
+    steps = pipeline.get("steps") or []
+    k = len(steps)
+    tied = getattr(space, "tied", None) or [[] for _ in space.entries]  # other paths an entry also sets
+    for entry, keys, also in zip(space.entries, space.keys, tied):
+        if getattr(entry, "type", None) == "const" or _single_valued(entry):
+            continue  # the same in every trial
+        for path in [keys, *(p for p, _ in also)]:
+            if path[0] == "steps":
+                k = min(k, path[1])
+            elif path[0] not in UNKEYED:
+                return None
+    for i, step in enumerate(steps[:k]):
+        try:
+            provides = set(get_pass(step.get("pass", "")).provides)
+        except PassError:
+            return i
+        if step.get("draw_after") or provides - BASE_FACTS:
+            return i
+    return k
+
+
+def prefix_key(spec, k: int) -> str:
+    """A digest of the canonical JSON of what the state after ``spec``'s first ``k`` steps depends on."""
+    dumped = spec.model_dump(mode="json", by_alias=True)
+    parts = {name: value for name, value in dumped.items() if name not in UNKEYED}
+    parts["steps"] = dumped["steps"][:k]
+    from mase_lite import __version__
+
+    parts["versions"] = [FORMAT, __version__, torch.__version__]
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The random generators' states as tensors and JSON: torch (CPU and every CUDA device), python, numpy."""
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors.update({f"cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    version, words, gauss = random.getstate()
+    plain: dict[str, Any] = {"python": [version, list(words), gauss]}
+    try:
+        import numpy
+    except ImportError:
+        return tensors, plain
+    name, keys, pos, has_gauss, cached = numpy.random.get_state()
+    tensors["numpy"] = torch.from_numpy(keys.astype("int64"))
+    plain["numpy"] = [name, int(pos), int(has_gauss), float(cached)]
+    return tensors, plain
+
+
+def set_rng_state(tensors: dict[str, torch.Tensor], plain: dict[str, Any]) -> None:
+    """Put back what :func:`rng_state` took."""
+    torch.set_rng_state(tensors["torch"])
+    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("cuda.")]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+    version, words, gauss = plain["python"]
+    random.setstate((version, tuple(words), gauss))
+    if "numpy" in plain:
+        import numpy
+
+        name, pos, has_gauss, cached = plain["numpy"]
+        numpy.random.set_state((name, tensors["numpy"].numpy().astype("uint32"), pos, has_gauss, cached))
+
+
+@dataclass
+class _State:
+    """The state after a prefix, as this worker holds it (never handed out: trials get copies)."""
+
+    mg: Any
+    data: Any
+    entries: list[dict[str, Any]]
+    rng: tuple[dict[str, torch.Tensor], dict[str, Any]]
+
+
+def _copy_graph(mg):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch's pytree specs warn when copied
+        return copy.deepcopy(mg)
+
+
+def _fingerprint(data) -> str | None:
+    return getattr(data, "fingerprint", None)
+
+
+class PrefixCache:
+    """The runner's step cache for one prefix length (see the module docstring).
+
+    Several workers may share ``root``: a state is written to a staging directory and renamed into
+    place; when two workers compute the same prefix at once, the first rename wins and the other
+    worker's copy is discarded. ``keep`` states stay in memory (trials get deep copies).
+    """
+
+    def __init__(self, root: str | Path, length: int, keep: int = 2):
+        self.root = Path(root)
+        self.length = length
+        self.keep = keep
+        self._memory: OrderedDict[str, _State] = OrderedDict()
+        self._data: dict[str, Any] = {}
+
+    def restore(self, spec, ctx: PassContext) -> tuple[int, Any, list[dict[str, Any]]] | None:
+        """The state after the prefix (a copy), with ``ctx.data`` and the generators set; ``None`` on a miss."""
+        key = prefix_key(spec, self.length)
+        state = self._memory.get(key) or self._load(key, spec, ctx)
+        if state is None:
+            return None
+        self._remember(key, state)
+        mg = _copy_graph(state.mg)
+        ctx.data = state.data
+        set_rng_state(*state.rng)
+        logger.info("steps 0..%d restored from the prefix cache (%s)", self.length - 1, key)
+        return self.length, mg, copy.deepcopy(state.entries)
+
+    def store(self, spec, done: int, mg, entries: list[dict[str, Any]], ctx: PassContext) -> None:
+        """Keep the state when ``done`` is the prefix length: in memory, and on disk unless another worker has."""
+        if done != self.length:
+            return
+        from mase_lite.pipeline.runner import json_safe
+
+        key = prefix_key(spec, done)
+        state = _State(_copy_graph(mg), ctx.data, json_safe(entries), rng_state())
+        self._remember(key, state)
+        if not (self.root / key).exists():
+            try:
+                self._write(key, mg, state)
+            except OSError as err:
+                logger.warning("prefix cache: could not write %s: %s", self.root / key, err)
+
+    def _remember(self, key: str, state: _State) -> None:
+        self._memory[key] = state
+        self._memory.move_to_end(key)
+        while len(self._memory) > self.keep:
+            self._memory.popitem(last=False)
+
+    def _write(self, key: str, mg, state: _State) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=self.root))
+        try:
+            mg.save(staging / GRAPH)
+            tensors, plain = state.rng
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(staging / RNG))
+            meta = {
+                "format": FORMAT,
+                "steps": self.length,
+                "entries": state.entries,
+                "facts": sorted(mg.facts),
+                "training": mg.model.training,
+                "data_fingerprint": _fingerprint(state.data),
+                "rng": plain,
+            }
+            (staging / STATE).write_text(json.dumps(meta))
+            try:
+                os.rename(staging, self.root / key)
+            except OSError:
+                if not (self.root / key / STATE).is_file():
+                    raise  # not another worker's finished copy: a real failure
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _load(self, key: str, spec, ctx: PassContext) -> _State | None:
+        """The state another worker (or an earlier run) wrote, or ``None``."""
+        from mase_lite.passes.replay import load_graph
+
+        directory = self.root / key
+        if not (directory / STATE).is_file():
+            return None
+        try:
+            meta = json.loads((directory / STATE).read_text())
+            if meta.get("format") != FORMAT or meta.get("steps") != self.length:
+                return None
+            data = self._data_for(spec, ctx)
+            if _fingerprint(data) != meta["data_fingerprint"]:
+                logger.info("prefix cache %s: the data changed since it was written; running from the start", key)
+                return None
+            mg = load_graph(directory / GRAPH)
+            rng = load_file(str(directory / RNG))
+        except (OSError, ValueError, UserError) as err:
+            logger.warning("prefix cache: cannot read %s (%s); running from the start", directory, err)
+            return None
+        mg.facts = set(meta["facts"])
+        mg.model.train(meta["training"])
+        return _State(mg, data, meta["entries"], (rng, meta["rng"]))
+
+    def _data_for(self, spec, ctx: PassContext):
+        """The run's data, built as the runner builds it (once per worker and data section)."""
+        if spec.data is None:
+            return None
+        parts = spec.model_dump(mode="json", include={"model", "data", "seed"})
+        key = json.dumps(parts, sort_keys=True, default=str)
+        if key not in self._data:
+            from mase_lite.train import prepare
+
+            _, self._data[key] = prepare(spec.model, spec.data, ctx.output_dir, spec.seed)
+        return self._data[key]
