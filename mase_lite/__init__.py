@@ -27,11 +27,11 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'mase_lite' has no attribute {name!r}")
 
 
-def load(directory, model=None):
+def load(directory, model=None, trust_code=False):
     """A saved graph with its transforms replayed; see :func:`mase_lite.passes.replay.load_graph`."""
     from mase_lite.passes.replay import load_graph
 
-    return load_graph(directory, model=model)
+    return load_graph(directory, model=model, trust_code=trust_code)
 
 
 def run_pipeline(source, output_dir=None):

@@ -23,6 +23,7 @@ from pathlib import Path
 from mase_lite import __version__
 from mase_lite.errors import UserError
 from mase_lite.plugins import import_plugins
+from mase_lite.trust import set_trust_code
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -129,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
         help="import a module or .py file that registers passes (repeatable)",
     )
+    parser.add_argument(
+        "--trust-code", action="store_true",
+        help="let checkpoints and reports name model factories, classes and plug-ins that are not registered "
+        "(they are imported and called: use only for files you trust)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a pipeline spec")
@@ -172,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    set_trust_code(args.trust_code)
     try:
         import_plugins(args.plugin)
         return args.fn(args)

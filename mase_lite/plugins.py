@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from mase_lite.errors import UserError
+from mase_lite.trust import name_plugin
 
 
 def import_plugins(plugins: list[str], base: Path | None = None) -> None:
@@ -28,6 +29,8 @@ def import_plugins(plugins: list[str], base: Path | None = None) -> None:
             if not path.is_file():
                 raise UserError(f"plugins.{i}: no such file: {path}")
             name = f"mase_lite_plugin_{path.stem}_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
+            name_plugin(plugin)
+            name_plugin(name)
             if name in sys.modules:
                 continue
             spec = importlib.util.spec_from_file_location(name, path)
@@ -43,3 +46,4 @@ def import_plugins(plugins: list[str], base: Path | None = None) -> None:
                 importlib.import_module(plugin)
             except ImportError as err:
                 raise UserError(f"plugins.{i}: cannot import module {plugin!r}: {err}") from None
+            name_plugin(plugin)

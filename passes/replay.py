@@ -25,6 +25,7 @@ from mase_lite.errors import UserError
 from mase_lite.ir.graph import MaseGraph
 from mase_lite.passes.manager import PassContext, run_pass
 from mase_lite.passes.registry import PassError, get_pass
+from mase_lite.trust import trusted, trusting
 
 
 def replay_transforms(mg, transforms: list[dict[str, Any]]):
@@ -45,6 +46,11 @@ def replay_transforms(mg, transforms: list[dict[str, Any]]):
     return mg
 
 
-def load_graph(directory: str | Path, model: nn.Module | None = None):
-    """The graph saved in ``directory`` with its transforms replayed and its weights loaded."""
-    return MaseGraph.load(directory, model=model, replay=replay_transforms)
+def load_graph(directory: str | Path, model: nn.Module | None = None, trust_code: bool = False):
+    """The graph saved in ``directory`` with its transforms replayed and its weights loaded.
+
+    Code the checkpoint names (a model factory, leaf-module classes) is used only when registered,
+    or when ``trust_code`` is true (see :mod:`mase_lite.trust`); replay runs structural transforms only.
+    """
+    with trusting(trusted() or trust_code):
+        return MaseGraph.load(directory, model=model, replay=replay_transforms)

@@ -12,38 +12,86 @@ Example::
 
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import safetensors
 import safetensors.torch
 import torch
 import torch.nn as nn
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
-from mase_lite.errors import UserError
+from mase_lite.errors import UserError, format_validation_error
 from mase_lite.ir.capture import dynamic_shapes_of
 from mase_lite.files import recover, staged_directory
+from mase_lite.limits import check_fits, model_bytes
+from mase_lite.trust import TRUST_HINT, qualname, resolve_factory, resolve_leaf_module, trusted
 
 RECIPE = "recipe.json"
 WEIGHTS = "model.safetensors"
 FORMAT_VERSION = 1
 
 
-def _qualname(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
+class FactoryRecipe(BaseModel):
+    """A model built by calling a registered factory with JSON keyword arguments."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    factory: str = Field(description="'package.module:function' (imported only when registered or trusted)")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
-def _import(qualname: str) -> Any:
-    module_name, _, attr = qualname.partition(":")
+class HFRecipe(BaseModel):
+    """A transformers model rebuilt from its class name and config through transformers' registry."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    hf_class: str = Field(pattern=r"^[A-Za-z_]\w*$")
+    hf_config: dict[str, Any]
+    attn_implementation: str | None = Field(None, pattern=r"^[\w-]+$")
+
+
+ModelRecipe = Annotated[
+    Annotated[FactoryRecipe, Tag("factory")] | Annotated[HFRecipe, Tag("hf")],
+    Discriminator(lambda v: "factory" if "factory" in (v if isinstance(v, dict) else vars(v)) else "hf"),
+]
+
+
+class InputRecipe(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    shape: list[Annotated[int, Field(ge=0)]]
+    dtype: str
+
+
+class TransformRecipe(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    pass_name: str = Field(alias="pass")
+    params: dict[str, Any] = Field(default_factory=dict)
+    module: str | None = None
+
+
+class Recipe(BaseModel):
+    """``recipe.json``: everything a load needs besides the weights. Names in it are data, not code."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    format: Literal[1]
+    model: ModelRecipe | None
+    hf_input_names: list[str] | None
+    input_specs: dict[str, InputRecipe]
+    dynamic_dims: dict[str, list[Annotated[int, Field(ge=0)]]] | None = None
+    leaf_modules: list[str] = Field(default_factory=list)
+    transforms: list[TransformRecipe] = Field(default_factory=list)
+
+
+def _validate(kind: Any, data: Any, where: str) -> Any:
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as err:
-        raise UserError(f"cannot import {qualname!r}: {err}") from None
-    return obj
+        return TypeAdapter(kind).validate_python(data)
+    except ValidationError as err:
+        raise UserError(f"{where}: malformed recipe:\n" + format_validation_error(err, model=kind)) from None
 
 
 def model_recipe(model: nn.Module) -> dict[str, Any] | None:
@@ -58,19 +106,62 @@ def model_recipe(model: nn.Module) -> dict[str, Any] | None:
     return None
 
 
-def build_from_recipe(recipe: dict[str, Any]) -> nn.Module:
-    """A freshly initialised model from a recipe written by :func:`model_recipe` or a factory."""
-    if "factory" in recipe:
-        factory = _import(recipe["factory"])
-        return factory(**recipe.get("kwargs", {}))
-    import transformers
+def build_from_recipe(recipe: dict[str, Any] | FactoryRecipe | HFRecipe) -> nn.Module:
+    """A freshly initialised model from a recipe written by :func:`model_recipe` or a factory.
 
-    cls = getattr(transformers, recipe["hf_class"], None)
-    if cls is None:
-        raise UserError(f"recipe: transformers has no model class {recipe['hf_class']!r}")
-    config = cls.config_class.from_dict(recipe["hf_config"])
-    kwargs = {"attn_implementation": recipe["attn_implementation"]} if recipe.get("attn_implementation") else {}
+    A factory is called only when registered or trusted (see :mod:`mase_lite.trust`); a transformers
+    class only when transformers' auto registry lists it for the config's model type.
+    """
+    if isinstance(recipe, dict):
+        recipe = _validate(ModelRecipe, recipe, "model")
+    if isinstance(recipe, FactoryRecipe):
+        factory = resolve_factory(recipe.factory, "model.factory")
+        try:
+            model = factory(**recipe.kwargs)
+        except TypeError as err:
+            raise UserError(f"model.factory = {recipe.factory!r}: bad model.kwargs {sorted(recipe.kwargs)}: {err}") from None
+        if not isinstance(model, nn.Module):
+            raise UserError(f"model.factory = {recipe.factory!r} returned {type(model).__name__}, not an nn.Module")
+        return model
+    cls, config = _hf_class_and_config(recipe)
+    kwargs = {"attn_implementation": recipe.attn_implementation} if recipe.attn_implementation else {}
+    check_fits("model.hf_config", model_bytes(lambda: cls._from_config(config, **kwargs), "model.hf_config"), "the model")
     return cls._from_config(config, **kwargs)
+
+
+def _registered_hf_classes(model_type: str) -> set[str]:
+    """Model class names transformers' auto mappings list for ``model_type``."""
+    from transformers.models.auto import modeling_auto
+
+    names: set[str] = set()
+    for attr in dir(modeling_auto):
+        mapping = getattr(modeling_auto, attr)
+        if attr.endswith("_MAPPING_NAMES") and isinstance(mapping, dict):
+            found = mapping.get(model_type)
+            names.update([found] if isinstance(found, str) else list(found or ()))
+    return names
+
+
+def _hf_class_and_config(recipe: HFRecipe) -> tuple[type, Any]:
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = recipe.hf_config.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        raise UserError(f"model.hf_config.model_type = {model_type!r} is not a model type transformers knows")
+    if recipe.hf_class not in _registered_hf_classes(model_type) and not trusted():
+        raise UserError(
+            f"model.hf_class = {recipe.hf_class!r} is not a {model_type} model class in transformers' auto "
+            f"registry, so it is not looked up; {TRUST_HINT} to load it anyway"
+        )
+    cls = getattr(transformers, recipe.hf_class, None)
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+        raise UserError(f"model.hf_class: transformers has no model class {recipe.hf_class!r}")
+    try:
+        config = CONFIG_MAPPING[model_type].from_dict(recipe.hf_config)
+    except (TypeError, ValueError, KeyError, AttributeError) as err:
+        raise UserError(f"model.hf_config: not a valid {model_type} config: {err}") from None
+    return cls, config
 
 
 def example_inputs_from_specs(specs: dict[str, dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -80,6 +171,12 @@ def example_inputs_from_specs(specs: dict[str, dict[str, Any]]) -> dict[str, tor
         dtype = getattr(torch, spec["dtype"], None)
         if not isinstance(dtype, torch.dtype):
             raise UserError(f"example_inputs.{name}.dtype: {spec['dtype']!r} is not a torch dtype (e.g. float32, int64)")
+        numel = 1
+        for size in spec["shape"]:
+            if size < 0:
+                raise UserError(f"example_inputs.{name}.shape: sizes must be >= 0, got {spec['shape']}")
+            numel *= size
+        check_fits(f"example_inputs.{name}.shape", numel * dtype.itemsize, f"an example input of shape {spec['shape']}")
         make = torch.randn if dtype.is_floating_point else torch.zeros
         inputs[name] = make(spec["shape"], dtype=dtype)
     return inputs
@@ -94,7 +191,7 @@ def save(mg, directory: str | Path) -> Path:
         "hf_input_names": mg.hf_input_names,
         "input_specs": mg.input_specs,
         "dynamic_dims": mg.dynamic_dims,
-        "leaf_modules": [_qualname(c) for c in mg.leaf_modules],
+        "leaf_modules": [qualname(c) for c in mg.leaf_modules],
         "transforms": mg.history,
     }
     state = {k: v.detach().to("cpu") for k, v in mg.model.state_dict().items()}
@@ -117,17 +214,19 @@ def _drop_aliases(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return unique
 
 
-def _read_recipe(directory: Path) -> dict[str, Any]:
+def _read_recipe(directory: Path) -> Recipe:
     path = directory / RECIPE
     if not path.is_file():
         raise UserError(f"{directory} is not a saved MaseGraph: {RECIPE} is missing")
     try:
-        recipe = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+        recipe = json.loads(path.read_bytes().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise UserError(f"{path} is not valid JSON: {err}") from None
+    if not isinstance(recipe, dict):
+        raise UserError(f"{path}: expected a JSON object, got {type(recipe).__name__}")
     if recipe.get("format") != FORMAT_VERSION:
         raise UserError(f"{path}: unsupported format {recipe.get('format')!r} (expected {FORMAT_VERSION})")
-    return recipe
+    return _validate(Recipe, recipe, str(path))
 
 
 def _load_weights(model: nn.Module, path: Path) -> None:
@@ -144,11 +243,16 @@ def _load_weights(model: nn.Module, path: Path) -> None:
         if name not in state:
             missing.append(name)
             continue
-        if tuple(state[name].shape) != tuple(target.shape):
+        saved = state[name]
+        if tuple(saved.shape) != tuple(target.shape):
             raise UserError(
-                f"{path}: tensor {name!r} has shape {list(state[name].shape)} in the checkpoint "
+                f"{path}: tensor {name!r} has shape {list(saved.shape)} in the checkpoint "
                 f"but {list(target.shape)} in the model"
             )
+        if saved.dtype != target.dtype:
+            raise UserError(f"{path}: tensor {name!r} is {saved.dtype} in the checkpoint but {target.dtype} in the model")
+        if saved.is_floating_point() and saved.numel() and not saved.isfinite().any():
+            raise UserError(f"{path}: tensor {name!r} holds no finite value (all NaN or infinite)")
     tied = _tied_names(model)
     really_missing = [m for m in missing if m not in tied]
     if really_missing:
@@ -164,25 +268,32 @@ def _tied_names(model: nn.Module) -> set[str]:
 
 
 def read_checkpoint(directory: str | Path, model: nn.Module | None = None) -> tuple[dict[str, Any], nn.Module, dict[str, Any]]:
-    """The recipe saved in ``directory``, the model to capture (rebuilt unless given) and the capture's arguments."""
+    """The recipe saved in ``directory``, the model to capture (rebuilt unless given) and the capture's arguments.
+
+    Nothing the recipe names is imported or called unless registered or trusted (:mod:`mase_lite.trust`):
+    leaf-module classes are looked up among the model's own modules.
+    """
     directory = Path(directory)
     recover(directory)
-    recipe = _read_recipe(directory)
+    parsed = _read_recipe(directory)
     if model is None:
-        if recipe["model"] is None:
+        if parsed.model is None:
             raise UserError(
                 f"{directory}: no recipe to rebuild the model was saved; pass the model: MaseGraph.load(dir, model=...)"
             )
-        model = build_from_recipe(recipe["model"])
+        model = build_from_recipe(parsed.model)
     model.eval()
-    leaf = tuple(_import(q) for q in recipe["leaf_modules"])
-    if recipe["hf_input_names"] is not None:
-        inputs: dict[str, Any] = {"hf_input_names": recipe["hf_input_names"]}
-        names = recipe["hf_input_names"]
+    known = {qualname(type(m)): type(m) for m in model.modules()}
+    found = (resolve_leaf_module(q, f"leaf_modules.{i}", known) for i, q in enumerate(parsed.leaf_modules))
+    leaf = tuple(cls for cls in found if cls is not None)
+    recipe = parsed.model_dump(mode="json", by_alias=True)
+    if parsed.hf_input_names is not None:
+        inputs: dict[str, Any] = {"hf_input_names": parsed.hf_input_names}
+        names = parsed.hf_input_names
     else:
         inputs = {"example_inputs": example_inputs_from_specs(recipe["input_specs"])}
         names = list(inputs["example_inputs"])
-    dynamic = dynamic_shapes_of(recipe["dynamic_dims"], names) if "dynamic_dims" in recipe else None
+    dynamic = dynamic_shapes_of(parsed.dynamic_dims, names) if parsed.dynamic_dims is not None else None
     return recipe, model, {**inputs, "leaf_modules": leaf, "dynamic_shapes": dynamic, "recipe": recipe["model"]}
 
 

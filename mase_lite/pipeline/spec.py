@@ -27,6 +27,7 @@ from mase_lite.passes.manager import BASE_FACTS, check_requirements
 from mase_lite.passes.registry import PassError, all_passes
 from mase_lite.train.data import DataSpec
 from mase_lite.train.models import ModelSpec
+from mase_lite.trust import admit_spec
 
 
 class InputSpec(BaseModel):
@@ -148,9 +149,11 @@ def load_spec(source: str | Path | dict | BaseModel, plugins: list[str] = ()) ->
         name = str(source)
         base = Path(source).parent
         source = read_json(source)
-    if isinstance(source, dict) and "spec" in source and "versions" in source:
+    recorded = isinstance(source, dict) and "spec" in source and "versions" in source
+    if recorded:
         source = source["spec"]
     import_plugins(list(plugins))
+    admit_spec(source, recorded, name)  # a report's plug-ins and factory need the user's word (mase_lite.trust)
     if isinstance(source, dict) and isinstance(source.get("plugins"), list):
         import_plugins(source["plugins"], base)
     try:

@@ -25,6 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from mase_lite.errors import UserError
 from mase_lite.files import staged_directory, staged_file
+from mase_lite.limits import check_fits
 from mase_lite.train.hub import hub_cache_dir
 from mase_lite.train.sources import TextSplit, read_hub, read_local, synthetic_splits
 from mase_lite.train.tokenizer import load_tokenizer, train_wordpiece
@@ -41,6 +42,8 @@ OTHER_MAX_LENGTH = 128
 INPUT_NAMES = ["input_ids", "attention_mask", "labels"]
 TOKENIZER_DIR = "tokenizer"
 CACHE_DIR = "data_cache"
+_BYTES_PER_TEXT = 400  # a generated sentence, its label and list slots, as Python objects
+_BYTES_PER_TOKEN = 100  # a token in the tokenizer's encodings (id, mask, offsets, string) and the tensors
 
 
 class DataSpec(BaseModel):
@@ -269,7 +272,12 @@ def build_data(
     """
     spec = validate_section(DataSpec, spec, "data")
     seed = spec.seed if spec.seed is not None else seed
+    if spec.dataset == SYNTHETIC:
+        rows = (spec.n_train or SYNTHETIC_SIZES[0]) + (spec.n_test or SYNTHETIC_SIZES[1])
+        check_fits("data.n_train + data.n_test", rows * _BYTES_PER_TEXT, f"{rows} synthetic rows")
     train, test = read_splits(spec, seed, run_dir)
+    rows, length = len(train) + len(test), spec.resolved_max_length()
+    check_fits("data.max_length", rows * length * _BYTES_PER_TOKEN, f"{rows} rows of {length} tokens while tokenizing")
     trained = False
     if tokenizer is None and spec.tokenizer is not None:
         tokenizer = load_tokenizer(spec.tokenizer, hub_cache_dir(spec.cache_dir, run_dir))

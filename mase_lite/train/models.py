@@ -21,6 +21,7 @@ import torch.nn as nn
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mase_lite.errors import UserError
+from mase_lite.limits import check_fits, model_bytes
 from mase_lite.train.hub import hub_access, hub_cache_dir
 from mase_lite.train.validation import validate_section
 
@@ -35,6 +36,7 @@ DEFAULT_HF_CONFIG: dict[str, Any] = {
     "max_position_embeddings": 512,
 }
 Task = Literal["sequence-classification"]
+_BYTES_PER_LABEL_NAME = 200  # a config's id2label and label2id entries, as Python objects
 
 
 class ModelSpec(BaseModel):
@@ -104,15 +106,24 @@ def _hf_config(spec: ModelSpec, num_labels: int, vocab_size: int | None):
             raise UserError(
                 f"model.hf_config.vocab_size = {given} is smaller than the tokenizer's vocabulary ({vocab_size} tokens)"
             )
-    return AutoConfig.for_model(model_type, num_labels=num_labels, **fields)
+    check_fits("model.num_labels", num_labels * _BYTES_PER_LABEL_NAME, f"the names of {num_labels} labels")
+    try:
+        return AutoConfig.for_model(model_type, num_labels=num_labels, **fields)
+    except (TypeError, ValueError) as err:
+        raise UserError(f"model.hf_config: not a valid {model_type} config: {err}") from None
 
 
 def _from_config(spec: ModelSpec, num_labels: int, vocab_size: int | None) -> nn.Module:
     from transformers import AutoModelForSequenceClassification
 
     config = _hf_config(spec, num_labels, vocab_size)
-    try:
+
+    def build() -> nn.Module:
         return AutoModelForSequenceClassification.from_config(config, attn_implementation=spec.attn_implementation)
+
+    check_fits("model.hf_config", model_bytes(build, "model.hf_config"), f"a {config.model_type} model of this config")
+    try:
+        return build()
     except ValueError as err:
         raise UserError(f"model.hf_config: {config.model_type} cannot build a sequence classifier: {err}") from None
 

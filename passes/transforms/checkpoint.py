@@ -18,7 +18,7 @@ from pathlib import Path
 from pydantic import Field
 
 from mase_lite.errors import UserError, ensure_dir
-from mase_lite.files import staged_directory
+from mase_lite.files import recover, staged_directory
 from mase_lite.ir.serialize import RECIPE
 from mase_lite.passes.registry import PassError, PassParams, register_pass
 from mase_lite.passes.replay import load_graph
@@ -37,10 +37,16 @@ class SaveParams(PassParams):
 class LoadParams(PassParams):
     path: str = Field(min_length=1, description="checkpoint directory: relative to the run, else to the working directory")
     tokenizer: bool = Field(True, description="re-tokenize the run's data with the checkpoint's tokenizer when it differs")
+    trust_code: bool = Field(
+        False, description="import and call the model factory and classes the checkpoint names even when not registered"
+    )
 
 
 def _check_replaceable(target: Path) -> None:
-    """Only a checkpoint, an empty directory or nothing may stand where a checkpoint goes."""
+    """Only a checkpoint, an empty directory or nothing may stand where a checkpoint goes.
+
+    A save killed mid-replace is recovered first, so it never makes this save refuse."""
+    recover(target)
     if target.exists() and not (target / RECIPE).is_file() and (not target.is_dir() or any(target.iterdir())):
         raise PassError(f"pass 'save': {target} exists and is not a checkpoint; refusing to replace it")
 
@@ -93,7 +99,7 @@ def load_pass(mg, params: LoadParams, ctx):
     """Replace the graph by a checkpoint's (rebuilt from its recipe); the run's data is re-tokenized if needed."""
     where = _find_checkpoint(ctx, params.path)
     try:
-        loaded = load_graph(where)
+        loaded = load_graph(where, trust_code=params.trust_code)
     except UserError as err:
         raise PassError(f"pass 'load': checkpoint {where}: {err}") from None
     data = ctx.data

@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 from pydantic import AliasChoices, Field
 
+from mase_lite.limits import check_fits
 from mase_lite.nn.lora import FrozenParameters, LoRALinear, freeze_records, frozen_by_lora
 from mase_lite.passes.registry import PassError, register_pass
 from mase_lite.passes.select import Selection, select_modules
@@ -84,6 +85,8 @@ def lora(mg, params: LoRAParams):
         if not isinstance(module, nn.Linear):
             raise PassError(f"lora: node {name!r} is a {type(module).__name__}; LoRA adapts nn.Linear modules only")
         targets[target] = name
+    adapter_elements = sum(params.rank * (modules[t].in_features + modules[t].out_features) for t in targets)
+    check_fits("lora.rank", adapter_elements * 4, f"{len(targets)} adapters of rank {params.rank}")
     generator = torch.Generator().manual_seed(params.seed)
     alpha = float(params.rank) if params.alpha is None else params.alpha
     adapters = []

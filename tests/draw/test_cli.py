@@ -24,7 +24,7 @@ def saved(tmp_path_factory):
 
 def test_draw_a_saved_graph_directory_folded(saved, tmp_path, capsys):
     out = tmp_path / "blocks.dot"
-    assert main(["draw", str(saved), "--depth", "1", "--fold-repeats", "-o", str(out)]) == 0
+    assert main(["--plugin", "tests.draw.models", "draw", str(saved), "--depth", "1", "--fold-repeats", "-o", str(out)]) == 0
     assert capsys.readouterr().out == f"wrote {out} (4 boxes)\n"   # input, blocks.0–1 ×2, head, output
     assert "blocks.0–1 ×2 (Block)" in out.read_text()
 
@@ -33,12 +33,12 @@ def test_draw_a_saved_graph_as_graphml(saved, tmp_path, capsys):
     import networkx as nx
 
     out = tmp_path / "blocks.graphml"
-    assert main(["draw", str(saved), "-o", str(out)]) == 0
+    assert main(["--plugin", "tests.draw.models", "draw", str(saved), "-o", str(out)]) == 0
     assert "head" in nx.read_graphml(out).nodes
 
 
 def test_color_by_without_data_is_said(saved, tmp_path, capsys):
-    assert main(["draw", str(saved), "--color-by", "format", "-o", str(tmp_path / "g.dot")]) == 0
+    assert main(["--plugin", "tests.draw.models", "draw", str(saved), "--color-by", "format", "-o", str(tmp_path / "g.dot")]) == 0
     assert "color_by format: no node has a number format (run quantize first)" in capsys.readouterr().out
 
 
@@ -53,7 +53,7 @@ def test_color_by_without_data_is_said(saved, tmp_path, capsys):
     ],
 )
 def test_bad_options_exit_2_naming_the_option(saved, tmp_path, capsys, argv, message):
-    assert run(["draw", str(saved), *argv]) == 2
+    assert run(["--plugin", "tests.draw.models", "draw", str(saved), *argv]) == 2
     assert message in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
 

@@ -5,6 +5,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from mase_lite import MaseGraph, UserError
+from mase_lite.trust import trusting
 from tests.ir.models import small_cnn
 
 
@@ -54,7 +55,10 @@ def test_factory_recipe_and_missing_recipe(tmp_path):
     assert torch.equal(again.model(x=x), plain.model(x=x))
     factory = MaseGraph(model, example_inputs={"x": x}, recipe={"factory": "tests.ir.models:small_cnn", "kwargs": {"classes": 5}})
     factory.save(tmp_path / "factory")
-    assert torch.equal(MaseGraph.load(tmp_path / "factory").model(x=x), plain.model(x=x))
+    with pytest.raises(UserError, match=r"'tests.ir.models:small_cnn' is not a registered model factory.*--trust-code"):
+        MaseGraph.load(tmp_path / "factory")
+    with trusting():
+        assert torch.equal(MaseGraph.load(tmp_path / "factory").model(x=x), plain.model(x=x))
 
 
 def test_shape_mismatch_names_the_tensor(tmp_path):

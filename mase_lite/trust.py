@@ -1,0 +1,192 @@
+"""What code a checkpoint or a report may name: only what the user registered, named or trusted.
+
+A checkpoint's ``recipe.json`` and a report's recorded spec are data, possibly from someone else.
+They may name a model factory (``"pkg.mod:fn"``), leaf-module classes and plug-ins; mase_lite
+imports or calls such a name only when
+
+* it is registered: :func:`register_factory` / :func:`register_leaf_module` in code the user runs,
+  or an entry point in the group ``mase_lite.models`` / ``mase_lite.leaf_modules`` of an installed
+  distribution (its value is the ``"pkg.mod:attr"`` name);
+* its module is a plug-in the user named (``--plugin``, ``plugins`` in a spec the user runs), or
+  the user's own spec names the factory;
+* or the user trusts the file's code: ``--trust-code`` on the command line, ``trust_code=True``
+  in the API, or inside ``with trusting():`` (the analogue of transformers' ``trust_remote_code``).
+
+>>> @register_factory
+... def tiny():
+...     import torch
+...     return torch.nn.Linear(2, 2)
+>>> resolve_factory(f"{__name__}:tiny", "model.factory") is tiny
+True
+>>> resolve_factory("subprocess:run", "model.factory")
+Traceback (most recent call last):
+...
+mase_lite.errors.UserError: model.factory = 'subprocess:run' is not a registered model factory, so it is not imported; register it (mase_lite.trust.register_factory or the entry-point group mase_lite.models), name its module with --plugin, or trust the file's code with --trust-code (trust_code=True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import re
+from collections.abc import Callable, Iterator
+from importlib.metadata import entry_points
+from typing import Any, TypeVar
+
+from mase_lite.errors import UserError
+
+FACTORY_GROUP = "mase_lite.models"
+LEAF_GROUP = "mase_lite.leaf_modules"
+TRUST_HINT = "trust the file's code with --trust-code (trust_code=True)"
+QUALNAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+_trust = [False]  # one flag for the process (threads of a search included)
+_factories: dict[str, Callable[..., Any]] = {}
+_leaf_modules: dict[str, type] = {}
+_named: set[str] = set()          # factories named by a spec the user runs
+_plugin_modules: set[str] = set()  # modules the user named as plug-ins
+
+T = TypeVar("T")
+
+
+def qualname(obj: Any) -> str:
+    """``"module:qualified.name"`` of a function or class."""
+    return f"{obj.__module__}:{obj.__qualname__}"
+
+
+def register_factory(fn: T) -> T:
+    """Let checkpoints and reports name ``fn`` (by ``"module:qualname"``) as their model factory."""
+    _factories[qualname(fn)] = fn
+    return fn
+
+
+def register_leaf_module(cls: T) -> T:
+    """Let checkpoints name ``cls`` among the leaf modules their graph was captured with."""
+    _leaf_modules[qualname(cls)] = cls
+    return cls
+
+
+def name_factory(name: str) -> None:
+    """Record that the user's own spec names the factory ``name`` (so its checkpoints load)."""
+    _named.add(name)
+
+
+def name_plugin(module: str) -> None:
+    """Record that the user named ``module`` as a plug-in: the names it defines may be used."""
+    _plugin_modules.add(module)
+
+
+def plugin_named(plugin: str) -> bool:
+    """Whether the user named this plug-in (a module name or a ``.py`` file) themselves."""
+    return plugin in _plugin_modules
+
+
+def trusted() -> bool:
+    """Whether code named in files may be imported and called (``--trust-code``)."""
+    return _trust[0]
+
+
+def set_trust_code(value: bool) -> None:
+    """Trust (or stop trusting) code named in files from now on (the CLI's ``--trust-code``)."""
+    _trust[0] = bool(value)
+
+
+@contextlib.contextmanager
+def trusting(value: bool = True) -> Iterator[None]:
+    """Within the block, code named in checkpoints and reports may be imported and called."""
+    before, _trust[0] = _trust[0], bool(value)
+    try:
+        yield
+    finally:
+        _trust[0] = before
+
+
+def _entry_point_names(group: str) -> set[str]:
+    return {ep.value.replace(" ", "") for ep in entry_points(group=group)}
+
+
+def _import(name: str, field: str) -> Any:
+    module_name, _, attr = name.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as err:
+        raise UserError(f"{field} = {name!r}: cannot import it ({err})") from None
+    return obj
+
+
+def _allowed(name: str, registered: dict[str, Any], group: str) -> Any:
+    """The registered object, ``True`` when importing ``name`` is allowed, else ``None``."""
+    if name in registered:
+        return registered[name]
+    module = name.partition(":")[0]
+    if name in _named or module in _plugin_modules or trusted() or name in _entry_point_names(group):
+        return True
+    return None
+
+
+def _check_name(name: Any, field: str) -> str:
+    if not isinstance(name, str) or not QUALNAME.match(name):
+        raise UserError(f"{field}: expected 'package.module:attribute', got {name!r}")
+    return name
+
+
+def resolve_factory(name: str, field: str) -> Callable[..., Any]:
+    """The factory ``name`` if the user registered, named or trusted it; a ``UserError`` otherwise."""
+    name = _check_name(name, field)
+    found = _allowed(name, _factories, FACTORY_GROUP)
+    if found is None:
+        raise UserError(
+            f"{field} = {name!r} is not a registered model factory, so it is not imported; register it "
+            f"(mase_lite.trust.register_factory or the entry-point group {FACTORY_GROUP}), name its module "
+            f"with --plugin, or {TRUST_HINT}"
+        )
+    fn = _import(name, field) if found is True else found
+    if not callable(fn):
+        raise UserError(f"{field} = {name!r} is not callable")
+    return fn
+
+
+def resolve_leaf_module(name: str, field: str, known: dict[str, type]) -> type | None:
+    """The leaf-module class ``name``: one of ``known`` (the rebuilt model's own classes), else one the
+    user registered or trusts; ``None`` when the model does not contain it and nothing vouches for it
+    (such a class cannot change the capture, so it is simply not used)."""
+    name = _check_name(name, field)
+    if name in known:
+        return known[name]
+    found = _allowed(name, _leaf_modules, LEAF_GROUP)
+    if found is None:
+        return None
+    cls = _import(name, field) if found is True else found
+    import torch.nn as nn
+
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise UserError(f"{field} = {name!r} is not an nn.Module class")
+    return cls
+
+
+def admit_spec(spec: Any, recorded: bool, source: str) -> None:
+    """Check the code a pipeline spec names before anything of it is imported.
+
+    A spec the user runs is their own word: its factory is accepted (and so are checkpoints naming
+    it). A spec ``recorded`` in a report is data: each plug-in must have been named by the user
+    (``--plugin``) and the factory registered, named or trusted.
+    """
+    if not isinstance(spec, dict):
+        return
+    model = spec.get("model")
+    factory = model.get("factory") if isinstance(model, dict) else None
+    if not recorded:
+        if isinstance(factory, str):
+            name_factory(factory)
+        return
+    plugins = spec.get("plugins")
+    for i, plugin in enumerate(plugins if isinstance(plugins, list) else []):
+        if not (isinstance(plugin, str) and plugin_named(plugin)) and not trusted():
+            raise UserError(
+                f"{source}: plugins.{i} = {plugin!r} is recorded in the report, so it is not imported; "
+                f"name it with --plugin, or {TRUST_HINT}"
+            )
+    if factory is not None:
+        resolve_factory(factory, f"{source}: model.factory")
