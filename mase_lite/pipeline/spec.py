@@ -157,6 +157,12 @@ def load_spec(source: str | Path | dict | BaseModel, plugins: list[str] = ()) ->
     if isinstance(source, dict) and isinstance(source.get("plugins"), list):
         import_plugins(source["plugins"], base)
     try:
+        text = json.dumps(source, allow_nan=False)
+    except (TypeError, ValueError):
+        text = None  # not plain JSON (NaN, Python objects): validated as Python values
+    try:  # as JSON, strictly: `true` is not a number and "8" is not an integer
+        if text is not None:
+            return pipeline_model().model_validate_json(text, strict=True)
         return pipeline_model().model_validate(source)
     except ValidationError as err:
         raise spec_error(err, name) from None
