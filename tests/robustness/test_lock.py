@@ -1,0 +1,73 @@
+"""One run per output directory: a second run on it while the first is alive exits 2 naming the
+first's pid; a lock left by a killed run is taken over; the lock file goes when the run ends."""
+
+import json
+import subprocess
+import sys
+import time
+
+from mase_lite.cli import main
+from mase_lite.lock import LOCK_FILE
+
+WAIT_PASS = '''
+import time
+from pathlib import Path
+from mase_lite.passes import PassParams, register_pass
+
+class WaitParams(PassParams):
+    started: str
+    go: str
+
+@register_pass("wait_for_go", kind="analysis", params=WaitParams)
+def wait_for_go(mg, params):
+    """Say the run has started, then wait until told to go on."""
+    Path(params.started).touch()
+    deadline = time.monotonic() + 120
+    while not Path(params.go).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return mg, {"metrics": {"waited": True}}
+'''
+
+
+def _spec(tmp_path, name, steps):
+    spec = {"name": name, "data": None, "model": {"factory": "tests.robustness.nets:tiny"},
+            "example_inputs": {"input": {"shape": [2, 4]}}, "steps": steps, "output_dir": str(tmp_path / "out")}
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(spec))
+    return str(path)
+
+
+def test_two_concurrent_runs_on_one_directory(tmp_path, capsys):
+    (tmp_path / "wait_pass.py").write_text(WAIT_PASS)
+    started, go = tmp_path / "started", tmp_path / "go"
+    first = _spec(tmp_path, "first", [{"pass": "wait_for_go", "params": {"started": str(started), "go": str(go)}}])
+    second = _spec(tmp_path, "second", [])
+    proc = subprocess.Popen([sys.executable, "-m", "mase_lite.cli", "--plugin", str(tmp_path / "wait_pass.py"), "run", first],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), proc.communicate()[1]
+        assert main(["run", second]) == 2
+        err = capsys.readouterr().err
+        assert f"output_dir: {tmp_path / 'out'} is in use by another run (pid {proc.pid}); wait for it to finish" in err
+        go.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert (report["name"], report["metrics"]) == ("first", {"wait_for_go": {"waited": True}})
+    assert not (tmp_path / "out" / LOCK_FILE).exists()
+    assert main(["run", second]) == 0
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["name"] == "second"
+
+
+def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path):
+    (tmp_path / "out").mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "out" / LOCK_FILE).write_text(dead.stdout.strip())
+    assert main(["run", _spec(tmp_path, "after", [])]) == 0
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["status"] == "ok"
+    assert not (tmp_path / "out" / LOCK_FILE).exists()
