@@ -28,8 +28,10 @@ def test_bypass_then_erase_keeps_graph_valid(mlp):
     assert "drop" not in [n.target for n in mlp.nodes]
 
 
-def test_replace_module_keeps_node_and_refreshes_metadata(mlp):
+def test_replace_module_keeps_node_and_metadata_follows_on_recompile(mlp):
     mlp.replace_module("act", torch.nn.ReLU())
+    assert [n.meta["mase"]["op"] for n in mlp.nodes if n.target == "act"] == ["gelu"] * 3  # refreshed once per pass
+    mlp.recompile()
     ops = [n.meta["mase"]["op"] for n in mlp.nodes if n.target == "act"]
     assert ops == ["relu", "relu", "relu"]
     with pytest.raises(UserError, match=r"no submodule named 'nope' in the graph"):

@@ -40,7 +40,7 @@ def test_qat_int8(tmp_path):
 
 def test_prune_l1(tmp_path):
     result = ml.run_pipeline(shrunk("prune_l1.json", tmp_path))
-    assert set(result.report["metrics"]) == {"dense", "pruned", "pruned-finetuned"}
+    assert set(result.report["metrics"]) == {"dense", "pruned", "pruned-finetuned", "sparsity"}
     sparsity = [s["info"] for s in result.report["steps"] if s["pass"] == "sparsity"]
     assert all(info["weight_sparsity"] == pytest.approx(0.5, abs=1e-3) for info in sparsity)
 
