@@ -159,7 +159,7 @@ def _hf_class_and_config(recipe: HFRecipe) -> tuple[type, Any]:
         raise UserError(f"model.hf_class: transformers has no model class {recipe.hf_class!r}")
     try:
         config = CONFIG_MAPPING[model_type].from_dict(recipe.hf_config)
-    except (TypeError, ValueError, KeyError, AttributeError) as err:
+    except Exception as err:  # the config's own field checks (ValueError, TypeError, huggingface_hub's strict dataclasses)
         raise UserError(f"model.hf_config: not a valid {model_type} config: {err}") from None
     return cls, config
 

@@ -39,3 +39,27 @@ def concrete(shape: list[int | str], dims: dict[str, int]) -> list[int]:
 
 def numel(shape: list[int | str], dims: dict[str, int]) -> int:
     return math.prod(concrete(shape, dims))
+
+
+def graph_symbols(mg) -> set[str]:
+    """The symbolic dim names the shapes of ``mg``'s node metadata use (e.g. ``{"batch", "seq"}``)."""
+    found: set[str] = set()
+    for node in mg.model.graph.nodes:
+        meta = node.meta.get("mase") or {}
+        entries = [*(meta.get("args") or []), *(meta.get("results") or []), *(meta.get("params") or {}).values()]
+        for entry in entries:
+            for dim in (entry or {}).get("shape") or [] if isinstance(entry, dict) else []:
+                if isinstance(dim, str):
+                    found.update(str(s) for s in _expr(dim).free_symbols)
+    return found
+
+
+def check_dims(dims: dict[str, int], mg, field: str = "dims") -> None:
+    """Every name in ``dims`` is a symbolic dim of ``mg`` and every value is at least 1."""
+    used = graph_symbols(mg)
+    unknown = sorted(set(dims) - used)
+    if unknown:
+        raise UserError(f"{field}: unknown dim(s) {', '.join(unknown)}; this graph's symbolic dims: {', '.join(sorted(used)) or 'none'}")
+    bad = {k: v for k, v in dims.items() if v < 1}
+    if bad:
+        raise UserError(f"{field}: dim values must be at least 1, got {bad}")

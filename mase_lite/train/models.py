@@ -100,6 +100,10 @@ def _hf_config(spec: ModelSpec, num_labels: int, vocab_size: int | None):
     if unknown:
         allowed = ", ".join(sorted(k for k in defaults if not k.startswith("_")))
         raise UserError(f"model.hf_config: unknown {model_type} config key(s) {', '.join(unknown)}; allowed: {allowed}")
+    for key, value in fields.items():  # sizes and counts (positive by default) stay positive
+        default = defaults[key]
+        if _is_int(default) and default > 0 and _is_int(value) and value < 1:
+            raise UserError(f"model.hf_config.{key} = {value}: must be at least 1 ({model_type}'s default is {default})")
     if vocab_size is not None:
         given = fields.setdefault("vocab_size", vocab_size)
         if given < vocab_size:
@@ -109,8 +113,12 @@ def _hf_config(spec: ModelSpec, num_labels: int, vocab_size: int | None):
     check_fits("model.num_labels", num_labels * _BYTES_PER_LABEL_NAME, f"the names of {num_labels} labels")
     try:
         return AutoConfig.for_model(model_type, num_labels=num_labels, **fields)
-    except (TypeError, ValueError) as err:
+    except Exception as err:  # the config's own field checks (ValueError, TypeError, huggingface_hub's strict dataclasses)
         raise UserError(f"model.hf_config: not a valid {model_type} config: {err}") from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _from_config(spec: ModelSpec, num_labels: int, vocab_size: int | None) -> nn.Module:

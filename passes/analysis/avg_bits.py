@@ -8,7 +8,7 @@ import math
 
 from pydantic import Field
 
-from mase_lite.ir.shapes import concrete
+from mase_lite.ir.shapes import check_dims, concrete
 from mase_lite.numerics import bits_per_element
 from mase_lite.passes.registry import PassParams, register_pass
 
@@ -42,6 +42,8 @@ def avg_bits_pass(mg, params: AvgBitsParams):
     run's metrics (``avg_bits.weights`` in report.json). Example:
     ``ml.passes.avg_bits(mg)[1]["weights"]`` → 32.0 before quantization.
     """
+    if "dims" in params.model_fields_set:  # the defaults name dims a graph may lack
+        check_dims(params.dims, mg, "dims")
     weights: list[tuple[int, float]] = []
     acts: list[tuple[int, float]] = []
     per_node = {}

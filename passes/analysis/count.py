@@ -7,7 +7,7 @@ from collections import Counter
 
 from pydantic import Field
 
-from mase_lite.ir.shapes import numel
+from mase_lite.ir.shapes import check_dims, numel
 from mase_lite.passes.registry import PassParams, register_pass
 
 
@@ -52,6 +52,8 @@ def count_pass(mg, params: CountParams):
     Parameters, trainable parameters and MACs are also the run's metrics (``count.macs``). Example:
     ``ml.passes.count(mg, {"dims": {"batch": 8, "seq": 64}})[1]["macs"]``.
     """
+    if "dims" in params.model_fields_set:  # the defaults name dims a graph may lack
+        check_dims(params.dims, mg, "dims")
     modules = mg.modules
     params_total = sum(p.numel() for p in mg.model.parameters())
     trainable = sum(p.numel() for p in mg.model.parameters() if p.requires_grad)
