@@ -15,6 +15,7 @@ import optuna
 import pytest
 
 import mase_lite as ml
+from mase_lite.search.storage import open_storage
 from tests.search.conftest import WIDTH, start_worker, write_spec
 
 WIDTHS = [4, 6, 8]
@@ -100,3 +101,22 @@ def test_two_workers_on_postgresql(tmp_path, tiny_search, postgres_url):
     assert sorted(complete) == WIDTHS
     assert len(study.trials) == 3
     assert not (tmp_path / "search" / "study.journal").exists()
+
+
+def test_journal_is_synced_when_trials_start_and_end(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    storage = open_storage(None, tmp_path, heartbeat_interval=1)
+    study = optuna.create_study(storage=storage, study_name="s")
+    synced.clear()
+    trial = study.ask()
+    assert len(synced) == 1  # the new trial
+    for k in range(5):
+        trial.suggest_int(f"x{k}", 0, 9)
+    trial.set_user_attr("metrics", {"a": 1.0})
+    assert len(synced) == 1  # a running trial's writes reach the file, not yet the disk
+    other = optuna.load_study(study_name="s", storage=open_storage(None, tmp_path, heartbeat_interval=1))
+    assert other.trials[0].params == trial.params and other.trials[0].user_attrs == {"metrics": {"a": 1.0}}
+    study.tell(trial, 1.0)
+    assert len(synced) == 2
