@@ -80,7 +80,8 @@ class LeafPlan:
                 self._leaf[cls] = leaf
 
     def is_leaf(self, fqn: str, module: nn.Module) -> bool:
-        return fqn in self.stochastic or self._leaf.get(type(module), False)
+        """The root is never a leaf (a bare ``nn.Linear`` captured alone is its own aten ops)."""
+        return bool(fqn) and (fqn in self.stochastic or self._leaf.get(type(module), False))
 
 
 @contextlib.contextmanager

@@ -27,3 +27,12 @@ def test_maxpool_with_indices_is_one_module_call_and_exact():
     for shape in [(2, 3, 8, 8), (5, 3, 6, 10)]:
         x = torch.randn(*shape)
         assert torch.equal(mg.model(x=x), net(x=x))
+
+
+def test_a_leaf_module_captured_alone_is_its_own_ops():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    mg = ml.MaseGraph(linear, example_inputs={"input": x})
+    assert [n.meta["mase"]["op"] for n in mg.nodes if n.op == "call_function"] == ["linear"]
+    assert torch.equal(mg.model(input=x), linear(x))
