@@ -94,3 +94,54 @@ def metric_vs_param(tables: dict[str, list[dict]], param: str, objectives: list,
         ax.legend()
         paths.append(_save(fig, out / f"{_slug(obj.metric)}_vs_{_slug(param)}.png"))
     return paths
+
+
+def _value(row: dict[str, Any], key: str) -> Any:
+    """A trial's parameter ``key``, else its metric ``key``."""
+    return row["params"].get(key, row["metrics"].get(key))
+
+
+def _common_prefix(names: list[str]) -> str:
+    """The ``<study_name>.`` every study name starts with, when there are several studies."""
+    heads = {n.split(".", 1)[0] + "." for n in names if "." in n}
+    return heads.pop() if len(names) > 1 and len(heads) == 1 and all("." in n for n in names) else ""
+
+
+def requested(tables: dict[str, list[dict]], plot, out: Path) -> Path:
+    """A plot a search spec asks for (a :class:`~mase_lite.search.spec.PlotSpec`): each ``y`` metric
+    against ``x``, one curve per study and metric, and the ``baseline`` metric's mean as a line."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    prefix = _common_prefix(list(tables))
+    xs_seen: set[float] = set()
+    for name, rows in tables.items():
+        for metric in plot.y:
+            groups: dict[float, list[float]] = {}
+            for r in _complete(rows):
+                x, y = _value(r, plot.x), r["metrics"].get(metric)
+                if isinstance(x, (int, float)) and not isinstance(x, bool) and y is not None:
+                    groups.setdefault(x, []).append(y)
+            xs = sorted(groups)
+            xs_seen.update(xs)
+            ys = [sum(groups[x]) / len(groups[x]) for x in xs]
+            label = name.removeprefix(prefix) if len(plot.y) == 1 else f"{name.removeprefix(prefix)}: {metric}"
+            if plot.kind == "line":
+                ax.plot(xs, ys, marker="o", label=label)
+            else:
+                points = [(_value(r, plot.x), r["metrics"].get(metric)) for r in _complete(rows)]
+                points = [p for p in points if isinstance(p[0], (int, float)) and p[1] is not None]
+                ax.scatter([p[0] for p in points], [p[1] for p in points], s=14, alpha=0.7, label=label)
+    if plot.baseline:
+        values = [r["metrics"][plot.baseline] for rows in tables.values() for r in _complete(rows) if plot.baseline in r["metrics"]]
+        if values:
+            ax.axhline(sum(values) / len(values), color="black", linestyle="--", linewidth=1, label=f"{plot.baseline} (mean)")
+    if plot.log_x:
+        ax.set_xscale("log", base=2)
+        if plot.kind == "line" and xs_seen:
+            ax.set_xticks(sorted(xs_seen), [f"{x:g}" for x in sorted(xs_seen)])
+    ax.set_xlabel(plot.x)
+    ax.set_ylabel(plot.y[0] if len(plot.y) == 1 else "metric")
+    if plot.title:
+        ax.set_title(plot.title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, out / plot.file)

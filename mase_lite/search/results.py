@@ -108,6 +108,7 @@ def write_results(spec: SearchSpec, studies: list, out: Path) -> dict[str, Any]:
     swept = {name for s in studies for name in s.space.grid_names()}
     if len(swept) == 1 and all((s.variant.sampler or spec.sampler).name == "grid" for s in studies):
         written += [str(p) for p in plots.metric_vs_param(tables, swept.pop(), spec.objectives, out)]
+    written += [str(plots.requested(tables, plot, out)) for plot in spec.plots]
     _write_csv(out / "trials.csv", tables)
     report = {
         "spec": spec.model_dump(mode="json"),

@@ -24,7 +24,7 @@ from typing import Any
 from mase_lite.errors import UserError
 from mase_lite.passes.registry import PassError, get_pass
 from mase_lite.pipeline.spec import PipelineSpec, check_pipeline, load_spec
-from mase_lite.search.spec import ChoiceParam, FloatParam, IncludeParam, IntParam, LogFloatParam, NodeSelector
+from mase_lite.search.spec import ChoiceParam, ConstParam, FloatParam, IncludeParam, IntParam, LogFloatParam, NodeSelector
 
 PRIMITIVE = (type(None), bool, int, float, str)
 
@@ -197,6 +197,8 @@ def candidates(entry) -> list[tuple[str, Any]]:
         return [(f"values.{j}", v) for j, v in enumerate(entry.values)]
     if isinstance(entry, IncludeParam):
         return [("nodes", True)]
+    if isinstance(entry, ConstParam):
+        return [("value", entry.value)]
     return [("low", entry.low), ("high", entry.high)]
 
 
@@ -222,12 +224,20 @@ class Space:
         self.entries = entries
         self.where = where
         self.keys: list[list[str | int]] = []
+        self.tied: list[list[tuple[list[str | int], float]]] = []  # (keys, scale) of each entry's `also`
         problems = []
         for i, entry in enumerate(entries):
             try:
                 self.keys.append(resolve(pipeline, entry.path))
             except PathError as err:
                 problems.append(f"{where}.{i}.path: {err}")
+            tied = []
+            for j, t in enumerate(entry.also):
+                try:
+                    tied.append((resolve(pipeline, t.path), t.scale))
+                except PathError as err:
+                    problems.append(f"{where}.{i}.also.{j}.path: {err}")
+            self.tied.append(tied)
         if problems:
             raise UserError("search space check failed:\n" + "\n".join(problems))
 
@@ -243,9 +253,11 @@ class Space:
             set_path(pipeline, keys, list(current or []) + chosen)
         elif entry.nodes is not None:
             for node, v in (nodes or {}).items():
-                set_path(pipeline, [k.replace("{node}", node) if isinstance(k, str) else k for k in keys], v)
+                for path, scale in [(keys, 1.0), *self.tied[i]]:
+                    set_path(pipeline, [k.replace("{node}", node) if isinstance(k, str) else k for k in path], scaled(v, scale))
         else:
-            set_path(pipeline, keys, value)
+            for path, scale in [(keys, 1.0), *self.tied[i]]:
+                set_path(pipeline, path, scaled(value, scale))
 
     def _fill(self, pipeline: dict, i: int, value: Any, names: list[str]) -> None:
         self._set(pipeline, i, value, {n: value for n in names} if self.entries[i].nodes is not None else None)
@@ -282,13 +294,18 @@ class Space:
     def grid_names(self) -> list[str]:
         """Every parameter's name, per-layer entries expanded over the base model."""
         return [
-            _param_name(e, node) for e in self.entries for node in (self.nodes(e) if e.nodes is not None else [None])
+            _param_name(e, node)
+            for e in self.entries
+            if not isinstance(e, ConstParam)
+            for node in (self.nodes(e) if e.nodes is not None else [None])
         ]
 
     def grid(self) -> dict[str, list[Any]]:
         """Optuna's GridSampler search space (per-layer entries expanded over the base model)."""
         space = {}
         for i, entry in enumerate(self.entries):
+            if isinstance(entry, ConstParam):
+                continue
             where = f"{self.where}.{i}"
             names = self.nodes(entry) if entry.nodes is not None else [None]
             for node in names:
@@ -300,10 +317,13 @@ class Space:
         values: dict[str, Any] = {}
         flat = [i for i, e in enumerate(self.entries) if e.nodes is None]
         for i in flat:
-            values[_param_name(self.entries[i], None)] = _suggest(trial, self.entries[i], _param_name(self.entries[i], None))
+            if not isinstance(self.entries[i], ConstParam):
+                values[_param_name(self.entries[i], None)] = _suggest(trial, self.entries[i], _param_name(self.entries[i], None))
         model_pipeline = self.materialize(values)
         for i in self.order()[len(flat) :]:
             entry = self.entries[i]
+            if isinstance(entry, ConstParam):
+                continue
             for node in self.nodes(entry, model_pipeline):
                 name = _param_name(entry, node)
                 values[name] = _suggest(trial, entry, name)
@@ -320,6 +340,9 @@ class Space:
         pipeline = copy.deepcopy(self.pipeline)
         for i in self.order():
             entry = self.entries[i]
+            if isinstance(entry, ConstParam):
+                self._fill(pipeline, i, entry.value, self.nodes(entry, pipeline) if entry.nodes is not None else [])
+                continue
             if entry.nodes is None:
                 name = _param_name(entry, None)
                 if name in values:
@@ -328,6 +351,17 @@ class Space:
             names = self.nodes(entry, pipeline)
             self._set(pipeline, i, None, {n: values[_param_name(entry, n)] for n in names if _param_name(entry, n) in values})
         return pipeline
+
+
+def scaled(value: Any, scale: float) -> Any:
+    """``value`` times ``scale`` for a tied path; an int stays an int (rounded down), other values pass.
+
+    >>> scaled(12, 0.5), scaled(0.3, 1.0), scaled("l1-norm", 1.0)
+    (6, 0.3, 'l1-norm')
+    """
+    if scale == 1.0 or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    return int(value * scale) if isinstance(value, int) else value * scale
 
 
 def _suggest(trial, entry, name: str) -> Any:

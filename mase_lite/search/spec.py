@@ -43,6 +43,13 @@ class NodeSelector(_Strict):
         return self
 
 
+class Tied(_Strict):
+    """Another path that receives the entry's value, times ``scale`` (an int value stays an int)."""
+
+    path: str = Field(description="like the entry's path; '{node}' stands for the same node")
+    scale: float = Field(1.0, description="factor, e.g. 0.5 for a fraction width half the width")
+
+
 class _Param(_Strict):
     path: str = Field(
         description="where the value goes: steps.<index|pass|label>.params..., model..., data..., seed; "
@@ -50,12 +57,13 @@ class _Param(_Strict):
     )
     name: str | None = Field(None, description="the parameter's name in the study (default: the path)")
     nodes: NodeSelector | None = Field(None, description="one parameter per matched node of the captured model")
+    also: list[Tied] = Field(default_factory=list, description="other paths set from the same value")
 
     @model_validator(mode="after")
     def _node_placeholder(self) -> "_Param":
         if self.nodes is not None and "{node}" not in self.path and self.type != "include":
             raise ValueError("a per-layer entry's path must contain '{node}'")
-        if self.nodes is None and "{node}" in self.path:
+        if self.nodes is None and any("{node}" in p for p in [self.path, *(t.path for t in self.also)]):
             raise ValueError("'{node}' in the path needs a `nodes` selector")
         return self
 
@@ -118,7 +126,16 @@ class IncludeParam(_Param):
         return self
 
 
-Param = Annotated[ChoiceParam | IntParam | FloatParam | LogFloatParam | IncludeParam, Field(discriminator="type")]
+class ConstParam(_Param):
+    """A fixed value written at ``path`` (per layer with ``nodes``); not sampled, not a study parameter."""
+
+    type: Literal["const"]
+    value: Any = Field(description="the value every trial gets")
+
+
+Param = Annotated[
+    ChoiceParam | IntParam | FloatParam | LogFloatParam | IncludeParam | ConstParam, Field(discriminator="type")
+]
 
 
 class Objective(_Strict):
@@ -138,6 +155,19 @@ class Constraint(_Strict):
         if self.max is None and self.min is None:
             raise ValueError("give 'max', 'min' or both")
         return self
+
+
+class PlotSpec(_Strict):
+    """A plot of trial results: ``y`` metrics against ``x`` (a parameter or a metric), one curve per study
+    and metric; ``baseline`` draws a metric's mean over the complete trials as a horizontal line."""
+
+    kind: Literal["line", "scatter"] = Field("line", description="line: joined points sorted by x (repeats averaged)")
+    x: str = Field(description="a study parameter's name, or a metric")
+    y: list[str] = Field(min_length=1, description="metrics")
+    baseline: str | None = Field(None, description="a metric drawn as a horizontal line")
+    log_x: bool = False
+    title: str | None = None
+    file: str = Field(pattern=r"^[\w.-]+\.png$", description="file name in output_dir")
 
 
 class SamplerSpec(BaseModel):
@@ -176,6 +206,7 @@ class SearchSpec(_Strict):
     study_name: str = Field("search", pattern=r"^[A-Za-z0-9_][\w.-]*$")
     output_dir: str = "runs/search"
     studies: list[StudySpec] | None = Field(None, min_length=1, description="several studies run side by side")
+    plots: list[PlotSpec] = Field(default_factory=list, description="plots beyond the automatic ones")
     cache: bool = Field(True, description="reuse the state after steps trials share (prefix cache)")
     heartbeat_interval: int = Field(10, ge=1, description="seconds between a running trial's heartbeats")
     grace_period: int | None = Field(None, ge=1, description="a trial silent this long is failed and retried (default 3 heartbeats)")

@@ -15,6 +15,8 @@ before the first forward call).
 [64, 128, 0.5, None]
 >>> info["weight_sparsity"]        # over every selected weight together: 64 of 160
 0.4
+>>> info["metrics"]                # report.json's metrics: sparsity.weights (and .activations once measured)
+{'weights': 0.4}
 """
 
 from __future__ import annotations
@@ -54,4 +56,8 @@ def sparsity(mg, params: SparsityParams):
         if pruner is not None:
             entry["activation_target"] = pruner.sparsity
         report[node.name] = entry
-    return mg, {"nodes": report, "weight_sparsity": zeros / total if total else None}
+    achieved = [e["activation_sparsity"] for e in report.values() if e["activation_sparsity"] is not None]
+    metrics = {"weights": zeros / total} if total else {}
+    if achieved:
+        metrics["activations"] = sum(achieved) / len(achieved)
+    return mg, {"nodes": report, "weight_sparsity": zeros / total if total else None, "metrics": metrics}
