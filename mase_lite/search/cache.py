@@ -191,13 +191,17 @@ class PrefixCache:
         from mase_lite.pipeline.runner import json_safe
 
         key = prefix_key(spec, done)
-        state = _State(_copy_graph(mg), ctx.data, json_safe(entries), rng_state())
+        try:
+            state = _State(_copy_graph(mg), ctx.data, json_safe(entries), rng_state())
+        except (TypeError, RuntimeError, copy.Error) as err:  # a pass left something that cannot be copied
+            logger.warning("prefix cache: cannot copy the graph after %d steps (%s); not cached", done, err)
+            return
         self._remember(key, state)
         if not (self.root / key).exists():
             try:
                 self._write(key, mg, state)
-            except OSError as err:
-                logger.warning("prefix cache: could not write %s: %s", self.root / key, err)
+            except (OSError, RuntimeError, TypeError, ValueError, UserError) as err:
+                logger.warning("prefix cache: could not write %s: %s: %s", self.root / key, type(err).__name__, err)
 
     def _remember(self, key: str, state: _State) -> None:
         self._memory[key] = state
@@ -247,8 +251,8 @@ class PrefixCache:
                 return None
             mg = load_graph(directory / GRAPH)
             rng = load_file(str(directory / RNG))
-        except (OSError, ValueError, UserError) as err:
-            logger.warning("prefix cache: cannot read %s (%s); running from the start", directory, err)
+        except (OSError, KeyError, RuntimeError, ValueError, UserError) as err:
+            logger.warning("prefix cache: cannot read %s (%s: %s); running from the start", directory, type(err).__name__, err)
             return None
         mg.facts = set(meta["facts"])
         mg.model.train(meta["training"])

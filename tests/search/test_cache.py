@@ -105,6 +105,9 @@ def test_racing_writers_keep_the_first_copy_and_trials_get_copies(tmp_path):
     with torch.no_grad():
         a.model.classifier.weight.zero_()
     assert a.model is not b.model and b.model.classifier.weight.abs().sum() > 0
+    # a damaged entry is a miss, not a failure
+    (entry / "state.json").write_text("{not json")
+    assert PrefixCache(tmp_path / "cache", 0).restore(spec, PassContext(output_dir=tmp_path / "c")) is None
 
 
 @pytest.fixture(autouse=True)
