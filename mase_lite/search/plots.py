@@ -113,23 +113,22 @@ def requested(tables: dict[str, list[dict]], plot, out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     prefix = _common_prefix(list(tables))
     xs_seen: set[float] = set()
-    for name, rows in tables.items():
-        for metric in plot.y:
-            groups: dict[float, list[float]] = {}
-            for r in _complete(rows):
-                x, y = _value(r, plot.x), r["metrics"].get(metric)
-                if isinstance(x, (int, float)) and not isinstance(x, bool) and y is not None:
-                    groups.setdefault(x, []).append(y)
-            xs = sorted(groups)
-            xs_seen.update(xs)
-            ys = [sum(groups[x]) / len(groups[x]) for x in xs]
-            label = name.removeprefix(prefix) if len(plot.y) == 1 else f"{name.removeprefix(prefix)}: {metric}"
-            if plot.kind == "line":
-                ax.plot(xs, ys, marker="o", label=label)
-            else:
-                points = [(_value(r, plot.x), r["metrics"].get(metric)) for r in _complete(rows)]
-                points = [p for p in points if isinstance(p[0], (int, float)) and p[1] is not None]
-                ax.scatter([p[0] for p in points], [p[1] for p in points], s=14, alpha=0.7, label=label)
+    curves = [(name, rows, metric) for name, rows in tables.items() for metric in plot.y]
+    colors = plt.get_cmap("tab20" if len(curves) > 10 else "tab10").colors
+    for k, (name, rows, metric) in enumerate(curves):
+        style = {"color": colors[k % len(colors)], "marker": "os^Dv<>P*X"[k % 10]}
+        label = name.removeprefix(prefix) if len(plot.y) == 1 else f"{name.removeprefix(prefix)}: {metric}"
+        points = [(_value(r, plot.x), r["metrics"].get(metric)) for r in _complete(rows)]
+        points = [p for p in points if isinstance(p[0], (int, float)) and not isinstance(p[0], bool) and p[1] is not None]
+        if plot.kind == "scatter":
+            ax.scatter([p[0] for p in points], [p[1] for p in points], s=16, alpha=0.8, label=label, **style)
+            continue
+        groups: dict[float, list[float]] = {}
+        for x, y in points:
+            groups.setdefault(x, []).append(y)
+        xs = sorted(groups)
+        xs_seen.update(xs)
+        ax.plot(xs, [sum(groups[x]) / len(groups[x]) for x in xs], label=label, **style)
     if plot.baseline:
         values = [r["metrics"][plot.baseline] for rows in tables.values() for r in _complete(rows) if plot.baseline in r["metrics"]]
         if values:
@@ -139,7 +138,8 @@ def requested(tables: dict[str, list[dict]], plot, out: Path) -> Path:
         if plot.kind == "line" and xs_seen:
             ax.set_xticks(sorted(xs_seen), [f"{x:g}" for x in sorted(xs_seen)])
     ax.set_xlabel(plot.x)
-    ax.set_ylabel(plot.y[0] if len(plot.y) == 1 else "metric")
+    suffixes = {m.rsplit(".", 1)[-1] for m in plot.y}
+    ax.set_ylabel(plot.y[0] if len(plot.y) == 1 else suffixes.pop() if len(suffixes) == 1 else "metric")
     if plot.title:
         ax.set_title(plot.title)
     ax.grid(alpha=0.3)
