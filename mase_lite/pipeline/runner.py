@@ -8,6 +8,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import platform
@@ -47,6 +48,7 @@ class PipelineResult:
     data: Any = None
 
 
+@functools.cache  # read once per process: every trial of a search asks
 def package_versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}
     for name in _PACKAGES:
