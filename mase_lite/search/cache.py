@@ -152,6 +152,10 @@ def _copy_graph(mg):
         return copy.deepcopy(mg)
 
 
+def _device(mg) -> str:
+    return str(next(mg.model.parameters(), torch.empty(0)).device)
+
+
 def _fingerprint(data) -> str | None:
     return getattr(data, "fingerprint", None)
 
@@ -222,6 +226,7 @@ class PrefixCache:
                 "entries": state.entries,
                 "facts": sorted(mg.facts),
                 "training": mg.model.training,
+                "device": _device(mg),
                 "data_fingerprint": _fingerprint(state.data),
                 "rng": plain,
             }
@@ -256,6 +261,8 @@ class PrefixCache:
             return None
         mg.facts = set(meta["facts"])
         mg.model.train(meta["training"])
+        if meta.get("device", "cpu") != "cpu":
+            mg.to(meta["device"])  # saved from the device the prefix left the weights on
         return _State(mg, data, meta["entries"], (rng, meta["rng"]))
 
     def _data_for(self, spec, ctx: PassContext):
