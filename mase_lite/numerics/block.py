@@ -33,14 +33,18 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from mase_lite.numerics.blocks import amax_and_non_finite, finite_amax, from_blocks, nan_non_finite_, per_element, to_blocks
+from mase_lite.numerics.blocks import finite_amax, per_element, to_blocks
+from mase_lite.numerics.chunks import map_blocks
 from mase_lite.numerics.exponents import (
+    fixed_point_constants,
+    fixed_point_rounding_holds,
     floor_log2,
     largest_float,
     largest_float32_at_most,
     mul_pow2,
     mul_pow2_,
     pow2,
+    round_fixed_point,
     round_to_float,
 )
 from mase_lite.numerics.minifloat import check_exponent_fits
@@ -115,25 +119,46 @@ def _bounds_from(layout):
     return bounds
 
 
+def _block_rounding(layout, mantissa_bits: int, x: Tensor, p) -> Tensor:
+    """``x`` rounded per block to a float with ``mantissa_bits`` and the block's exponent range from ``layout``."""
+
+    def kernel(blocks: Tensor, out: Tensor, low: Tensor, high: Tensor) -> None:
+        round_to_float(blocks, mantissa_bits, low, high, out)
+
+    def prepare(amax: Tensor) -> tuple:
+        min_exponent, max_exponent, _ = layout(amax, p)
+        return kernel, min_exponent, max_exponent
+
+    return map_blocks(x, p.block_size, prepare)
+
+
 @register_format(
     "block_fp", params=BlockFPParams, bits=lambda p, shape: _block_bits(p), bounds=_bounds_from(_block_fp_layout)
 )
 def block_fp(x: Tensor, p: BlockFPParams) -> Tensor:
     """Block floating point: integer mantissas sharing one exponent per block."""
-    blocks = to_blocks(x, p.block_size)
-    amax, non_finite = amax_and_non_finite(blocks)
-    shared = floor_log2(amax).clamp(-p.bias, 2**p.exponent_width - 1 - p.bias)
-    quantum = shared - (p.width - 2)
     largest_code = largest_float32_at_most(2.0 ** (p.width - 1) - 1)
-    # clamping the codes equals clamping the values: scaling by a power of two is monotonic
-    if -127 <= int(quantum.min()) and int(quantum.max()) <= 127:
-        # both powers are float32 values: one exact multiplication each way
-        codes = (blocks * pow2(-quantum)).round_().clamp_(-largest_code, largest_code)
-        values = codes.mul_(pow2(quantum))
-    else:
-        codes = mul_pow2(blocks, -quantum).round_().clamp_(-largest_code, largest_code)
-        values = mul_pow2_(codes, quantum)
-    return from_blocks(nan_non_finite_(values, non_finite), x.shape)
+
+    def fast_kernel(blocks: Tensor, out: Tensor, *constants: Tensor) -> None:
+        round_fixed_point(blocks, out, *constants).copysign_(blocks)  # the sign of a zero is kept
+
+    def exact_kernel(blocks: Tensor, out: Tensor, quantum: Tensor) -> None:
+        # clamping the codes equals clamping the values: scaling by a power of two is monotonic
+        if -127 <= int(quantum.min()) and int(quantum.max()) <= 127:
+            # both powers are float32 values: one exact multiplication each way
+            torch.mul(blocks, pow2(-quantum), out=out).round_().clamp_(-largest_code, largest_code)
+            out.mul_(pow2(quantum))
+        else:
+            mul_pow2(blocks, -quantum, out).round_().clamp_(-largest_code, largest_code)
+            mul_pow2_(out, quantum)
+
+    def prepare(amax: Tensor) -> tuple:
+        quantum, _ = _block_fp_layout(amax, p)
+        if fixed_point_rounding_holds(quantum, largest_code):
+            return fast_kernel, *fixed_point_constants(quantum, largest_code)
+        return exact_kernel, quantum
+
+    return map_blocks(x, p.block_size, prepare)
 
 
 def _block_minifloat_layout(amax: Tensor, p: BlockMinifloatParams) -> tuple[Tensor, Tensor, Tensor]:
@@ -153,11 +178,7 @@ def _block_minifloat_layout(amax: Tensor, p: BlockMinifloatParams) -> tuple[Tens
 )
 def block_minifloat(x: Tensor, p: BlockMinifloatParams) -> Tensor:
     """Minifloat elements with a per-block exponent bias aligned to the block's largest magnitude."""
-    blocks = to_blocks(x, p.block_size)
-    amax, non_finite = amax_and_non_finite(blocks)
-    min_exponent, max_exponent, _ = _block_minifloat_layout(amax, p)
-    values = round_to_float(blocks, p.width - 1 - p.exponent_width, min_exponent, max_exponent)
-    return from_blocks(nan_non_finite_(values, non_finite), x.shape)
+    return _block_rounding(_block_minifloat_layout, p.width - 1 - p.exponent_width, x, p)
 
 
 def _nearest_power_exponent(amax: Tensor) -> Tensor:
@@ -179,8 +200,4 @@ def _block_log_layout(amax: Tensor, p: BlockLogParams) -> tuple[Tensor, Tensor, 
 )
 def block_log(x: Tensor, p: BlockLogParams) -> Tensor:
     """Powers of two with a per-block exponent bias aligned to the block's largest magnitude."""
-    blocks = to_blocks(x, p.block_size)
-    amax, non_finite = amax_and_non_finite(blocks)
-    min_exponent, max_exponent, _ = _block_log_layout(amax, p)
-    values = round_to_float(blocks, 0, min_exponent, max_exponent)
-    return from_blocks(nan_non_finite_(values, non_finite), x.shape)
+    return _block_rounding(_block_log_layout, 0, x, p)

@@ -44,13 +44,6 @@ def amax_and_non_finite(blocks: Tensor) -> tuple[Tensor, Tensor]:
     return torch.maximum(high, low.neg_()), non_finite
 
 
-def nan_non_finite_(values: Tensor, non_finite: Tensor) -> Tensor:
-    """``values`` (blocks), in place, with every block flagged in ``non_finite`` set to NaN."""
-    if non_finite.any():
-        values.masked_fill_(non_finite, torch.nan)
-    return values
-
-
 def per_element(per_block: Tensor, blocks: Tensor, shape: torch.Size) -> Tensor:
     """A per-block value (``(..., n_blocks, 1)``) repeated for every element of ``shape``."""
     return from_blocks(per_block.expand(blocks.shape), shape)

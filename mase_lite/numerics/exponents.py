@@ -49,15 +49,16 @@ def floor_log2(x: Tensor) -> Tensor:
     return exponent - 1
 
 
-def mul_pow2(x: Tensor, exponent: Tensor | int) -> Tensor:
+def mul_pow2(x: Tensor, exponent: Tensor | int, out: Tensor | None = None) -> Tensor:
     """``x * 2**exponent``, exact whenever the result is a float32 value (``|exponent|`` up to 254).
 
-    The factor is applied in two halves, so no intermediate power overflows.
+    The factor is applied in two halves, so no intermediate power overflows. The result goes to
+    ``out`` where given.
     """
     if not isinstance(exponent, Tensor):
         exponent = torch.tensor(exponent, dtype=torch.int32, device=x.device)
     half = torch.div(exponent, 2, rounding_mode="floor")
-    return x * pow2(half) * pow2(exponent - half)
+    return torch.mul(x, pow2(half), out=out).mul_(pow2(exponent - half))
 
 
 def mul_pow2_(x: Tensor, exponent: Tensor | int) -> Tensor:
@@ -77,27 +78,61 @@ def largest_float(mantissa_bits: int, max_exponent: Tensor | int) -> Tensor | fl
 
 
 def round_to_float(
-    x: Tensor, mantissa_bits: int, min_exponent: Tensor | int, max_exponent: Tensor | int
+    x: Tensor, mantissa_bits: int, min_exponent: Tensor | int, max_exponent: Tensor | int,
+    out: Tensor | None = None,
 ) -> Tensor:
     """Round ``x`` (float32) to a float with ``mantissa_bits`` fraction bits and an implicit leading one.
 
     Normal exponents span ``[min_exponent, max_exponent]``; below ``2**min_exponent`` values are
     subnormal (same quantum as the lowest binade). Ties round to even; magnitudes beyond the
     largest value saturate (Inf included); NaN stays NaN; the sign of zero is kept. Exponent
-    arguments may be tensors broadcastable to ``x`` (per-block ranges). The result is a new tensor.
+    arguments may be tensors broadcastable to ``x`` (per-block ranges). The result is a new tensor,
+    or ``out`` (another tensor than ``x``) where given.
 
     >>> round_to_float(torch.tensor([1.3, -0.01, 1000.0]), 2, -2, 3).tolist()
     [1.25, -0.0, 14.0]
     """
     m = min(mantissa_bits, FLOAT32_MANTISSA_BITS)
     if _magic_rounding_holds(m, min_exponent, max_exponent):
-        y = _round_by_magic_addition(x, m, min_exponent, max_exponent)
+        y = _round_by_magic_addition(x, m, min_exponent, max_exponent, out)
     else:
         exponent = torch.maximum(floor_log2(x), torch.as_tensor(min_exponent, dtype=torch.int32, device=x.device))
         quantum = exponent - m
-        y = mul_pow2_(mul_pow2(x, -quantum).round_(), quantum)
+        y = mul_pow2_(mul_pow2(x, -quantum, out).round_(), quantum)
     largest = largest_float(m, max_exponent)
-    return y.clamp_(-largest, largest)
+    return clamp_(y, -largest, largest)
+
+
+def fixed_point_rounding_holds(quantum: Tensor, largest_code: float) -> bool:
+    """Whether :func:`round_fixed_point` is exact for steps ``2**quantum`` and codes up to ``largest_code``.
+
+    Its constant ``1.5 * 2**(quantum + 23)`` must be a normal float32 and the codes at most ``2**22``.
+    """
+    if largest_code > 2**22:
+        return False
+    return not quantum.numel() or (int(quantum.min()) >= -149 and int(quantum.max()) <= 104)
+
+
+def fixed_point_constants(quantum: Tensor, largest_code: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Arguments of :func:`round_fixed_point` for steps ``2**quantum`` (int tensor) and codes up to ``largest_code``."""
+    magic = ((quantum.to(torch.int32) + (FLOAT32_MAX_EXPONENT + FLOAT32_MANTISSA_BITS)) << 23) | 0x400000
+    limit = pow2(quantum) * largest_code  # exact: an integer below 2**23 times a power of two >= 2**-149
+    return magic.view(torch.float32), -limit, limit
+
+
+def round_fixed_point(x: Tensor, out: Tensor, magic: Tensor, low: Tensor, high: Tensor) -> Tensor:
+    """``x`` clamped to ``[low, high]`` and rounded (ties to even) to a multiple of its step ``q``, into ``out``.
+
+    Adding ``magic = 1.5 * 2**23 * q`` puts the clamped ``x`` (at most ``2**22 * q``) in a binade whose
+    float32 step is exactly ``q``, so float32's own round-half-to-even does the rounding; subtracting
+    it is exact. Clamping first equals clamping the rounded value (the bounds are multiples of ``q``
+    and rounding is monotonic). A zero result is +0.0. Arguments from :func:`fixed_point_constants`.
+
+    >>> magic, low, high = fixed_point_constants(torch.tensor([-2]), 7.0)    # step 0.25, codes -7..7
+    >>> round_fixed_point(torch.tensor([0.3, 0.375, -0.1, 9.0]), torch.empty(4), magic, low, high).tolist()
+    [0.25, 0.5, 0.0, 1.75]
+    """
+    return clamp_(torch.maximum(x, low, out=out), None, high).add_(magic).sub_(magic)
 
 
 def _magic_rounding_holds(m: int, min_exponent: Tensor | int, max_exponent: Tensor | int) -> bool:
@@ -107,7 +142,8 @@ def _magic_rounding_holds(m: int, min_exponent: Tensor | int, max_exponent: Tens
     return m <= FLOAT32_MANTISSA_BITS - 2 and lowest >= -126 and highest + 2 + FLOAT32_MANTISSA_BITS - m <= 127
 
 
-def _round_by_magic_addition(x: Tensor, m: int, min_exponent: Tensor | int, max_exponent: Tensor | int) -> Tensor:
+def _round_by_magic_addition(x: Tensor, m: int, min_exponent: Tensor | int, max_exponent: Tensor | int,
+                             out: Tensor | None = None) -> Tensor:
     """``round(x / q) * q`` with ``q = 2**(max(e, min_exponent) - m)``, ``e`` the binade of ``x``, in six passes.
 
     Adding ``C = 1.5 * 2**(max(e, min_exponent) + 23 - m)`` puts ``x + C`` in a binade whose float32
@@ -119,9 +155,9 @@ def _round_by_magic_addition(x: Tensor, m: int, min_exponent: Tensor | int, max_
     magic = torch.bitwise_and(x.view(torch.int32), 0x7F800000)
     low = _exponent_field(min_exponent, x.device)
     high = _exponent_field(max_exponent, x.device, plus=1)
-    magic.clamp_(low, high).add_(((FLOAT32_MANTISSA_BITS - m) << 23) + 0x400000)
+    clamp_(magic, low, high).add_(((FLOAT32_MANTISSA_BITS - m) << 23) + 0x400000)
     magic = magic.view(torch.float32)
-    return torch.add(x, magic).sub_(magic).copysign_(x)
+    return torch.add(x, magic, out=out).sub_(magic).copysign_(x)
 
 
 def _exponent_field(exponent: Tensor | int, device: torch.device, plus: int = 0) -> Tensor | int:
@@ -129,6 +165,18 @@ def _exponent_field(exponent: Tensor | int, device: torch.device, plus: int = 0)
     if isinstance(exponent, Tensor):
         return (exponent.to(torch.int32) + (plus + FLOAT32_MAX_EXPONENT)) << 23
     return (exponent + plus + FLOAT32_MAX_EXPONENT) << 23
+
+
+def clamp_(x: Tensor, low: Tensor | float | None, high: Tensor | float | None) -> Tensor:
+    """``x.clamp_(low, high)``; tensor bounds as ``maximum`` and ``minimum`` (same values, NaN kept),
+    which torch vectorises where its broadcasting ``clamp`` does not."""
+    if not isinstance(low, Tensor) and not isinstance(high, Tensor):
+        return x.clamp_(low, high)
+    if low is not None:
+        torch.maximum(x, torch.as_tensor(low, dtype=x.dtype, device=x.device), out=x)
+    if high is not None:
+        torch.minimum(x, torch.as_tensor(high, dtype=x.dtype, device=x.device), out=x)
+    return x
 
 
 def largest_float32_at_most(value: float) -> float:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from torch import Tensor
 
+from mase_lite.numerics.chunks import map_elements
 from mase_lite.numerics.exponents import (
     FLOAT32_MAX_EXPONENT,
     FLOAT32_MIN_EXPONENT,
@@ -113,6 +114,15 @@ class MinifloatDenormParams(MinifloatParams):
         return self
 
 
+def rounding_kernel(mantissa_bits: int, min_exponent: int, max_exponent: int):
+    """A :func:`~mase_lite.numerics.chunks.map_elements` kernel: :func:`round_to_float` into ``out``."""
+
+    def kernel(chunk: Tensor, out: Tensor) -> None:
+        round_to_float(chunk, mantissa_bits, min_exponent, max_exponent, out)
+
+    return kernel
+
+
 def _bounds(layout):
     def bounds(x: Tensor, p: MinifloatParams) -> tuple[float, float]:
         m, _, hi = layout(p)
@@ -127,7 +137,7 @@ def _bounds(layout):
 )
 def minifloat_ieee(x: Tensor, p: MinifloatParams) -> Tensor:
     """IEEE-style minifloat with subnormals and no Inf/NaN codes."""
-    return round_to_float(x, *ieee_layout(p))
+    return map_elements(x, rounding_kernel(*ieee_layout(p)))
 
 
 @register_format(
@@ -138,4 +148,4 @@ def minifloat_ieee(x: Tensor, p: MinifloatParams) -> Tensor:
 )
 def minifloat_denorm(x: Tensor, p: MinifloatParams) -> Tensor:
     """Minifloat without an implicit leading one: every code is ``0.M * 2**(E - bias)``."""
-    return round_to_float(x, *denorm_layout(p))
+    return map_elements(x, rounding_kernel(*denorm_layout(p)))

@@ -33,8 +33,17 @@ import torch
 from torch import Tensor
 
 from mase_lite.errors import UserError
-from mase_lite.numerics.blocks import amax_and_non_finite, nan_non_finite_
-from mase_lite.numerics.exponents import pow2, round_to_float
+from mase_lite.numerics.blocks import amax_and_non_finite
+from mase_lite.numerics.chunks import map_blocks
+from mase_lite.numerics.exponents import (
+    clamp_,
+    fixed_point_constants,
+    fixed_point_rounding_holds,
+    largest_float,
+    pow2,
+    round_fixed_point,
+    round_to_float,
+)
 
 SCALE_RULES = ("floor", "ceil", "even", "rceil")
 MXINT_ELEMENT_WIDTHS = (8, 6, 4)
@@ -67,15 +76,6 @@ MXFP_FORMATS: dict[str, ElementFormat] = {
     "e3m2": ElementFormat("e3m2", bits=6, mbits=2, emax=4, max_value=28.0, emin=-2),
     "e2m3": ElementFormat("e2m3", bits=6, mbits=3, emax=2, max_value=7.5, emin=0),
     "e2m1": ElementFormat("e2m1", bits=4, mbits=1, emax=2, max_value=6.0, emin=0),
-}
-
-
-# element -> (float8 dtype with the same fraction bits and subnormal step, exponent shift onto it)
-FLOAT8_CARRIERS: dict[str, tuple[torch.dtype, int]] = {
-    "e4m3": (torch.float8_e4m3fn, 0),
-    "e5m2": (torch.float8_e5m2, 0),
-    "e3m2": (torch.float8_e5m2, 12),
-    "e2m3": (torch.float8_e4m3fn, 6),
 }
 
 
@@ -170,9 +170,20 @@ def mxint(x: Tensor, element_width: int = 8, block_size: int = 32, scale_rule: s
     [3.0, 0.0]
     """
     element = mxint_element(element_width)
-    codes, shared, non_finite = _mxint_blocks(x, element, block_size, scale_rule)
-    values = codes.mul_(pow2(shared - element.mbits, codes.dtype))
-    return _finish(values, non_finite, x)
+    largest_code = 2 ** (element.bits - 1) - 1
+
+    def exact_kernel(blocks: Tensor, out: Tensor, shared: Tensor) -> None:
+        _mxint_codes(blocks, shared, element, out).mul_(pow2(shared - element.mbits, out.dtype))
+
+    def prepare(amax: Tensor) -> tuple:
+        shared = shared_exponents(amax, element, scale_rule)
+        quantum = shared - element.mbits
+        if amax.dtype == torch.float32 and fixed_point_rounding_holds(quantum, largest_code):
+            # a code 0 comes out as +0.0, as the sign rule wants
+            return round_fixed_point, *fixed_point_constants(quantum, largest_code)
+        return exact_kernel, shared
+
+    return _map_blocks(x, block_size, scale_rule, prepare)
 
 
 def mxfp(x: Tensor, element_format: str = "e4m3", block_size: int = 32, scale_rule: str = "floor") -> Tensor:
@@ -186,54 +197,75 @@ def mxfp(x: Tensor, element_format: str = "e4m3", block_size: int = 32, scale_ru
     if element_format not in MXFP_FORMATS:
         raise UserError(f"element_format={element_format!r} is not an MXFP element; allowed: {list(MXFP_FORMATS)}")
     element = MXFP_FORMATS[element_format]
-    blocks, amax, non_finite = _blocks(x, block_size)
-    shared = shared_exponents(amax, element, scale_rule)
-    carrier, shift = FLOAT8_CARRIERS.get(element.name, (None, 0))
-    if carrier is not None and blocks.dtype == torch.float32 and (not shared.numel() or int(shared.max()) <= 127 - shift):
-        # torch's float8 conversion rounds half to even with subnormals, in one vectorised pass;
-        # scaling by 2**-shift moves the element's exponent range onto the carrier's
-        scaled = blocks * pow2(-shared - shift)
-        limit = element.max_value * 2.0**-shift
-        elements = scaled.clamp_(-limit, limit).copy_(scaled.to(carrier))
-        return _finish(elements.mul_(pow2(shared + shift)), non_finite, x)
-    scaled = blocks * pow2(-shared, blocks.dtype)
-    elements = _round_elements(scaled, element).clamp_(-element.max_value, element.max_value)
-    return _finish(elements.mul_(pow2(shared, blocks.dtype)), non_finite, x)
+    clamps = element.max_value < largest_float(element.mbits, element.emax)  # e4m3 has no top mantissa code
+
+    def grid_kernel(blocks: Tensor, out: Tensor, low: Tensor, high: Tensor, limit: Tensor) -> None:
+        y = round_to_float(blocks, element.mbits, low, high, out)
+        if clamps:
+            clamp_(y, -limit, limit)
+
+    def scaled_kernel(blocks: Tensor, out: Tensor, shared: Tensor) -> None:
+        _round_elements(blocks * pow2(-shared, blocks.dtype), element, out)
+        out.clamp_(-element.max_value, element.max_value).mul_(pow2(shared, blocks.dtype))
+
+    def prepare(amax: Tensor) -> tuple:
+        shared = shared_exponents(amax, element, scale_rule)
+        if amax.dtype != torch.float32:
+            return scaled_kernel, shared
+        # x rounded on the block's grid of element values times 2**E directly: scaling by a power
+        # of two is exact, so this is the element rounding of x * 2**-E, saturating at max_value * 2**E
+        return grid_kernel, shared + element.emin, shared + element.emax, pow2(shared) * element.max_value
+
+    return _map_blocks(x, block_size, scale_rule, prepare)
 
 
-def _round_elements(scaled: Tensor, element: ElementFormat) -> Tensor:
-    """``scaled`` rounded (ties to even) to the element's ``mbits`` fraction bits, subnormals below ``2**emin``."""
-    if scaled.dtype == torch.float32:
-        return round_to_float(scaled, element.mbits, element.emin, element.emax)
+def _round_elements(scaled: Tensor, element: ElementFormat, out: Tensor) -> Tensor:
+    """``scaled`` (float64) rounded (ties to even) to the element's ``mbits`` fraction bits, subnormals
+    below ``2**emin``, written to ``out``."""
     _, exponent = torch.frexp(scaled)
     quantum = (exponent - 1).clamp(min=element.emin) - element.mbits
-    return torch.round(scaled * pow2(-quantum, scaled.dtype)) * pow2(quantum, scaled.dtype)
+    return torch.mul(scaled, pow2(-quantum, scaled.dtype), out=out).round_().mul_(pow2(quantum, scaled.dtype))
+
+
+def _mxint_codes(blocks: Tensor, shared: Tensor, element: ElementFormat, out: Tensor) -> Tensor:
+    """Integer-valued float codes of ``blocks`` with shared exponents ``shared``, written to ``out``."""
+    if blocks.dtype == torch.float32 and (not shared.numel() or int(shared.min()) >= element.mbits - 127):
+        # one multiplication by 2**(mbits - E): exact whenever the two-step product is, and
+        # otherwise both are far below half a code step
+        torch.mul(blocks, pow2(element.mbits - shared), out=out)
+    else:
+        torch.mul(blocks, pow2(-shared, blocks.dtype), out=out).mul_(2.0**element.mbits)
+    largest_code = 2 ** (element.bits - 1) - 1
+    # + 0.0 turns the -0.0 of negative values that round to zero into the +0.0 that code 0 decodes to
+    return out.round_().clamp_(-largest_code, largest_code).add_(0.0)
 
 
 def _mxint_blocks(x: Tensor, element: ElementFormat, block_size: int,
                   scale_rule: str) -> tuple[Tensor, Tensor, Tensor]:
     """Integer-valued float codes (blocks), shared exponents (``(..., n_blocks, 1)``) and non-finite flags."""
-    blocks, amax, non_finite = _blocks(x, block_size)
+    blocks = _blocks(x, block_size)
+    amax, non_finite = amax_and_non_finite(blocks)
     shared = shared_exponents(amax, element, scale_rule)
-    if blocks.dtype == torch.float32 and (not shared.numel() or int(shared.min()) >= element.mbits - 127):
-        # one multiplication by 2**(mbits - E): exact whenever the two-step product is, and
-        # otherwise both are far below half a code step
-        codes = blocks * pow2(element.mbits - shared)
-    else:
-        codes = (blocks * pow2(-shared, blocks.dtype)).mul_(2.0**element.mbits)
-    largest_code = 2 ** (element.bits - 1) - 1
-    # + 0.0 turns the -0.0 of negative values that round to zero into the +0.0 that code 0 decodes to
-    return codes.round_().clamp_(-largest_code, largest_code).add_(0.0), shared, non_finite
+    return _mxint_codes(blocks, shared, element, torch.empty_like(blocks)), shared, non_finite
 
 
-def _blocks(x: Tensor, block_size: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``x`` in its compute dtype as ``(*rows, n_blocks, block_size)`` (zero-padded per row), and per
-    block (``(..., n_blocks, 1)``) its largest magnitude and whether it holds NaN or Inf."""
+def _map_blocks(x: Tensor, block_size: int, scale_rule: str, prepare) -> Tensor:
+    """:func:`~mase_lite.numerics.chunks.map_blocks` on ``x`` in its compute dtype, cast back to ``x``'s dtype."""
     _check_input(x)
     _check_block_size(block_size)
-    compute_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    blocks = _as_blocks(x.to(compute_dtype), block_size)
-    return blocks, *amax_and_non_finite(blocks)
+    _check_scale_rule(scale_rule)
+    return map_blocks(x.to(_compute_dtype(x)), block_size, prepare).to(x.dtype)
+
+
+def _blocks(x: Tensor, block_size: int) -> Tensor:
+    """``x`` in its compute dtype as ``(*rows, n_blocks, block_size)`` (zero-padded per row)."""
+    _check_input(x)
+    _check_block_size(block_size)
+    return _as_blocks(x.to(_compute_dtype(x)), block_size)
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def _as_blocks(t: Tensor, block_size: int) -> Tensor:
@@ -249,10 +281,6 @@ def _unblock(blocks: Tensor, shape: torch.Size) -> Tensor:
     row_length = shape[-1] if len(shape) else 1
     rows = blocks.reshape(*blocks.shape[:-2], -1)[..., :row_length]
     return rows.reshape(shape)
-
-
-def _finish(values: Tensor, non_finite: Tensor, like: Tensor) -> Tensor:
-    return _unblock(nan_non_finite_(values, non_finite), like.shape).to(like.dtype)
 
 
 def scales_shape(shape: torch.Size | tuple[int, ...], block_size: int) -> tuple[int, ...]:

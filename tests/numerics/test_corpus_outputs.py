@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from mase_lite.numerics import quantize
+from mase_lite.numerics import chunks, quantize
 
 CORPUS = Path(__file__).parent / "data" / "quantizer_corpus.safetensors"
 
@@ -59,3 +59,13 @@ def test_outputs_match_the_recorded_ones(index):
     fmt, expected = CONFIGS[index], DIGESTS[index]
     changed = [name for name, x in INPUTS.items() if digest(fmt, x) != expected[name]]
     assert not changed, f"{fmt}: outputs changed on inputs {changed}"
+
+
+@pytest.mark.parametrize("chunk_elements", [16, 100])
+def test_outputs_do_not_depend_on_the_chunk_size(monkeypatch, chunk_elements):
+    # the quantizers run over chunks of rows (elements); tiny chunks split every corpus input
+    # into many, and the last one is partial
+    monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", chunk_elements)
+    changed = [(fmt, name) for fmt, expected in zip(CONFIGS, DIGESTS) for name, x in INPUTS.items()
+               if digest(fmt, x) != expected[name]]
+    assert not changed
