@@ -151,6 +151,12 @@ def test_lab3_mixed_integer_per_linear(tmp_path):
 def test_lab3_pareto_accuracy_versus_bits(tmp_path):
     result = ml.run_search(shrunk("lab3_pareto.json", tmp_path, n_trials=2))
     (study,) = result.report["studies"]
+    for t in study["trials"]:
+        rules = step(trial_spec(study, t), "quantize")["params"]["rules"]
+        assert {node: formats(rule) for node, rule in rules.items()} == {
+            node: {o: ("integer", w, w // 2) for o in ("data_in", "weight", "bias")}
+            for node, w in ((k.removeprefix("width."), v) for k, v in t["params"].items())
+        }
     front = study["pareto_front"]
     assert front and {r["number"] for r in front} <= {t["number"] for t in study["trials"]}
     assert all(len(r["values"]) == 2 for r in front)
