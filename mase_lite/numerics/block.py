@@ -41,6 +41,8 @@ from mase_lite.numerics.exponents import (
     floor_log2,
     largest_float,
     largest_float32_at_most,
+    magic_rounding_holds,
+    magic_rounding_kernel,
     mul_pow2,
     mul_pow2_,
     pow2,
@@ -126,7 +128,10 @@ def _block_rounding(layout, mantissa_bits: int, x: Tensor, p) -> Tensor:
         round_to_float(blocks, mantissa_bits, low, high, out)
 
     def prepare(amax: Tensor) -> tuple:
-        min_exponent, max_exponent, _ = layout(amax, p)
+        min_exponent, max_exponent, largest = layout(amax, p)
+        if magic_rounding_holds(mantissa_bits, min_exponent, max_exponent):
+            # round_to_float's own steps, with the checks and bounds done once per group of rows
+            return magic_rounding_kernel(mantissa_bits), min_exponent, max_exponent, -largest, largest
         return kernel, min_exponent, max_exponent
 
     return map_blocks(x, p.block_size, prepare)

@@ -93,8 +93,8 @@ def round_to_float(
     [1.25, -0.0, 14.0]
     """
     m = min(mantissa_bits, FLOAT32_MANTISSA_BITS)
-    if _magic_rounding_holds(m, min_exponent, max_exponent):
-        y = _round_by_magic_addition(x, m, min_exponent, max_exponent, out)
+    if magic_rounding_holds(m, min_exponent, max_exponent):
+        y = round_by_magic_addition(x, m, min_exponent, max_exponent, out)
     else:
         exponent = torch.maximum(floor_log2(x), torch.as_tensor(min_exponent, dtype=torch.int32, device=x.device))
         quantum = exponent - m
@@ -135,14 +135,24 @@ def round_fixed_point(x: Tensor, out: Tensor, magic: Tensor, low: Tensor, high: 
     return clamp_(torch.maximum(x, low, out=out), None, high).add_(magic).sub_(magic)
 
 
-def _magic_rounding_holds(m: int, min_exponent: Tensor | int, max_exponent: Tensor | int) -> bool:
-    """Whether :func:`_round_by_magic_addition` is exact: normal float32 steps, no overflow of its constant."""
+def magic_rounding_kernel(m: int):
+    """A chunk kernel ``(x, out, min_exponent, max_exponent, low, high)``: the steps of :func:`round_to_float`
+    where :func:`magic_rounding_holds`, saturating at ``[low, high]`` (its largest values, or inside them)."""
+
+    def kernel(x: Tensor, out: Tensor, min_exponent: Tensor, max_exponent: Tensor, low: Tensor, high: Tensor) -> None:
+        clamp_(round_by_magic_addition(x, m, min_exponent, max_exponent, out), low, high)
+
+    return kernel
+
+
+def magic_rounding_holds(m: int, min_exponent: Tensor | int, max_exponent: Tensor | int) -> bool:
+    """Whether :func:`round_by_magic_addition` is exact: normal float32 steps, no overflow of its constant."""
     lowest = int(min_exponent.min()) if isinstance(min_exponent, Tensor) else min_exponent
     highest = int(max_exponent.max()) if isinstance(max_exponent, Tensor) else max_exponent
     return m <= FLOAT32_MANTISSA_BITS - 2 and lowest >= -126 and highest + 2 + FLOAT32_MANTISSA_BITS - m <= 127
 
 
-def _round_by_magic_addition(x: Tensor, m: int, min_exponent: Tensor | int, max_exponent: Tensor | int,
+def round_by_magic_addition(x: Tensor, m: int, min_exponent: Tensor | int, max_exponent: Tensor | int,
                              out: Tensor | None = None) -> Tensor:
     """``round(x / q) * q`` with ``q = 2**(max(e, min_exponent) - m)``, ``e`` the binade of ``x``, in six passes.
 

@@ -40,6 +40,8 @@ from mase_lite.numerics.exponents import (
     fixed_point_constants,
     fixed_point_rounding_holds,
     largest_float,
+    magic_rounding_holds,
+    magic_rounding_kernel,
     pow2,
     round_fixed_point,
     round_to_float,
@@ -214,7 +216,11 @@ def mxfp(x: Tensor, element_format: str = "e4m3", block_size: int = 32, scale_ru
             return scaled_kernel, shared
         # x rounded on the block's grid of element values times 2**E directly: scaling by a power
         # of two is exact, so this is the element rounding of x * 2**-E, saturating at max_value * 2**E
-        return grid_kernel, shared + element.emin, shared + element.emax, pow2(shared) * element.max_value
+        low, high, limit = shared + element.emin, shared + element.emax, pow2(shared) * element.max_value
+        if magic_rounding_holds(element.mbits, low, high):
+            # round_to_float's own steps, saturating at once at max_value * 2**E (at most its largest value)
+            return magic_rounding_kernel(element.mbits), low, high, -limit, limit
+        return grid_kernel, low, high, limit
 
     return _map_blocks(x, block_size, scale_rule, prepare)
 
