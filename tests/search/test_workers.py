@@ -1,6 +1,7 @@
 """Several workers on one study: one killed mid-trial and the study finished by two at once on the
 journal file; two at once on a real PostgreSQL server."""
 
+import copy
 import glob
 import os
 import shutil
@@ -16,7 +17,7 @@ import pytest
 
 import mase_lite as ml
 from mase_lite.search.storage import open_storage
-from tests.search.conftest import WIDTH, start_worker, write_spec
+from tests.search.conftest import TINY_PIPELINE, WIDTH, start_worker, write_spec
 
 WIDTHS = [4, 6, 8]
 
@@ -40,13 +41,18 @@ def wait_for(condition, seconds=120):
 
 
 def test_killed_worker_is_resumed_by_two_workers_on_the_default_storage(tmp_path, tiny_search):
-    spec = grid_spec(tiny_search)
+    flag = tmp_path / "hold"
+    pipeline = copy.deepcopy(TINY_PIPELINE)
+    pipeline["plugins"] = [str(Path(__file__).with_name("hold_plugin.py"))]
+    pipeline["steps"].append({"pass": "test_hold", "params": {"flag": str(flag), "call": 2}})
+    spec = grid_spec(tiny_search, pipeline=pipeline)
     path = write_spec(tmp_path, spec)
+    flag.touch()
     worker = start_worker(path)
-    trial_dir = tmp_path / "search" / "trials" / "1"
-    wait_for(lambda: trial_dir.is_dir() or worker.poll() is not None)
-    worker.send_signal(signal.SIGKILL)  # trial 1 is running: it owns a grid point and never finishes
+    wait_for(lambda: (tmp_path / "holding").exists() or worker.poll() is not None)
+    worker.send_signal(signal.SIGKILL)  # trial 0 is complete; trial 1 holds a grid point and never finishes
     worker.wait()
+    flag.unlink()
     # two workers at once share the journal file: the killed trial is failed by heartbeat and rerun
     workers = [start_worker(path) for _ in range(2)]
     outputs = [w.communicate(timeout=300)[0] for w in workers]
