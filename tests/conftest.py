@@ -8,6 +8,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+@pytest.fixture(autouse=True)
+def _isolated_trust():
+    """What one test named as trusted (a spec's factory, a --plugin, --trust-code) does not leak into the next."""
+    from mase_lite import trust
+
+    flag, named, plugins = list(trust._trust), set(trust._named), set(trust._plugin_modules)
+    yield
+    trust._trust[:] = flag
+    trust._named.clear()
+    trust._named.update(named)
+    trust._plugin_modules.clear()
+    trust._plugin_modules.update(plugins)
+
+
 def tiny_bert_config(**overrides):
     from transformers import BertConfig
 
