@@ -123,6 +123,8 @@ class IncludeParam(_Param):
     def _per_layer(self) -> "IncludeParam":
         if self.nodes is None:
             raise ValueError("an 'include' entry needs a `nodes` selector")
+        if self.also:
+            raise ValueError("an 'include' entry has no value to tie: give no `also`")
         return self
 
 

@@ -62,6 +62,8 @@ def test_bad_tied_path_and_node_placeholder_are_named():
     assert "space.0.also.0.path: steps.quantise: no step has this label or pass" in str(info.value)
     with pytest.raises(ValueError, match="'{node}' in the path needs a `nodes` selector"):
         space([{"path": RULE + "weight_width", "type": "choice", "values": [8], "also": [{"path": "steps.{node}.params"}]}])
+    with pytest.raises(ValueError, match="an 'include' entry has no value to tie"):
+        space([{"path": "steps.quantize.params.rules", "type": "include", "nodes": {"op": "linear"}, "also": [{"path": "seed"}]}])
     with pytest.raises(UserError) as info:
         space([{"path": RULE + "weight_width", "type": "const", "value": 2}]).check()
     assert "space.0.value (steps.quantize.params.rules.linear.weight_width = 2)" in str(info.value)
