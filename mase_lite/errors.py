@@ -33,10 +33,9 @@ def _unwrap(tp: Any) -> Any:
 
 def _union_member(tp: Any, tag: Any) -> type[BaseModel] | None:
     """The member of a tagged union of models whose literal tag is ``tag`` (the part pydantic adds to a path)."""
-    if get_origin(tp) not in (Union, UnionType):
-        return None
-    for member in map(_unwrap, get_args(tp)):
-        if isinstance(member, type) and issubclass(member, BaseModel):
+    members = get_args(tp) if get_origin(tp) in (Union, UnionType) else (tp,)  # a union of one is its member
+    for member in map(_unwrap, members):
+        if isinstance(member, type) and issubclass(member, BaseModel) and tag not in member.model_fields:
             for f in member.model_fields.values():
                 if get_origin(f.annotation) is Literal and tag in get_args(f.annotation):
                     return member

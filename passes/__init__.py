@@ -7,9 +7,6 @@ Example::
     mg, info = ml.passes.quantize(mg, {"by": "type", "default": {"name": None}, "linear": {...}})
 """
 
-import importlib
-import pkgutil
-
 from mase_lite.passes.manager import PassContext, PassInstrument, PassRun, instrument
 from mase_lite.passes.registry import (
     NoParams,
@@ -20,12 +17,6 @@ from mase_lite.passes.registry import (
     get_pass,
     register_pass,
 )
-
-for _family in ("analysis", "transforms"):
-    _pkg = importlib.import_module(f"{__name__}.{_family}")
-    for _mod in pkgutil.iter_modules(_pkg.__path__):
-        if not _mod.name.startswith("_"):
-            importlib.import_module(f"{_pkg.__name__}.{_mod.name}")
 
 
 def __getattr__(name: str) -> PassInfo:

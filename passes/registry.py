@@ -19,10 +19,14 @@ JSON-serialisable dict. Every call goes through :mod:`mase_lite.passes.manager`.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
+import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -190,19 +194,46 @@ def _load_entry_points() -> None:
             logger.warning("could not load pass plug-in %s (%s): %s", ep.name, ep.value, err)
 
 
+_BUILTIN_NAME = re.compile(r'@register_pass\(\s*"([^"]+)"')
+
+
+@lru_cache(maxsize=1)
+def builtin_passes() -> dict[str, str]:
+    """Built-in pass name -> the module that registers it, read from the pass files without importing them.
+
+    Built-in passes are imported on first use, so a run imports only the passes it names.
+    """
+    root, package = Path(__file__).parent, __name__.rpartition(".")[0]
+    index = {}
+    for family in ("analysis", "transforms"):
+        for path in sorted((root / family).glob("[!_]*.py")):
+            for name in _BUILTIN_NAME.findall(path.read_text()):
+                index[name] = f"{package}.{family}.{path.stem}"
+    return index
+
+
+def pass_names() -> list[str]:
+    """The names of every pass, built-in or plug-in, without importing the built-in ones."""
+    _load_entry_points()
+    return sorted(set(_REGISTRY) | set(builtin_passes()))
+
+
 def get_pass(name: str) -> PassInfo:
     """The registered pass ``name``; a clear error listing the known passes otherwise."""
     _load_entry_points()
+    if name not in _REGISTRY and name in builtin_passes():
+        importlib.import_module(builtin_passes()[name])
     try:
         return _REGISTRY[name]
     except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
-        raise PassError(f"unknown pass '{name}'; registered passes: {known}") from None
+        raise PassError(f"unknown pass '{name}'; registered passes: {', '.join(pass_names())}") from None
 
 
 def all_passes() -> dict[str, PassInfo]:
-    """Every registered pass by name, plug-ins included."""
+    """Every registered pass by name, plug-ins included (imports every built-in pass)."""
     _load_entry_points()
+    for module in sorted(set(builtin_passes().values())):
+        importlib.import_module(module)
     return dict(sorted(_REGISTRY.items()))
 
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from mase_lite.errors import UserError, format_validation_error
 from mase_lite.plugins import import_plugins
 from mase_lite.passes.manager import BASE_FACTS, check_requirements
-from mase_lite.passes.registry import PassError, all_passes
+from mase_lite.passes.registry import PassError, all_passes, get_pass, pass_names
 from mase_lite.train.data import DataSpec
 from mase_lite.train.models import ModelSpec
 from mase_lite.trust import admit_spec
@@ -85,10 +85,10 @@ class _PipelineBase(BaseModel):
     output_dir: str = Field("runs/pipeline", min_length=1, description="where report.json and artifacts are written")
 
 
-@lru_cache(maxsize=8)
-def _pipeline_model(pass_names: tuple[str, ...]) -> type[BaseModel]:
-    passes = all_passes()
-    steps = [_step_model(name, passes[name].params, passes[name].summary) for name in pass_names]
+@lru_cache(maxsize=64)
+def _pipeline_model(names: tuple[str, ...]) -> type[BaseModel]:
+    passes = [get_pass(name) for name in names]
+    steps = [_step_model(info.name, info.params, info.summary) for info in passes]
     step = Annotated[Union[tuple(steps)], Field(discriminator="pass_name")]
     return create_model(
         "PipelineSpec",
@@ -97,9 +97,15 @@ def _pipeline_model(pass_names: tuple[str, ...]) -> type[BaseModel]:
     )
 
 
-def pipeline_model() -> type[BaseModel]:
-    """The pydantic model of pipeline specs, with one step type per registered pass (plug-ins included)."""
-    return _pipeline_model(tuple(all_passes()))
+def pipeline_model(names: list[str] | None = None) -> type[BaseModel]:
+    """The pydantic model of pipeline specs, with one step type per registered pass (plug-ins included).
+
+    With ``names``, only those passes' step types (a spec is validated against the passes it names,
+    so a run imports no other pass); unknown names are left out and reported by validation.
+    """
+    known = set(pass_names())
+    chosen = sorted({n for n in names if n in known}) if names is not None else []
+    return _pipeline_model(tuple(chosen or all_passes()))
 
 
 # What callers annotate with; instances are of :func:`pipeline_model`'s class.
@@ -110,16 +116,14 @@ def _explain(error: dict) -> str | None:
     """An unknown pass gets a did-you-mean and the list of passes instead of a union-tag error."""
     loc = error["loc"]
     if error["type"] == "union_tag_invalid" and len(loc) == 2 and loc[0] == "steps":
-        return _unknown_pass(loc[1], error["ctx"]["tag"], sorted(all_passes()))
+        return _unknown_pass(loc[1], error["ctx"]["tag"], pass_names())
     if error["type"] == "union_tag_not_found" and len(loc) == 2 and loc[0] == "steps":
-        return f"steps.{loc[1]}.pass: required; registered passes: {', '.join(sorted(all_passes()))}"
+        return f"steps.{loc[1]}.pass: required; registered passes: {', '.join(pass_names())}"
     return None
 
 
-def spec_error(err: ValidationError, source: str) -> UserError:
-    return UserError(
-        f"invalid pipeline spec {source}:\n" + format_validation_error(err, model=pipeline_model(), explain=_explain)
-    )
+def spec_error(err: ValidationError, source: str, model: type[BaseModel]) -> UserError:
+    return UserError(f"invalid pipeline spec {source}:\n" + format_validation_error(err, model=model, explain=_explain))
 
 
 def read_json(path: str | Path) -> Any:
@@ -160,12 +164,20 @@ def load_spec(source: str | Path | dict | BaseModel, plugins: list[str] = ()) ->
         text = json.dumps(source, allow_nan=False)
     except (TypeError, ValueError):
         text = None  # not plain JSON (NaN, Python objects): validated as Python values
+    model = pipeline_model(_named_passes(source))
     try:  # as JSON, strictly: `true` is not a number and "8" is not an integer
         if text is not None:
-            return pipeline_model().model_validate_json(text, strict=True)
-        return pipeline_model().model_validate(source)
+            return model.model_validate_json(text, strict=True)
+        return model.model_validate(source)
     except ValidationError as err:
-        raise spec_error(err, name) from None
+        raise spec_error(err, name, model) from None
+
+
+def _named_passes(source: Any) -> list[str]:
+    steps = source.get("steps") if isinstance(source, dict) else None
+    if not isinstance(steps, list):
+        return []
+    return [s["pass"] for s in steps if isinstance(s, dict) and isinstance(s.get("pass"), str)]
 
 
 def _unknown_pass(index: int, name: str, known: list[str]) -> str:
@@ -182,9 +194,8 @@ def check_pipeline(spec: PipelineSpec) -> None:
     """
     problems: list[str] = []
     facts = set(BASE_FACTS) | ({"data"} if spec.data is not None else set())
-    passes = all_passes()
     for i, step in enumerate(spec.steps):
-        info = passes[step.pass_name]
+        info = get_pass(step.pass_name)
         try:
             check_requirements(info, facts, f"steps.{i} ({info.name})", "no earlier step provides (or a transform since invalidated)")
         except PassError as err:

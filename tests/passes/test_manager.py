@@ -182,3 +182,17 @@ def test_loading_a_graph_whose_pass_is_not_registered_names_its_module(tmp_path)
         ml.load(tmp_path / "g", model=TwiceMLP())
     with pytest.raises(ml.UserError, match=r"was saved after transforms \(test_temporary_transform\); load it with mase_lite\.load"):
         ml.MaseGraph.load(tmp_path / "g", model=TwiceMLP())
+
+
+def test_a_run_imports_only_the_passes_it_names():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from mase_lite.pipeline.spec import load_spec, check_pipeline;"
+        "check_pipeline(load_spec({'steps': [{'pass': 'count'}, {'pass': 'verify'}]}));"
+        "print(sorted(m.rsplit('.', 1)[1] for m in sys.modules if m.startswith('mase_lite.passes.transforms.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    assert "quantize" in ml.passes.all_passes() and ml.passes.get_pass("fuse_sdpa").kind == "transform"
