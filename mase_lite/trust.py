@@ -190,3 +190,16 @@ def admit_spec(spec: Any, recorded: bool, source: str) -> None:
             )
     if factory is not None:
         resolve_factory(factory, f"{source}: model.factory")
+
+
+def call_factory(factory: Callable[..., Any], name: str, kwargs: dict[str, Any]) -> Any:
+    """``factory(**kwargs)``, which must give an ``nn.Module``; errors name ``model.factory`` and its kwargs."""
+    import torch.nn as nn
+
+    try:
+        model = factory(**kwargs)
+    except TypeError as err:
+        raise UserError(f"model.factory = {name!r}: bad model.kwargs {sorted(kwargs)}: {err}") from None
+    if not isinstance(model, nn.Module):
+        raise UserError(f"model.factory = {name!r} returned {type(model).__name__}, not an nn.Module")
+    return model

@@ -18,7 +18,6 @@ Example::
 from __future__ import annotations
 
 import keyword
-import operator
 import re
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -26,7 +26,7 @@ from mase_lite.errors import UserError, format_validation_error
 from mase_lite.ir.capture import dynamic_shapes_of
 from mase_lite.files import recover, staged_directory
 from mase_lite.limits import check_fits, model_bytes
-from mase_lite.trust import TRUST_HINT, qualname, resolve_factory, resolve_leaf_module, trusted
+from mase_lite.trust import TRUST_HINT, call_factory, qualname, resolve_factory, resolve_leaf_module, trusted
 
 RECIPE = "recipe.json"
 WEIGHTS = "model.safetensors"
@@ -115,14 +115,7 @@ def build_from_recipe(recipe: dict[str, Any] | FactoryRecipe | HFRecipe) -> nn.M
     if isinstance(recipe, dict):
         recipe = _validate(ModelRecipe, recipe, "model")
     if isinstance(recipe, FactoryRecipe):
-        factory = resolve_factory(recipe.factory, "model.factory")
-        try:
-            model = factory(**recipe.kwargs)
-        except TypeError as err:
-            raise UserError(f"model.factory = {recipe.factory!r}: bad model.kwargs {sorted(recipe.kwargs)}: {err}") from None
-        if not isinstance(model, nn.Module):
-            raise UserError(f"model.factory = {recipe.factory!r} returned {type(model).__name__}, not an nn.Module")
-        return model
+        return call_factory(resolve_factory(recipe.factory, "model.factory"), recipe.factory, recipe.kwargs)
     cls, config = _hf_class_and_config(recipe)
     kwargs = {"attn_implementation": recipe.attn_implementation} if recipe.attn_implementation else {}
     check_fits("model.hf_config", model_bytes(lambda: cls._from_config(config, **kwargs), "model.hf_config"), "the model")

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mase_lite.errors import UserError
 from mase_lite.limits import check_fits, model_bytes
+from mase_lite.trust import call_factory
 from mase_lite.train.hub import hub_access, hub_cache_dir
 from mase_lite.train.validation import validate_section
 
@@ -164,13 +165,7 @@ def _factory(spec: ModelSpec) -> nn.Module:
         fn = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as err:
         raise UserError(f"model.factory = {spec.factory!r}: cannot import it ({err})") from None
-    try:
-        model = fn(**spec.kwargs)
-    except TypeError as err:
-        raise UserError(f"model.factory = {spec.factory!r}: bad model.kwargs {sorted(spec.kwargs)}: {err}") from None
-    if not isinstance(model, nn.Module):
-        raise UserError(f"model.factory = {spec.factory!r} returned {type(model).__name__}, not an nn.Module")
-    return model
+    return call_factory(fn, spec.factory, spec.kwargs)
 
 
 def build_model(
