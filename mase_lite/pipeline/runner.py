@@ -96,7 +96,8 @@ class StepCache(Protocol):
 class _Keep(PassInstrument):
     """Keeps the record the other instruments wrote for the last pass."""
 
-    record: dict[str, Any] = {}
+    def __init__(self) -> None:
+        self.record: dict[str, Any] = {}
 
     def after_pass(self, run: PassRun) -> None:
         self.record = run.record

@@ -75,43 +75,35 @@ class ChoiceParam(_Param):
     values: list[Any] = Field(min_length=1, description="the candidates")
 
 
-class IntParam(_Param):
+class _Range(_Param):
+    """A numeric range: ``low`` must not lie above ``high``."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "_Range":
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) is above high ({self.high})")
+        return self
+
+
+class IntParam(_Range):
     type: Literal["int"]
     low: int
     high: int
     step: int = Field(1, ge=1)
     log: bool = False
 
-    @model_validator(mode="after")
-    def _bounds(self) -> "IntParam":
-        if self.low > self.high:
-            raise ValueError(f"low ({self.low}) is above high ({self.high})")
-        return self
 
-
-class FloatParam(_Param):
+class FloatParam(_Range):
     type: Literal["float"]
     low: float
     high: float
     step: float | None = Field(None, gt=0)
 
-    @model_validator(mode="after")
-    def _bounds(self) -> "FloatParam":
-        if self.low > self.high:
-            raise ValueError(f"low ({self.low}) is above high ({self.high})")
-        return self
 
-
-class LogFloatParam(_Param):
+class LogFloatParam(_Range):
     type: Literal["log_float"]
     low: float = Field(gt=0)
     high: float = Field(gt=0)
-
-    @model_validator(mode="after")
-    def _bounds(self) -> "LogFloatParam":
-        if self.low > self.high:
-            raise ValueError(f"low ({self.low}) is above high ({self.high})")
-        return self
 
 
 class IncludeParam(_Param):

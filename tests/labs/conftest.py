@@ -5,20 +5,10 @@ import copy
 import json
 from pathlib import Path
 
+from tests.search.conftest import TINY_MODEL  # the default model cut to one narrow layer
+
 LABS = Path(__file__).resolve().parents[2] / "pipelines" / "labs"
 SEARCH_SPECS = sorted(p for p in LABS.glob("*.json") if "objectives" in json.loads(p.read_text()))
-
-
-# The default model (bert-tiny's shape) cut to one narrow layer, for pipelines that do not name a model.
-TINY_MODEL = {
-    "hf_config": {
-        "hidden_size": 32,
-        "num_hidden_layers": 1,
-        "num_attention_heads": 2,
-        "intermediate_size": 64,
-        "max_position_embeddings": 64,
-    }
-}
 
 
 def shrink_pipeline(name: str, n_train: int, n_test: int) -> dict:

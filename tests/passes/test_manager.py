@@ -1,6 +1,7 @@
 """The pass manager's contract, enforced in one place for every call."""
 
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -155,10 +156,10 @@ def test_context_path_resolves_against_the_output_dir(tmp_path):
 
 def test_schema_describes_pass_params_and_format_fields():
     schema = pipeline_schema()
-    spec = json.loads(open("pipelines/qat_int8.json").read())
+    spec = json.loads((Path(__file__).resolve().parents[2] / "pipelines" / "qat_int8.json").read_text())
     jsonschema.validate(spec, schema)
     bad = {"steps": [{"pass": "quantize", "params": {"rules": {"linear": {"weight": {"name": "integer", "width": 8, "frac_widht": 4}}}}}]}
-    with pytest.raises(jsonschema.ValidationError) as err:
+    with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
     best = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(bad))
     assert "frac_widht" in best.message

@@ -7,19 +7,22 @@ from pathlib import Path
 import pytest
 
 # A model and data small enough that a trial takes about a second.
+# The default model (bert-tiny's shape) cut to one narrow layer.
+TINY_MODEL = {
+    "hf_config": {
+        "hidden_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": 64,
+    }
+}
+
 TINY_PIPELINE = {
     "name": "tiny_ptq",
     "seed": 0,
     "data": {"dataset": "synthetic-sentiment", "n_train": 64, "n_test": 64, "max_length": 16},
-    "model": {
-        "hf_config": {
-            "hidden_size": 32,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 2,
-            "intermediate_size": 64,
-            "max_position_embeddings": 64,
-        }
-    },
+    "model": TINY_MODEL,
     "steps": [
         {"pass": "train", "params": {"max_steps": 2, "batch_size": 8, "progress": False}},
         {
