@@ -1,6 +1,7 @@
 """One run at a time per output directory: a lock file held (``flock``) for the whole run.
 
-The lock is ``<directory>/.mase-lite.lock``, holding the owner's pid. The kernel releases it when
+The lock is ``.<name>.lock`` beside the directory (:func:`lock_path`), holding the owner's pid: it
+guards the directory's name even while a new directory is swapped in. The kernel releases it when
 its process exits, however it exits, so a lock left by a killed run is simply taken over.
 
 >>> import tempfile
@@ -22,14 +23,20 @@ from pathlib import Path
 
 from mase_lite.errors import UserError
 
-LOCK_FILE = ".mase-lite.lock"
+
+
+def lock_path(directory: str | Path) -> Path:
+    """The lock file of ``directory``: hidden beside it, ``<parent>/.<name>.lock``."""
+    directory = Path(directory)
+    return directory.with_name(f".{directory.name}.lock")
 
 
 class DirectoryLock:
-    """An exclusive lock on ``directory`` (which must exist); ``field`` names it in the refusal."""
+    """An exclusive lock on ``directory`` (whose parent must exist); ``field`` names it in the refusal."""
 
     def __init__(self, directory: str | Path, field: str):
-        self.path = Path(directory) / LOCK_FILE
+        self.directory = Path(directory)
+        self.path = lock_path(directory)
         self.field = field
         self._fd: int | None = None
 
@@ -42,7 +49,7 @@ class DirectoryLock:
                 owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
                 os.close(fd)
                 raise UserError(
-                    f"{self.field}: {self.path.parent} is in use by another run (pid {owner}); "
+                    f"{self.field}: {self.directory} is in use by another run (pid {owner}); "
                     f"wait for it to finish or choose another {self.field}"
                 ) from None
             try:

@@ -11,19 +11,21 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import platform
+import shutil
 import time
 import traceback
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 from tqdm import tqdm
 
 from mase_lite.errors import UserError, ensure_dir
-from mase_lite.files import staged_file
+from mase_lite.files import staged_directory, staged_file
 from mase_lite.lock import DirectoryLock
 from mase_lite.ir.graph import MaseGraph
 from mase_lite.ir.serialize import example_inputs_from_specs
@@ -35,6 +37,9 @@ from mase_lite.train.seeding import seed_everything
 
 logger = logging.getLogger(__name__)
 
+REPORT = "report.json"
+_CACHES = ("hf_cache", "data_cache")  # hub downloads and tokenized data (mase_lite.train), reused by the next run
+_MAX_NAME = 200  # bytes of an output directory's name: its staging directory adds ~30 (a file name has at most 255)
 _PACKAGES = ("mase-lite", "torch", "transformers", "pydantic", "optuna", "safetensors", "tokenizers")
 
 
@@ -123,6 +128,104 @@ def metrics_key(step: StepSpec, info: dict[str, Any]) -> str:
     return step.label or info.get("label") or step.pass_name
 
 
+def _check_stageable(out: Path) -> None:
+    """A run is staged beside its directory and replaces it whole: the directory must not hold the
+    process's working directory, and its name must leave room for the staging directory's."""
+    if Path.cwd().is_relative_to(Path(os.path.abspath(out))):
+        raise UserError(f"output_dir: {str(out)!r} is or contains the current directory; choose a directory inside it")
+    if len(os.fsencode(out.name)) > _MAX_NAME:
+        raise UserError(f"output_dir: the name {out.name[:40]!r}... is longer than {_MAX_NAME} bytes; choose a shorter one")
+
+
+def _check_replaceable(out: Path) -> None:
+    """Only a previous run's directory (it has a report.json), an empty directory or nothing may be replaced."""
+    if not (out.exists() or out.is_symlink()):
+        return
+    if out.is_dir() and not out.is_symlink() and ((out / REPORT).is_file() or not any(out.iterdir())):
+        return
+    raise UserError(
+        f"output_dir: {out} exists and is not a run directory (no {REPORT} in it); a run replaces its "
+        "output_dir whole, so choose a new or empty directory, or move this one away"
+    )
+
+
+def _carry_caches(out: Path, staging: Path) -> None:
+    """Hard-link the previous run's download and tokenized-data caches into the new run directory."""
+    for name in _CACHES:
+        if (out / name).is_dir():
+            shutil.copytree(out / name, staging / name, symlinks=True, copy_function=os.link)
+
+
+def _rebase(value: Any, staging: str, out: str) -> Any:
+    """``value`` with every mention of the staging directory naming the run's final directory instead."""
+    if isinstance(value, str):
+        return value.replace(staging, out)
+    if isinstance(value, Path):
+        return Path(str(value).replace(staging, out))
+    if isinstance(value, dict):
+        return {k: _rebase(v, staging, out) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_rebase(v, staging, out) for v in value)
+    return value
+
+
+def _run_steps(spec: PipelineSpec, ctx: PassContext, report: dict[str, Any], instruments: tuple[PassInstrument, ...],
+               cache: StepCache | None, final: Callable[[Any], Any]) -> MaseGraph:
+    """Build and capture (or restore from ``cache``), then run each step, recording it in ``report``
+    with paths under the run's final directory (``final``); a failure names its step in ``report``."""
+    current = "capture"
+    try:
+        t0 = time.perf_counter()
+        done = 0
+        restored = cache.restore(spec, ctx) if cache is not None else None  # skips build and capture on a hit
+        if restored is None:
+            mg, ctx.data = build_graph(spec, ctx.output_dir)
+            if cache is not None:
+                cache.store(spec, 0, mg, [], ctx)
+        else:
+            done, mg, entries = restored
+            report["steps"] = [{**entry, "cached": True} for entry in entries]
+            for step, entry in zip(spec.steps, entries):
+                if "metrics" in entry["info"]:
+                    report["metrics"][metrics_key(step, entry["info"])] = entry["info"]["metrics"]
+        report["capture"] = {"seconds": time.perf_counter() - t0, "nodes": len(mg.nodes)}
+        base = (Timing(), GraphChange(), *((VerifyAfterEach(),) if spec.verify_each else ()), *instruments)
+        bar = tqdm(total=len(spec.steps), initial=done, desc=spec.name, unit="step", disable=None)
+        for i in range(done, len(spec.steps)):
+            step = spec.steps[i]
+            current = f"steps.{i} ({step.pass_name})"
+            bar.set_postfix_str(step.pass_name)
+            keep = _Keep()
+            draw = (DrawAfter(ctx.output_dir, f"step{i:02d}"),) if step.draw_after else ()
+            ctx.instruments = (*base, *draw, keep)
+            mg, info = run_pass(get_pass(step.pass_name), mg, step.params, ctx, where=f"steps.{i}")
+            entry = {"pass": step.pass_name, "info": info}
+            entry.update({k: v for k, v in keep.record.items() if not k.startswith("_")})
+            entry = final(entry)
+            if "metrics" in entry["info"]:
+                report["metrics"][metrics_key(step, entry["info"])] = entry["info"]["metrics"]
+            report["steps"].append(entry)
+            logger.info("step %d %s: %.3f s", i, step.pass_name, entry.get("seconds", 0.0))
+            if cache is not None:
+                cache.store(spec, i + 1, mg, report["steps"], ctx)
+            bar.update()
+        bar.close()
+    except BaseException:
+        report["failed_step"] = current
+        raise
+    return mg
+
+
+def _record_failure(report: dict[str, Any], err: BaseException, final: Callable[[Any], Any]) -> None:
+    """The error in ``report`` (a traceback too, unless the user caused it), and in ``err`` itself,
+    with paths under the run's final directory."""
+    err.args = final(err.args)
+    report["status"] = "failed"
+    report["error"] = f"{type(err).__name__}: {err}"
+    if not isinstance(err, UserError):
+        report["traceback"] = final(traceback.format_exc())
+
+
 def run_pipeline(
     source: str | Path | dict | PipelineSpec,
     output_dir: str | Path | None = None,
@@ -135,11 +238,16 @@ def run_pipeline(
     Every step runs through the pass manager with timing and graph-change instruments (plus
     ``instruments``); ``cache`` may resume the run after its first steps. The report is written
     even when a step fails; it then names the step and its error, and the error is raised again.
+
+    The run is written into a staging directory beside ``output_dir`` that replaces it whole at the
+    end, failed or not (:func:`mase_lite.files.staged_directory`): a killed run leaves the previous
+    run as it was. Paths in the report and in errors name ``output_dir``.
     """
     spec = load_spec(source)
     check_pipeline(spec)
     out = Path(output_dir or spec.output_dir)
     ensure_dir(out, "output_dir")
+    _check_stageable(out)
     report: dict[str, Any] = {
         "name": spec.name,
         "status": "running",
@@ -150,57 +258,27 @@ def run_pipeline(
         "steps": [],
         "metrics": {},
     }
-    report_path = out / "report.json"
     seed_everything(spec.seed)
     mg: MaseGraph | None = None
-    current = "capture"
-    base = (Timing(), GraphChange(), *((VerifyAfterEach(),) if spec.verify_each else ()), *instruments)
-    lock = DirectoryLock(out, "output_dir").acquire()  # one run per directory; released after the report
+    failure: BaseException | None = None
+    lock = DirectoryLock(out, "output_dir").acquire()  # one run per directory, held until the new one is in
     try:
-        t0 = time.perf_counter()
-        ctx = PassContext(output_dir=out)
-        done = 0
-        restored = cache.restore(spec, ctx) if cache is not None else None  # skips build and capture on a hit
-        if restored is None:
-            mg, ctx.data = build_graph(spec, out)
-            if cache is not None:
-                cache.store(spec, 0, mg, [], ctx)
-        else:
-            done, mg, entries = restored
-            report["steps"] = [{**entry, "cached": True} for entry in entries]
-            for step, entry in zip(spec.steps, entries):
-                if "metrics" in entry["info"]:
-                    report["metrics"][metrics_key(step, entry["info"])] = entry["info"]["metrics"]
-        report["capture"] = {"seconds": time.perf_counter() - t0, "nodes": len(mg.nodes)}
-        bar = tqdm(total=len(spec.steps), initial=done, desc=spec.name, unit="step", disable=None)
-        for i in range(done, len(spec.steps)):
-            step = spec.steps[i]
-            current = f"steps.{i} ({step.pass_name})"
-            bar.set_postfix_str(step.pass_name)
-            keep = _Keep()
-            draw = (DrawAfter(out, f"step{i:02d}"),) if step.draw_after else ()
-            ctx.instruments = (*base, *draw, keep)
-            mg, info = run_pass(get_pass(step.pass_name), mg, step.params, ctx, where=f"steps.{i}")
-            entry = {"pass": step.pass_name, "info": info}
-            entry.update({k: v for k, v in keep.record.items() if not k.startswith("_")})
-            if "metrics" in info:
-                report["metrics"][metrics_key(step, info)] = info["metrics"]
-            report["steps"].append(entry)
-            logger.info("step %d %s: %.3f s", i, step.pass_name, entry.get("seconds", 0.0))
-            if cache is not None:
-                cache.store(spec, i + 1, mg, report["steps"], ctx)
-            bar.update()
-        bar.close()
-        report["status"] = "ok"
-    except BaseException as err:
-        report["status"] = "failed"
-        report["failed_step"] = current
-        report["error"] = f"{type(err).__name__}: {err}"
-        if not isinstance(err, UserError):
-            report["traceback"] = traceback.format_exc()
-        raise
+        _check_replaceable(out)
+        with staged_directory(out) as staging:
+            _carry_caches(out, staging)
+            final = functools.partial(_rebase, staging=str(staging), out=str(out))
+            ctx = PassContext(output_dir=staging)
+            try:
+                mg = _run_steps(spec, ctx, report, instruments, cache, final)
+                report["status"] = "ok"
+            except BaseException as err:  # the failed run's directory replaces the old one too
+                failure = err
+                _record_failure(report, err, final)
+            finally:
+                report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+                write_json_atomic(staging / REPORT, report)
     finally:
-        report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        write_json_atomic(report_path, report)
         lock.release()
+    if failure is not None:
+        raise failure
     return PipelineResult(mg=mg, report=json_safe(report), output_dir=out, data=ctx.data)

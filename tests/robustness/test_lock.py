@@ -1,5 +1,5 @@
 """One run per output directory: a second run on it while the first is alive exits 2 naming the
-first's pid; a lock left by a killed run is taken over; the lock file goes when the run ends."""
+first's pid; a lock left by a killed run is taken over; the lock file (beside the directory) goes when the run ends."""
 
 import json
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import time
 
 from mase_lite.cli import main
-from mase_lite.lock import LOCK_FILE
+from mase_lite.lock import lock_path
 
 WAIT_PASS = '''
 import time
@@ -59,7 +59,7 @@ def test_two_concurrent_runs_on_one_directory(tmp_path, capsys):
     assert proc.returncode == 0, err
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert (report["name"], report["metrics"]) == ("first", {"wait_for_go": {"waited": True}})
-    assert not (tmp_path / "out" / LOCK_FILE).exists()
+    assert not lock_path(tmp_path / "out").exists()
     assert main(["run", second]) == 0
     assert json.loads((tmp_path / "out" / "report.json").read_text())["name"] == "second"
 
@@ -67,7 +67,7 @@ def test_two_concurrent_runs_on_one_directory(tmp_path, capsys):
 def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path):
     (tmp_path / "out").mkdir()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (tmp_path / "out" / LOCK_FILE).write_text(dead.stdout.strip())
+    lock_path(tmp_path / "out").write_text(dead.stdout.strip())
     assert main(["run", _spec(tmp_path, "after", [])]) == 0
     assert json.loads((tmp_path / "out" / "report.json").read_text())["status"] == "ok"
-    assert not (tmp_path / "out" / LOCK_FILE).exists()
+    assert not lock_path(tmp_path / "out").exists()
