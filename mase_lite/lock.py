@@ -24,7 +24,6 @@ from pathlib import Path
 from mase_lite.errors import UserError
 
 
-
 def lock_path(directory: str | Path) -> Path:
     """The lock file of ``directory``: hidden beside it, ``<parent>/.<name>.lock``."""
     directory = Path(directory)
