@@ -12,6 +12,8 @@ Usage (repository root)::
 
     python benchmarks/numerics.py                     # defaults: size 4096, batch 64, 5 rounds
     python benchmarks/numerics.py --rounds 3 --only mxint8 block_fp8
+    python benchmarks/numerics.py --threads 2         # every timing with two torch threads
+    MASE_LITE_NATIVE=0 python benchmarks/numerics.py  # MX through torch operations, not the native kernel
 """
 
 from __future__ import annotations
@@ -75,8 +77,8 @@ def ste(qdq: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor],
     return fn
 
 
-def median_seconds(stmt: Callable[[], object], min_run_time: float) -> float:
-    timer = benchmark.Timer("stmt()", globals={"stmt": stmt})
+def median_seconds(stmt: Callable[[], object], min_run_time: float, threads: int) -> float:
+    timer = benchmark.Timer("stmt()", globals={"stmt": stmt}, num_threads=threads)
     return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
@@ -87,7 +89,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--min-run-time", type=float, default=0.5, help="seconds per timing")
     parser.add_argument("--only", nargs="*", choices=sorted(FORMATS), help="formats to measure")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads for every timing (torch.utils.benchmark's default 1; the machine's cores: all)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     names = args.only or list(FORMATS)
 
     torch.manual_seed(0)
@@ -123,11 +128,11 @@ def main() -> None:
     times: dict[tuple[str, str], list[float]] = {(kind, name): [] for kind, name, _ in cases}
     for _ in range(args.rounds):
         for kind, name, fn in cases:
-            times[(kind, name)].append(median_seconds(fn, args.min_run_time))
+            times[(kind, name)].append(median_seconds(fn, args.min_run_time, args.threads))
     med = {key: statistics.median(v) for key, v in times.items()}
 
     print(f"\nquantize-dequantize of one {args.size}x{args.size} float32 tensor "
-          f"(median of {args.rounds} interleaved rounds)")
+          f"(median of {args.rounds} interleaved rounds, {args.threads} torch thread(s))")
     print("| format | ms | Melem/s | over torchao |\n|---|---|---|---|")
     for name in qdq_cases:
         if name.startswith("torchao"):

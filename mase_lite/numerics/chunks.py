@@ -7,6 +7,7 @@ each pass runs in the calling thread without waking (and waiting for) a thread t
 along the last dimension, so chunks of whole rows are independent, and elementwise formats have
 no blocks at all: the result is the same, bit for bit, whatever the chunk size. Memory: the
 result, per-block values, chunk-sized temporaries (and a contiguous copy of a non-contiguous input).
+The result is allocated by :func:`~mase_lite.numerics.memory.empty_like_advised` (huge pages).
 
 Block formats work on groups of rows in two sweeps: :func:`map_blocks` reads the group's block
 maxima chunk by chunk, the format derives its per-block values (shared exponents, bounds) from them
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor
 
 from mase_lite.numerics.blocks import amax_and_non_finite
+from mase_lite.numerics.memory import empty_like_advised
 
 CHUNK_ELEMENTS = 32767
 """Elements per chunk: below torch's parallel grain, and with a temporary or two within a core's L2."""
@@ -40,7 +42,7 @@ def map_elements(x: Tensor, kernel: Callable[[Tensor, Tensor], object]) -> Tenso
     [0.0, 2.0, 4.0, 6.0]
     """
     flat = x.contiguous().view(-1)
-    out = torch.empty_like(flat)
+    out = empty_like_advised(flat)
     for start in range(0, flat.numel(), CHUNK_ELEMENTS):
         kernel(flat[start:start + CHUNK_ELEMENTS], out[start:start + CHUNK_ELEMENTS])
     return out.view(x.shape)
@@ -62,7 +64,7 @@ def map_blocks(x: Tensor, block_size: int, prepare: Callable[[Tensor], tuple]) -
     [[0.3333333432674408, 1.0, 1.0]]
     """
     rows = _rows(x)
-    out = torch.empty_like(rows)
+    out = empty_like_advised(rows)
     if not rows.numel():
         return out.view(x.shape)
     n_blocks = -(-rows.shape[1] // block_size)

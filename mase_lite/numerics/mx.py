@@ -35,6 +35,7 @@ from torch import Tensor
 from mase_lite.errors import UserError
 from mase_lite.numerics.blocks import amax_and_non_finite
 from mase_lite.numerics.chunks import map_blocks
+from mase_lite.numerics.native import mx_kernel
 from mase_lite.numerics.exponents import (
     clamp_,
     fixed_point_constants,
@@ -185,7 +186,7 @@ def mxint(x: Tensor, element_width: int = 8, block_size: int = 32, scale_rule: s
             return round_fixed_point, *fixed_point_constants(quantum, largest_code)
         return exact_kernel, shared
 
-    return _map_blocks(x, block_size, scale_rule, prepare)
+    return _map_blocks(x, block_size, scale_rule, prepare, element)
 
 
 def mxfp(x: Tensor, element_format: str = "e4m3", block_size: int = 32, scale_rule: str = "floor") -> Tensor:
@@ -222,7 +223,7 @@ def mxfp(x: Tensor, element_format: str = "e4m3", block_size: int = 32, scale_ru
             return magic_rounding_kernel(element.mbits), low, high, -limit, limit
         return grid_kernel, low, high, limit
 
-    return _map_blocks(x, block_size, scale_rule, prepare)
+    return _map_blocks(x, block_size, scale_rule, prepare, element)
 
 
 def _round_elements(scaled: Tensor, element: ElementFormat, out: Tensor) -> Tensor:
@@ -255,11 +256,17 @@ def _mxint_blocks(x: Tensor, element: ElementFormat, block_size: int,
     return _mxint_codes(blocks, shared, element, torch.empty_like(blocks)), shared, non_finite
 
 
-def _map_blocks(x: Tensor, block_size: int, scale_rule: str, prepare) -> Tensor:
-    """:func:`~mase_lite.numerics.chunks.map_blocks` on ``x`` in its compute dtype, cast back to ``x``'s dtype."""
+def _map_blocks(x: Tensor, block_size: int, scale_rule: str, prepare, element: ElementFormat) -> Tensor:
+    """The native kernel's result where it applies, else :func:`~mase_lite.numerics.chunks.map_blocks`
+    on ``x`` in its compute dtype, cast back to ``x``'s dtype."""
     _check_input(x)
     _check_block_size(block_size)
     _check_scale_rule(scale_rule)
+    native = mx_kernel.fake_quantize(x, is_int=element.name.startswith("int"), mbits=element.mbits,
+                                     emax=element.emax, emin=element.emin, max_value=element.max_value,
+                                     block_size=block_size, scale_rule=scale_rule)
+    if native is not None:
+        return native
     return map_blocks(x.to(_compute_dtype(x)), block_size, prepare).to(x.dtype)
 
 

@@ -1,0 +1,76 @@
+"""Optional native kernels: C sources beside this file, compiled on first use and loaded with ctypes.
+
+The system C compiler (``$CC``, else ``cc``) builds each source once per machine into
+``$MASE_LITE_CACHE/native`` (default ``~/.cache/mase_lite/native``), named by a digest of the
+source, the flags, the compiler's version and the machine, and written whole (a temporary file
+renamed into place). Where there is no compiler or the build fails, :func:`library` returns None
+once logged, and callers keep their torch implementation; ``MASE_LITE_NATIVE=0`` chooses that
+implementation always. ctypes releases the GIL during a call, so calls on separate row ranges run
+in parallel threads.
+
+>>> lib = library("mx")     # a ctypes.CDLL, or None without a C compiler
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC")
+SOURCES = Path(__file__).parent
+
+
+def enabled() -> bool:
+    """Whether native kernels may be used (``MASE_LITE_NATIVE`` is not ``0``)."""
+    return os.environ.get("MASE_LITE_NATIVE", "1") != "0"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("MASE_LITE_CACHE") or Path.home() / ".cache" / "mase_lite"
+    return Path(root) / "native"
+
+
+@functools.cache
+def library(name: str) -> ctypes.CDLL | None:
+    """The compiled ``<name>.c`` loaded, or None (native kernels disabled, no compiler, failed build)."""
+    if not enabled():
+        return None
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        logger.info("no C compiler found: the %s quantizer kernel runs as torch operations", name)
+        return None
+    source = SOURCES / f"{name}.c"
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+        key = hashlib.sha256("\0".join([source.read_text(), *FLAGS, version, platform.machine()]).encode())
+        target = cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
+        if not target.exists():
+            _build(compiler, source, target)
+        return ctypes.CDLL(str(target))
+    except (OSError, subprocess.SubprocessError) as err:
+        logger.warning("building the native %s kernel failed (%s): its torch implementation runs instead", name, err)
+        return None
+
+
+def _build(compiler: str, source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    os.close(fd)
+    try:
+        result = subprocess.run([compiler, *FLAGS, str(source), "-o", tmp, "-lm"],
+                                capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            raise OSError(f"{compiler} exited {result.returncode}: {result.stderr.strip()[:2000]}")
+        os.replace(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)

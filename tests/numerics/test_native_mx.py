@@ -1,0 +1,165 @@
+"""The native MX kernel: the same bits as the torch implementation, where it applies, and a clean
+fallback where it does not (no compiler, failed build, autograd, tracing, other dtypes)."""
+
+import logging
+import shutil
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mase_lite.numerics import mx, native, quantize
+from mase_lite.numerics.native import mx_kernel
+
+from .test_corpus_outputs import CONFIGS, INPUTS
+
+needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on this machine")
+MX_CONFIGS = [c for c in CONFIGS if c["name"] in ("mxint", "mxfp")]
+
+
+def torch_only(monkeypatch):
+    monkeypatch.setattr(mx_kernel, "_kernel", lambda: None)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = (torch.where(t.isnan(), torch.full_like(t, float("nan")), t) for t in (a, b))
+    return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def spy_calls(monkeypatch) -> list:
+    calls = []
+    kernel = mx_kernel._kernel()
+    monkeypatch.setattr(mx_kernel, "_kernel", lambda: (lambda *a: (calls.append(a[2:4]), kernel(*a))))
+    return calls
+
+
+@needs_compiler
+def test_the_kernel_builds_where_a_compiler_exists():
+    assert mx_kernel._kernel() is not None
+
+
+@needs_compiler
+@pytest.mark.parametrize("fmt", MX_CONFIGS, ids=["-".join(str(v) for v in c.values()) for c in MX_CONFIGS])
+def test_native_equals_torch_on_the_corpus(monkeypatch, fmt):
+    inputs = {k: x.float() for k, x in INPUTS.items()}
+    calls = spy_calls(monkeypatch)
+    native_out = {k: quantize(x, fmt) for k, x in inputs.items()}
+    assert len(calls) == sum(x.numel() > 0 for x in inputs.values())  # every non-empty input went native
+    torch_only(monkeypatch)
+    for k, x in inputs.items():
+        assert same_bits(native_out[k], quantize(x, fmt)), k
+
+
+def random_bits(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    bits = torch.randint(-2**31, 2**31 - 1, shape, generator=g, dtype=torch.int64).to(torch.int32)
+    x = bits.view(torch.float32)
+    scales = torch.ldexp(torch.ones(shape[:-1] + (1,)), torch.randint(-140, 120, shape[:-1] + (1,), generator=g))
+    return torch.where(torch.rand(shape, generator=g) < 0.5, x, torch.randn(shape, generator=g) * scales)
+
+
+@needs_compiler
+@pytest.mark.parametrize("block_size", [1, 7, 32, 33])
+@pytest.mark.parametrize("kind", [("mxint", {"element_width": 4}), ("mxint", {"element_width": 8}),
+                                  ("mxfp", {"element_format": "e5m2"}), ("mxfp", {"element_format": "e2m1"})])
+@pytest.mark.parametrize("scale_rule", ["floor", "ceil", "even", "rceil"])
+def test_native_equals_torch_on_random_bit_patterns_and_scales(monkeypatch, block_size, kind, scale_rule):
+    name, params = kind
+    fmt = {"name": name, **params, "block_size": block_size, "scale_rule": scale_rule}
+    x = random_bits((9, 70), seed=block_size)
+    y = quantize(x, fmt)
+    torch_only(monkeypatch)
+    assert same_bits(y, quantize(x, fmt))
+
+
+@needs_compiler
+def test_rows_split_over_threads_give_the_same_bits(monkeypatch):
+    x = random_bits((301, 97), seed=3)
+    fmt = {"name": "mxfp", "element_format": "e4m3"}
+    single = quantize(x, fmt)
+    monkeypatch.setattr(mx_kernel, "PARALLEL_FROM_ELEMENTS", 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        calls = spy_calls(monkeypatch)
+        split = quantize(x, fmt)
+    finally:
+        torch.set_num_threads(threads)
+    assert sorted(rows for rows, _ in calls) == [100, 100, 101]
+    assert same_bits(single, split)
+
+
+@needs_compiler
+def test_native_reads_non_contiguous_inputs_and_edge_shapes():
+    x = torch.randn(40, 65).t()
+    assert same_bits(mx.mxint(x), mx.mxint(x.contiguous()))
+    assert str(mx.mxint(torch.tensor([-0.01, 8.0]))[0].item()) == "0.0"  # code 0 carries no sign
+    assert str(mx.mxfp(torch.tensor([-1e-30, 1.0]), element_format="e2m1")[0].item()) == "-0.0"
+    assert mx.mxint(torch.zeros(0, 3)).shape == (0, 3)
+    assert mx.mxint(torch.tensor([[1.0, float("inf")], [2.0, 3.0]]), block_size=2).isnan().tolist() == [
+        [True, True], [False, False]]
+
+
+def test_the_kernel_stands_aside_where_it_cannot_apply():
+    x = torch.randn(4, 32)
+    assert mx_kernel.fake_quantize(x.double(), is_int=True, mbits=6, emax=0, emin=0, max_value=127 / 64,
+                                   block_size=32, scale_rule="floor") is None
+    assert not mx_kernel.applies(x.clone().requires_grad_())
+    assert not mx_kernel.applies(torch.nn.Parameter(x))
+
+    class Recording(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Recording():
+        assert not mx_kernel.applies(x)
+        assert torch.equal(mx.mxint(x), quantize(x, "mxint", element_width=8))
+
+
+def test_without_a_compiler_the_torch_implementation_runs(monkeypatch, tmp_path):
+    monkeypatch.setenv("MASE_LITE_CACHE", str(tmp_path))
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    native.library.cache_clear()
+    try:
+        assert native.library("mx") is None
+        assert not list(tmp_path.rglob("*.so"))
+    finally:
+        native.library.cache_clear()
+
+
+def test_a_failed_build_is_logged_and_leaves_nothing(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("MASE_LITE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "false")
+    native.library.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="mase_lite.numerics.native"):
+            assert native.library("mx") is None
+        assert "building the native mx kernel failed" in caplog.text and "exited 1" in caplog.text
+        assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+    finally:
+        native.library.cache_clear()
+
+
+@needs_compiler
+def test_the_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("MASE_LITE_CACHE", str(tmp_path))
+    native.library.cache_clear()
+    try:
+        assert native.library("mx") is not None
+        (built,) = (tmp_path / "native").iterdir()
+        assert built.name.startswith("mx-") and built.suffix == ".so"
+        stamp = built.stat().st_mtime_ns
+        native.library.cache_clear()
+        assert native.library("mx") is not None
+        assert [p.stat().st_mtime_ns for p in (tmp_path / "native").iterdir()] == [stamp]
+    finally:
+        native.library.cache_clear()
+
+
+def test_native_kernels_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv("MASE_LITE_NATIVE", "0")
+    native.library.cache_clear()
+    try:
+        assert native.library("mx") is None
+    finally:
+        native.library.cache_clear()
