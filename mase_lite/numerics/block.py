@@ -36,6 +36,7 @@ from torch import Tensor
 from mase_lite.numerics.blocks import finite_amax, per_element, to_blocks
 from mase_lite.numerics.chunks import map_blocks
 from mase_lite.numerics.exponents import (
+    FLOAT32_MANTISSA_BITS,
     fixed_point_constants,
     fixed_point_rounding_holds,
     floor_log2,
@@ -50,6 +51,7 @@ from mase_lite.numerics.exponents import (
     round_to_float,
 )
 from mase_lite.numerics.minifloat import check_exponent_fits
+from mase_lite.numerics.native.block_kernel import BlockGrid, fake_quantize
 from mase_lite.numerics.registry import FormatParams, register_format
 
 
@@ -121,7 +123,21 @@ def _bounds_from(layout):
     return bounds
 
 
-def _block_rounding(layout, mantissa_bits: int, x: Tensor, p) -> Tensor:
+def _native_or_map_blocks(x: Tensor, p, grid: BlockGrid, prepare) -> Tensor:
+    """The native kernel's result for ``grid`` where it applies, else :func:`map_blocks` with ``prepare``."""
+    native = fake_quantize(x, grid, p.block_size)
+    return native if native is not None else map_blocks(x, p.block_size, prepare)
+
+
+def _shared_bias_grid(p: BlockMinifloatParams | BlockLogParams, rule: str, mantissa_bits: int, top: int) -> BlockGrid:
+    """A float element grid whose exponent range is ``[1, top]`` below a shared scale ``2**-bias``
+    (at most float32's 23 fraction bits, as :func:`round_to_float` rounds)."""
+    lo, hi = _signed_range(p.exponent_bias_width)
+    return BlockGrid(integer_grid=False, rule=rule, mbits=min(mantissa_bits, FLOAT32_MANTISSA_BITS), emax=top, emin=1,
+                     max_value=largest_float(mantissa_bits, top), shared_min=-hi, shared_max=-lo)
+
+
+def _block_rounding(layout, mantissa_bits: int, x: Tensor, p, grid: BlockGrid) -> Tensor:
     """``x`` rounded per block to a float with ``mantissa_bits`` and the block's exponent range from ``layout``."""
 
     def kernel(blocks: Tensor, out: Tensor, low: Tensor, high: Tensor) -> None:
@@ -134,7 +150,7 @@ def _block_rounding(layout, mantissa_bits: int, x: Tensor, p) -> Tensor:
             return magic_rounding_kernel(mantissa_bits), min_exponent, max_exponent, -largest, largest
         return kernel, min_exponent, max_exponent
 
-    return map_blocks(x, p.block_size, prepare)
+    return _native_or_map_blocks(x, p, grid, prepare)
 
 
 @register_format(
@@ -163,7 +179,10 @@ def block_fp(x: Tensor, p: BlockFPParams) -> Tensor:
             return fast_kernel, *fixed_point_constants(quantum, largest_code)
         return exact_kernel, quantum
 
-    return map_blocks(x, p.block_size, prepare)
+    grid = BlockGrid(integer_grid=True, rule="floor", mbits=p.width - 2, emax=0,
+                     max_value=largest_code * 2.0 ** -(p.width - 2), shared_min=-p.bias,
+                     shared_max=2**p.exponent_width - 1 - p.bias)
+    return _native_or_map_blocks(x, p, grid, prepare)
 
 
 def _block_minifloat_layout(amax: Tensor, p: BlockMinifloatParams) -> tuple[Tensor, Tensor, Tensor]:
@@ -183,7 +202,9 @@ def _block_minifloat_layout(amax: Tensor, p: BlockMinifloatParams) -> tuple[Tens
 )
 def block_minifloat(x: Tensor, p: BlockMinifloatParams) -> Tensor:
     """Minifloat elements with a per-block exponent bias aligned to the block's largest magnitude."""
-    return _block_rounding(_block_minifloat_layout, p.width - 1 - p.exponent_width, x, p)
+    mantissa = p.width - 1 - p.exponent_width
+    grid = _shared_bias_grid(p, "floor", mantissa, 2**p.exponent_width - 1)
+    return _block_rounding(_block_minifloat_layout, mantissa, x, p, grid)
 
 
 def _nearest_power_exponent(amax: Tensor) -> Tensor:
@@ -205,4 +226,4 @@ def _block_log_layout(amax: Tensor, p: BlockLogParams) -> tuple[Tensor, Tensor, 
 )
 def block_log(x: Tensor, p: BlockLogParams) -> Tensor:
     """Powers of two with a per-block exponent bias aligned to the block's largest magnitude."""
-    return _block_rounding(_block_log_layout, 0, x, p)
+    return _block_rounding(_block_log_layout, 0, x, p, _shared_bias_grid(p, "nearest", 0, 2 ** (p.width - 1) - 1))

@@ -35,7 +35,7 @@ from torch import Tensor
 from mase_lite.errors import UserError
 from mase_lite.numerics.blocks import amax_and_non_finite
 from mase_lite.numerics.chunks import map_blocks
-from mase_lite.numerics.native import mx_kernel
+from mase_lite.numerics.native.block_kernel import BlockGrid, fake_quantize
 from mase_lite.numerics.exponents import (
     clamp_,
     fixed_point_constants,
@@ -262,9 +262,10 @@ def _map_blocks(x: Tensor, block_size: int, scale_rule: str, prepare, element: E
     _check_input(x)
     _check_block_size(block_size)
     _check_scale_rule(scale_rule)
-    native = mx_kernel.fake_quantize(x, is_int=element.name.startswith("int"), mbits=element.mbits,
-                                     emax=element.emax, emin=element.emin, max_value=element.max_value,
-                                     block_size=block_size, scale_rule=scale_rule)
+    integer = element.name.startswith("int")
+    grid = BlockGrid(integer_grid=integer, rule=scale_rule, mbits=element.mbits, emax=element.emax,
+                     emin=element.emin, max_value=element.max_value, zero_is_positive=integer)
+    native = fake_quantize(x, grid, block_size)
     if native is not None:
         return native
     return map_blocks(x.to(_compute_dtype(x)), block_size, prepare).to(x.dtype)

@@ -8,7 +8,7 @@ once logged, and callers keep their torch implementation; ``MASE_LITE_NATIVE=0``
 implementation always. ctypes releases the GIL during a call, so calls on separate row ranges run
 in parallel threads.
 
->>> lib = library("mx")     # a ctypes.CDLL, or None without a C compiler
+>>> lib = library("blocks")     # a ctypes.CDLL, or None without a C compiler
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def library(name: str) -> ctypes.CDLL | None:
         return None
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
-        logger.info("no C compiler found: the %s quantizer kernel runs as torch operations", name)
+        logger.warning("no C compiler (%s) found: the %s kernel runs as slower torch operations; install one or set CC",
+                       os.environ.get("CC", "cc"), name)
         return None
     source = SOURCES / f"{name}.c"
     try:

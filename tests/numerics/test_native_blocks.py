@@ -1,5 +1,6 @@
-"""The native MX kernel: the same bits as the torch implementation, where it applies, and a clean
-fallback where it does not (no compiler, failed build, autograd, tracing, other dtypes)."""
+"""The native block-format kernel: the same bits as the torch implementations (mxint, mxfp, block_fp,
+block_minifloat, block_log) where it applies, and a clean fallback where it does not (no compiler,
+failed build, autograd, tracing, other dtypes)."""
 
 import logging
 import shutil
@@ -9,16 +10,16 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mase_lite.numerics import mx, native, quantize
-from mase_lite.numerics.native import mx_kernel
+from mase_lite.numerics.native import block_kernel
 
 from .test_corpus_outputs import CONFIGS, INPUTS
 
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on this machine")
-MX_CONFIGS = [c for c in CONFIGS if c["name"] in ("mxint", "mxfp")]
+BLOCK_CONFIGS = [c for c in CONFIGS if c["name"] in ("mxint", "mxfp", "block_fp", "block_minifloat", "block_log")]
 
 
 def torch_only(monkeypatch):
-    monkeypatch.setattr(mx_kernel, "_kernel", lambda: None)
+    monkeypatch.setattr(block_kernel, "_kernel", lambda: None)
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -28,18 +29,18 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def spy_calls(monkeypatch) -> list:
     calls = []
-    kernel = mx_kernel._kernel()
-    monkeypatch.setattr(mx_kernel, "_kernel", lambda: (lambda *a: (calls.append(a[2:4]), kernel(*a))))
+    kernel = block_kernel._kernel()
+    monkeypatch.setattr(block_kernel, "_kernel", lambda: (lambda *a: (calls.append(a[2:4]), kernel(*a))))
     return calls
 
 
 @needs_compiler
 def test_the_kernel_builds_where_a_compiler_exists():
-    assert mx_kernel._kernel() is not None
+    assert block_kernel._kernel() is not None
 
 
 @needs_compiler
-@pytest.mark.parametrize("fmt", MX_CONFIGS, ids=["-".join(str(v) for v in c.values()) for c in MX_CONFIGS])
+@pytest.mark.parametrize("fmt", BLOCK_CONFIGS, ids=["-".join(str(v) for v in c.values()) for c in BLOCK_CONFIGS])
 def test_native_equals_torch_on_the_corpus(monkeypatch, fmt):
     inputs = {k: x.float() for k, x in INPUTS.items()}
     calls = spy_calls(monkeypatch)
@@ -60,12 +61,17 @@ def random_bits(shape, seed):
 
 @needs_compiler
 @pytest.mark.parametrize("block_size", [1, 7, 32, 33])
-@pytest.mark.parametrize("kind", [("mxint", {"element_width": 4}), ("mxint", {"element_width": 8}),
-                                  ("mxfp", {"element_format": "e5m2"}), ("mxfp", {"element_format": "e2m1"})])
-@pytest.mark.parametrize("scale_rule", ["floor", "ceil", "even", "rceil"])
-def test_native_equals_torch_on_random_bit_patterns_and_scales(monkeypatch, block_size, kind, scale_rule):
-    name, params = kind
-    fmt = {"name": name, **params, "block_size": block_size, "scale_rule": scale_rule}
+@pytest.mark.parametrize("fmt", [
+    *({"name": "mxint", "element_width": w, "scale_rule": r} for w in (4, 8) for r in ("floor", "ceil", "even", "rceil")),
+    *({"name": "mxfp", "element_format": e, "scale_rule": r} for e in ("e5m2", "e2m1") for r in ("floor", "even", "rceil")),
+    {"name": "block_fp", "width": 8}, {"name": "block_fp", "width": 32, "exponent_width": 3},
+    {"name": "block_fp", "width": 5, "exponent_width": 2, "exponent_bias": -1},
+    {"name": "block_minifloat", "width": 8, "exponent_width": 4},
+    {"name": "block_minifloat", "width": 32, "exponent_width": 7, "exponent_bias_width": 3},
+    {"name": "block_log", "width": 4}, {"name": "block_log", "width": 8, "exponent_bias_width": 2},
+], ids=lambda f: "-".join(str(v) for v in f.values()))
+def test_native_equals_torch_on_random_bit_patterns_and_scales(monkeypatch, block_size, fmt):
+    fmt = {**fmt, "block_size": block_size}
     x = random_bits((9, 70), seed=block_size)
     y = quantize(x, fmt)
     torch_only(monkeypatch)
@@ -77,7 +83,7 @@ def test_rows_split_over_threads_give_the_same_bits(monkeypatch):
     x = random_bits((301, 97), seed=3)
     fmt = {"name": "mxfp", "element_format": "e4m3"}
     single = quantize(x, fmt)
-    monkeypatch.setattr(mx_kernel, "PARALLEL_FROM_ELEMENTS", 1)
+    monkeypatch.setattr(block_kernel, "PARALLEL_FROM_ELEMENTS", 1)
     threads = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
@@ -102,17 +108,17 @@ def test_native_reads_non_contiguous_inputs_and_edge_shapes():
 
 def test_the_kernel_stands_aside_where_it_cannot_apply():
     x = torch.randn(4, 32)
-    assert mx_kernel.fake_quantize(x.double(), is_int=True, mbits=6, emax=0, emin=0, max_value=127 / 64,
-                                   block_size=32, scale_rule="floor") is None
-    assert not mx_kernel.applies(x.clone().requires_grad_())
-    assert not mx_kernel.applies(torch.nn.Parameter(x))
+    mxint8 = block_kernel.BlockGrid(integer_grid=True, rule="floor", mbits=6, emax=0, max_value=127 / 64)
+    assert block_kernel.fake_quantize(x.double(), mxint8, 32) is None
+    assert not block_kernel.applies(x.clone().requires_grad_())
+    assert not block_kernel.applies(torch.nn.Parameter(x))
 
     class Recording(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
     with Recording():
-        assert not mx_kernel.applies(x)
+        assert not block_kernel.applies(x)
         assert torch.equal(mx.mxint(x), quantize(x, "mxint", element_width=8))
 
 
@@ -121,7 +127,7 @@ def test_without_a_compiler_the_torch_implementation_runs(monkeypatch, tmp_path)
     monkeypatch.setattr(shutil, "which", lambda name: None)
     native.library.cache_clear()
     try:
-        assert native.library("mx") is None
+        assert native.library("blocks") is None
         assert not list(tmp_path.rglob("*.so"))
     finally:
         native.library.cache_clear()
@@ -133,8 +139,8 @@ def test_a_failed_build_is_logged_and_leaves_nothing(monkeypatch, tmp_path, capl
     native.library.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="mase_lite.numerics.native"):
-            assert native.library("mx") is None
-        assert "building the native mx kernel failed" in caplog.text and "exited 1" in caplog.text
+            assert native.library("blocks") is None
+        assert "building the native blocks kernel failed" in caplog.text and "exited 1" in caplog.text
         assert not [p for p in tmp_path.rglob("*") if p.is_file()]
     finally:
         native.library.cache_clear()
@@ -145,12 +151,12 @@ def test_the_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("MASE_LITE_CACHE", str(tmp_path))
     native.library.cache_clear()
     try:
-        assert native.library("mx") is not None
+        assert native.library("blocks") is not None
         (built,) = (tmp_path / "native").iterdir()
-        assert built.name.startswith("mx-") and built.suffix == ".so"
+        assert built.name.startswith("blocks-") and built.suffix == ".so"
         stamp = built.stat().st_mtime_ns
         native.library.cache_clear()
-        assert native.library("mx") is not None
+        assert native.library("blocks") is not None
         assert [p.stat().st_mtime_ns for p in (tmp_path / "native").iterdir()] == [stamp]
     finally:
         native.library.cache_clear()
@@ -160,6 +166,6 @@ def test_native_kernels_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("MASE_LITE_NATIVE", "0")
     native.library.cache_clear()
     try:
-        assert native.library("mx") is None
+        assert native.library("blocks") is None
     finally:
         native.library.cache_clear()

@@ -1,14 +1,16 @@
-"""The native MX kernel (``mx.c``) behind :func:`~mase_lite.numerics.mx.mxint` and ``mxfp``.
+"""The native kernel (``blocks.c``) behind the block-scaled formats: mxint, mxfp, block_fp,
+block_minifloat and block_log.
 
-It computes the same function as their torch implementation, bit for bit (the tests compare the
+It computes the same function as their torch implementations, bit for bit (the tests compare the
 two on a corpus of edge cases), in one pass over the tensor instead of several. It applies to a
 plain float32 CPU tensor outside autograd, torch.compile, export and torch function/dispatch
 modes; :func:`fake_quantize` returns None elsewhere and the caller runs its torch implementation.
-Rows are split over ``torch.get_num_threads()`` threads for large tensors.
+Rows are split over ``torch.get_num_threads()`` threads for large tensors. A format is described
+by a :class:`BlockGrid` (see ``blocks.c`` for the meaning of each field).
 
 >>> import torch
->>> y = fake_quantize(torch.tensor([[1.0, 0.3, -2.5]]), is_int=True, mbits=6, emax=0, emin=0,
-...                   max_value=127 / 64, block_size=32, scale_rule="floor")
+>>> mxint8 = BlockGrid(integer_grid=True, rule="floor", mbits=6, emax=0, max_value=127 / 64)
+>>> y = fake_quantize(torch.tensor([[1.0, 0.3, -2.5]]), mxint8, block_size=32)
 >>> y is None or y.tolist() == [[1.0, 0.3125, -2.5]]
 True
 """
@@ -21,6 +23,7 @@ import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -28,19 +31,39 @@ from torch import Tensor
 from mase_lite.numerics.memory import empty_like_advised
 from mase_lite.numerics.native import library
 
-RULES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
+RULES = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3, "nearest": 4}
 PARALLEL_FROM_ELEMENTS = 1 << 20
 """Smaller tensors run in the calling thread (a hand-off costs more than it saves)."""
 
 
+@dataclass(frozen=True)
+class BlockGrid:
+    """A block-scaled format for the kernel: the shared exponent's rule and range, the element grid."""
+
+    integer_grid: bool
+    rule: str
+    mbits: int
+    emax: int
+    max_value: float
+    emin: int = 0
+    shared_min: int = -127
+    shared_max: int = 127
+    zero_is_positive: bool = False
+
+    def arguments(self) -> tuple:
+        """The kernel's arguments after the block size, in ``blocks.c``'s order."""
+        return (int(self.integer_grid), RULES[self.rule], self.mbits, self.emax, self.emin, self.shared_min,
+                self.shared_max, int(self.zero_is_positive), float(self.max_value))
+
+
 @functools.cache
 def _kernel():
-    lib = library("mx")
+    lib = library("blocks")
     if lib is None:
         return None
-    fn = lib.mx_fake_quantize
+    fn = lib.fake_quantize_blocks
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double]
+                   *[ctypes.c_int] * 8, ctypes.c_double]
     fn.restype = None
     return fn
 
@@ -53,9 +76,9 @@ def applies(x: Tensor) -> bool:
             and not torch._C._len_torch_dispatch_stack() and _kernel() is not None)
 
 
-def fake_quantize(x: Tensor, *, is_int: bool, mbits: int, emax: int, emin: int, max_value: float,
-                  block_size: int, scale_rule: str) -> Tensor | None:
-    """``x`` fake-quantized to MX by the native kernel, or None where it does not apply."""
+def fake_quantize(x: Tensor, grid: BlockGrid, block_size: int) -> Tensor | None:
+    """``x`` fake-quantized by the native kernel to ``grid`` in blocks of ``block_size``, or None
+    where the kernel does not apply."""
     if not applies(x):
         return None
     src = x.contiguous()
@@ -64,7 +87,7 @@ def fake_quantize(x: Tensor, *, is_int: bool, mbits: int, emax: int, emin: int, 
     rows = math.prod(src.shape[:-1]) if src.dim() else 1
     if not src.numel():
         return out
-    args = (block_size, int(is_int), RULES[scale_rule], mbits, emax, emin, float(max_value))
+    args = (block_size, *grid.arguments())
     kernel, row_bytes = _kernel(), length * src.element_size()
 
     def run(first: int, last: int) -> None:
@@ -90,5 +113,5 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     global _executor
     with _lock:
         if _executor is None or _executor[:2] != (os.getpid(), workers):
-            _executor = (os.getpid(), workers, ThreadPoolExecutor(workers, thread_name_prefix="mase-lite-mx"))
+            _executor = (os.getpid(), workers, ThreadPoolExecutor(workers, thread_name_prefix="mase-lite-blocks"))
         return _executor[2]
