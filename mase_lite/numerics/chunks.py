@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import math
+import sys
 from typing import Callable, Iterator
 
 import torch
@@ -43,8 +44,9 @@ def map_elements(x: Tensor, kernel: Callable[[Tensor, Tensor], object]) -> Tenso
     """
     flat = x.contiguous().view(-1)
     out = empty_like_advised(flat)
-    for start in range(0, flat.numel(), CHUNK_ELEMENTS):
-        kernel(flat[start:start + CHUNK_ELEMENTS], out[start:start + CHUNK_ELEMENTS])
+    size = _chunk_elements(flat)
+    for start in range(0, flat.numel(), size):
+        kernel(flat[start:start + size], out[start:start + size])
     return out.view(x.shape)
 
 
@@ -68,8 +70,8 @@ def map_blocks(x: Tensor, block_size: int, prepare: Callable[[Tensor], tuple]) -
     if not rows.numel():
         return out.view(x.shape)
     n_blocks = -(-rows.shape[1] // block_size)
-    step = _rows_per_chunk(rows.shape[1], block_size)
-    group = max(1, CHUNK_ELEMENTS // n_blocks // step) * step
+    step = _rows_per_chunk(rows, block_size)
+    group = max(1, _chunk_elements(rows) // n_blocks // step) * step
     for start in range(0, len(rows), group):
         src, dst = rows[start:start + group], out[start:start + group]
         amax = _group_maxima(src, block_size)
@@ -98,8 +100,13 @@ def _group_maxima(rows: Tensor, block_size: int) -> Tensor:
     return amax
 
 
-def _rows_per_chunk(length: int, block_size: int) -> int:
-    return max(1, CHUNK_ELEMENTS // (-(-length // block_size) * block_size))
+def _chunk_elements(t: Tensor) -> int:
+    """:data:`CHUNK_ELEMENTS` on CPU; other devices (one kernel launch per operation) take the tensor whole."""
+    return CHUNK_ELEMENTS if t.device.type == "cpu" else sys.maxsize
+
+
+def _rows_per_chunk(rows: Tensor, block_size: int) -> int:
+    return max(1, _chunk_elements(rows) // (-(-rows.shape[1] // block_size) * block_size))
 
 
 def _rows(x: Tensor) -> Tensor:
@@ -118,7 +125,7 @@ def _row_chunks(rows: Tensor, block_size: int, out: Tensor | None) -> Iterator[t
         return
     n_blocks = -(-length // block_size)
     width = n_blocks * block_size
-    step = _rows_per_chunk(length, block_size)
+    step = _rows_per_chunk(rows, block_size)
     padded = width != length
     if padded:
         padded_in = rows.new_zeros(min(step, len(rows)), width)

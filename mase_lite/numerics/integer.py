@@ -18,6 +18,7 @@ from torch import Tensor
 
 from mase_lite.numerics.exponents import largest_float32_at_most
 from mase_lite.numerics.memory import empty_like_advised
+from mase_lite.numerics.native import element_kernel
 from mase_lite.numerics.registry import FormatParams, register_format
 
 
@@ -49,7 +50,10 @@ def integer_bounds(x: Tensor, p: IntegerParams) -> tuple[float, float]:
 @register_format("integer", params=IntegerParams, bits=lambda p, shape: float(p.width), bounds=integer_bounds)
 def integer(x: Tensor, p: IntegerParams) -> Tensor:
     """Fixed point with ``width`` bits of which ``frac_width`` are fractional."""
+    lo, hi = integer_codes(p)
+    native = element_kernel.integer(x, p.frac_width, lo, hi, p.floor)
+    if native is not None:
+        return native
     codes = torch.mul(x, 2.0**p.frac_width, out=empty_like_advised(x))
     codes = codes.floor_() if p.floor else codes.round_()
-    lo, hi = integer_codes(p)
     return codes.clamp_(lo, hi).mul_(2.0**-p.frac_width)

@@ -23,9 +23,8 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from mase_lite.numerics.chunks import map_elements
 from mase_lite.numerics.exponents import largest_float
-from mase_lite.numerics.minifloat import check_exponent_range, float32_max_exponent, rounding_kernel
+from mase_lite.numerics.minifloat import check_exponent_range, float32_max_exponent, round_elements
 from mase_lite.numerics.registry import FormatParams, register_format
 
 
@@ -57,4 +56,4 @@ def log_bounds(x: Tensor, p: LogParams) -> tuple[float, float]:
 @register_format("log", params=LogParams, bits=lambda p, shape: float(p.width), bounds=log_bounds)
 def log(x: Tensor, p: LogParams) -> Tensor:
     """Sign and power of two; exponent code 0 is zero."""
-    return map_elements(x, rounding_kernel(0, *log_exponents(p)))
+    return round_elements(x, 0, *log_exponents(p))

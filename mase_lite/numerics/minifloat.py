@@ -25,11 +25,13 @@ from torch import Tensor
 
 from mase_lite.numerics.chunks import map_elements
 from mase_lite.numerics.exponents import (
+    FLOAT32_MANTISSA_BITS,
     FLOAT32_MAX_EXPONENT,
     FLOAT32_MIN_EXPONENT,
     largest_float,
     round_to_float,
 )
+from mase_lite.numerics.native import element_kernel
 from mase_lite.numerics.registry import FormatParams, register_format
 
 
@@ -114,6 +116,16 @@ class MinifloatDenormParams(MinifloatParams):
         return self
 
 
+def round_elements(x: Tensor, mantissa_bits: int, min_exponent: int, max_exponent: int) -> Tensor:
+    """:func:`round_to_float` of every element: the native kernel where it applies, else chunk by chunk."""
+    m = min(mantissa_bits, FLOAT32_MANTISSA_BITS)
+    if max_exponent <= FLOAT32_MAX_EXPONENT:
+        native = element_kernel.float_grid(x, m, min_exponent, max_exponent, largest_float(m, max_exponent))
+        if native is not None:
+            return native
+    return map_elements(x, rounding_kernel(mantissa_bits, min_exponent, max_exponent))
+
+
 def rounding_kernel(mantissa_bits: int, min_exponent: int, max_exponent: int):
     """A :func:`~mase_lite.numerics.chunks.map_elements` kernel: :func:`round_to_float` into ``out``."""
 
@@ -137,7 +149,7 @@ def _bounds(layout):
 )
 def minifloat_ieee(x: Tensor, p: MinifloatParams) -> Tensor:
     """IEEE-style minifloat with subnormals and no Inf/NaN codes."""
-    return map_elements(x, rounding_kernel(*ieee_layout(p)))
+    return round_elements(x, *ieee_layout(p))
 
 
 @register_format(
@@ -148,4 +160,4 @@ def minifloat_ieee(x: Tensor, p: MinifloatParams) -> Tensor:
 )
 def minifloat_denorm(x: Tensor, p: MinifloatParams) -> Tensor:
     """Minifloat without an implicit leading one: every code is ``0.M * 2**(E - bias)``."""
-    return map_elements(x, rounding_kernel(*denorm_layout(p)))
+    return round_elements(x, *denorm_layout(p))

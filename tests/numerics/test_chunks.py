@@ -77,3 +77,9 @@ def test_map_elements_splits_flat_chunks(monkeypatch):
     x = torch.arange(10.0).reshape(2, 5).t()
     assert torch.equal(map_elements(x, double), x * 2)
     assert sizes == [4, 4, 2]
+
+
+def test_other_devices_take_the_tensor_as_one_chunk():
+    sizes = []
+    chunks.map_elements(torch.empty(100_000, device="meta"), lambda chunk, out: sizes.append(chunk.numel()))
+    assert sizes == [100_000]

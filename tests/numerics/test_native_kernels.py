@@ -1,6 +1,7 @@
-"""The native block-format kernel: the same bits as the torch implementations (mxint, mxfp, block_fp,
-block_minifloat, block_log) where it applies, and a clean fallback where it does not (no compiler,
-failed build, autograd, tracing, other dtypes)."""
+"""The native kernels: the same bits as the torch implementations of every format they serve (mxint,
+mxfp, block_fp, block_minifloat, block_log, integer, minifloat_ieee, minifloat_denorm, log) where
+they apply, and a clean fallback where they do not (no compiler, failed build, autograd, tracing,
+other dtypes)."""
 
 import logging
 import shutil
@@ -10,16 +11,17 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mase_lite.numerics import mx, native, quantize
-from mase_lite.numerics.native import block_kernel
+from mase_lite.numerics.native import block_kernel, element_kernel, launch
 
 from .test_corpus_outputs import CONFIGS, INPUTS
 
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on this machine")
-BLOCK_CONFIGS = [c for c in CONFIGS if c["name"] in ("mxint", "mxfp", "block_fp", "block_minifloat", "block_log")]
+KERNEL_MODULES = (block_kernel, element_kernel)
 
 
 def torch_only(monkeypatch):
-    monkeypatch.setattr(block_kernel, "_kernel", lambda: None)
+    for module in KERNEL_MODULES:
+        monkeypatch.setattr(module, "applies", lambda x: False)
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -28,19 +30,23 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def spy_calls(monkeypatch) -> list:
+    """The row count of every native kernel call from now on."""
     calls = []
-    kernel = block_kernel._kernel()
-    monkeypatch.setattr(block_kernel, "_kernel", lambda: (lambda *a: (calls.append(a[2:4]), kernel(*a))))
+    for module in KERNEL_MODULES:
+        def spy(kernel, x, arguments, run_rows=module.run_rows):
+            return run_rows(lambda *a: (calls.append(a[2]), kernel(*a)), x, arguments)
+
+        monkeypatch.setattr(module, "run_rows", spy)
     return calls
 
 
 @needs_compiler
-def test_the_kernel_builds_where_a_compiler_exists():
-    assert block_kernel._kernel() is not None
+def test_the_kernels_build_where_a_compiler_exists():
+    assert block_kernel._kernel() is not None and element_kernel._kernels() is not None
 
 
 @needs_compiler
-@pytest.mark.parametrize("fmt", BLOCK_CONFIGS, ids=["-".join(str(v) for v in c.values()) for c in BLOCK_CONFIGS])
+@pytest.mark.parametrize("fmt", CONFIGS, ids=["-".join(str(v) for v in c.values()) for c in CONFIGS])
 def test_native_equals_torch_on_the_corpus(monkeypatch, fmt):
     inputs = {k: x.float() for k, x in INPUTS.items()}
     calls = spy_calls(monkeypatch)
@@ -69,11 +75,21 @@ def random_bits(shape, seed):
     {"name": "block_minifloat", "width": 8, "exponent_width": 4},
     {"name": "block_minifloat", "width": 32, "exponent_width": 7, "exponent_bias_width": 3},
     {"name": "block_log", "width": 4}, {"name": "block_log", "width": 8, "exponent_bias_width": 2},
+    {"name": "integer", "width": 8, "frac_width": 4}, {"name": "integer", "width": 32, "frac_width": 30},
+    {"name": "integer", "width": 5, "frac_width": 5, "signed": False, "floor": True},
+    {"name": "minifloat_ieee", "width": 8, "exponent_width": 4}, {"name": "minifloat_ieee", "width": 16, "exponent_width": 8},
+    {"name": "minifloat_ieee", "width": 32, "exponent_width": 8, "exponent_bias": 100},
+    {"name": "minifloat_denorm", "width": 8, "exponent_width": 5}, {"name": "log", "width": 9}, {"name": "log", "width": 3},
 ], ids=lambda f: "-".join(str(v) for v in f.values()))
 def test_native_equals_torch_on_random_bit_patterns_and_scales(monkeypatch, block_size, fmt):
-    fmt = {**fmt, "block_size": block_size}
-    x = random_bits((9, 70), seed=block_size)
+    if fmt["name"] in ("integer", "minifloat_ieee", "minifloat_denorm", "log"):
+        shape = (block_size, 70)  # no blocks: vary the row count instead
+    else:
+        fmt, shape = {**fmt, "block_size": block_size}, (9, 70)
+    x = random_bits(shape, seed=block_size)
+    calls = spy_calls(monkeypatch)
     y = quantize(x, fmt)
+    assert calls == [shape[0]]
     torch_only(monkeypatch)
     assert same_bits(y, quantize(x, fmt))
 
@@ -83,7 +99,7 @@ def test_rows_split_over_threads_give_the_same_bits(monkeypatch):
     x = random_bits((301, 97), seed=3)
     fmt = {"name": "mxfp", "element_format": "e4m3"}
     single = quantize(x, fmt)
-    monkeypatch.setattr(block_kernel, "PARALLEL_FROM_ELEMENTS", 1)
+    monkeypatch.setattr(launch, "PARALLEL_FROM_ELEMENTS", 1)
     threads = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
@@ -91,7 +107,7 @@ def test_rows_split_over_threads_give_the_same_bits(monkeypatch):
         split = quantize(x, fmt)
     finally:
         torch.set_num_threads(threads)
-    assert sorted(rows for rows, _ in calls) == [100, 100, 101]
+    assert sorted(calls) == [100, 100, 101]
     assert same_bits(single, split)
 
 
@@ -110,15 +126,15 @@ def test_the_kernel_stands_aside_where_it_cannot_apply():
     x = torch.randn(4, 32)
     mxint8 = block_kernel.BlockGrid(integer_grid=True, rule="floor", mbits=6, emax=0, max_value=127 / 64)
     assert block_kernel.fake_quantize(x.double(), mxint8, 32) is None
-    assert not block_kernel.applies(x.clone().requires_grad_())
-    assert not block_kernel.applies(torch.nn.Parameter(x))
+    assert not launch.applies(x.clone().requires_grad_())
+    assert not launch.applies(torch.nn.Parameter(x))
 
     class Recording(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
     with Recording():
-        assert not block_kernel.applies(x)
+        assert not launch.applies(x)
         assert torch.equal(mx.mxint(x), quantize(x, "mxint", element_width=8))
 
 
