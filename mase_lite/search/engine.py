@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,6 +232,22 @@ def run_trial(study: Study, trial: optuna.Trial) -> tuple[TrialState, list[float
         return TrialState.FAIL, None, run_seconds
 
 
+def clear_leftovers(study: Study) -> None:
+    """Remove what killed workers left beside the directories of trials that are over (their staging
+    directories and lock files): such a trial is never run again under its number, so nothing else
+    would. The storage says which trials are over, for workers on any machine."""
+    trials_dir = study.output_dir / "trials"
+    if not trials_dir.is_dir():
+        return
+    over = {str(t.number) for t in study.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))}
+    for path in trials_dir.glob(".*"):  # .<number>.staging-<pid>-<random>, .<number>.lock, ...
+        if path.name[1:].split(".", 1)[0] in over:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+
 def optimize(study: Study, deadline: float | None) -> None:
     """This worker's share of ``study``: trials until ``n_trials`` ran to an end in total."""
     storage = study.study._storage
@@ -241,6 +258,7 @@ def optimize(study: Study, deadline: float | None) -> None:
         while deadline is None or time.time() < deadline:
             t0 = time.perf_counter()
             fail_stale(study.study)
+            clear_leftovers(study)
             done, running, waiting = _counts(study.study)
             bar.n = min(done, study.n_trials)
             bar.refresh()

@@ -52,6 +52,8 @@ def test_killed_worker_is_resumed_by_two_workers_on_the_default_storage(tmp_path
     wait_for(lambda: (tmp_path / "holding").exists() or worker.poll() is not None)
     worker.send_signal(signal.SIGKILL)  # trial 0 is complete; trial 1 holds a grid point and never finishes
     worker.wait()
+    trials_dir = Path(spec["output_dir"]) / "trials"
+    assert sorted(p.name.split("-")[0] for p in trials_dir.glob(".*")) == [".1.lock", ".1.staging"]
     flag.unlink()
     # two workers at once share the journal file: the killed trial is failed by heartbeat and rerun
     workers = [start_worker(path) for _ in range(2)]
@@ -65,6 +67,7 @@ def test_killed_worker_is_resumed_by_two_workers_on_the_default_storage(tmp_path
     retry = [t for t in trials if t["retry_of"] == 1]
     assert len(retry) == 1 and retry[0]["state"] == "COMPLETE"
     assert report["studies"][0]["states"] == {"COMPLETE": 3, "FAIL": 1}
+    assert not list(trials_dir.glob(".*"))  # the killed run's staging directory and lock file are gone
 
 
 def _free_port() -> int:
