@@ -1,9 +1,11 @@
 """Quantizer passes run over one cache-sized chunk of a tensor at a time.
 
-A quantizer makes several elementwise passes (scale, round, clamp, scale back). Over a whole large
+This is how the formats' torch implementations run: everywhere the native kernels
+(:mod:`mase_lite.numerics.native`) do not apply, and as their reference. A quantizer makes several elementwise passes (scale, round, clamp, scale back). Over a whole large
 tensor every pass streams it through memory; over a chunk the passes after the first find it in
-cache. A chunk holds fewer elements than torch's grain for parallel elementwise work (32768), so
-each pass runs in the calling thread without waking (and waiting for) a thread team. Blocks run
+cache. On CPU a chunk holds fewer elements than torch's grain for parallel elementwise work (32768),
+so each pass runs in the calling thread without waking (and waiting for) a thread team; other
+devices take the tensor whole. Blocks run
 along the last dimension, so chunks of whole rows are independent, and elementwise formats have
 no blocks at all: the result is the same, bit for bit, whatever the chunk size. Memory: the
 result, per-block values, chunk-sized temporaries (and a contiguous copy of a non-contiguous input).
