@@ -4,7 +4,8 @@ For each format: (1) ``quantize`` of one ``--size`` x ``--size`` float32 tensor 
 and for MXFP the time over torchao's MX emulation ``to_mx`` + ``to_dtype`` where torchao is
 installed — it is optional, never a dependency); (2) forward+backward of ``F.linear`` with a
 ``--size`` x ``--size`` weight at batch ``--batch``, weight and input both fake-quantized with a
-straight-through gradient, over the same step in float32. Cases are measured in rounds, every case
+straight-through gradient, over the same step in float32; the case ``copy`` copies the tensors into
+new memory instead of quantizing them (what every result costs before any arithmetic). Cases are measured in rounds, every case
 once per round (interleaved, so load on the machine spreads over all of them); each figure is the
 median over rounds of ``torch.utils.benchmark`` timings after a warm-up.
 
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from torch.utils import benchmark
 
 from mase_lite.numerics import quantize, straight_through
+from mase_lite.numerics.memory import empty_like_advised
 
 FORMATS: dict[str, dict] = {
     "integer8": {"name": "integer", "width": 8, "frac_width": 4},
@@ -106,8 +108,14 @@ def main() -> None:
 
         return run
 
+    def fresh_copy(t: torch.Tensor) -> torch.Tensor:
+        """The weight copied into new memory, as a quantizer's result is: the floor of any quantizer."""
+        with torch.no_grad():
+            copy = empty_like_advised(t).copy_(t)
+        return straight_through(t, copy) if t.requires_grad else copy
+
     qdq_cases: dict[str, Callable[[], object]] = {}
-    step_cases: dict[str, Callable[[], None]] = {"float32": step(lambda t: t)}
+    step_cases: dict[str, Callable[[], None]] = {"float32": step(lambda t: t), "copy": step(fresh_copy)}
     for name in names:
         fmt = FORMATS[name]
         qdq_cases[name] = lambda fmt=fmt: quantize(tensor, fmt)
