@@ -5,6 +5,8 @@ other dtypes)."""
 
 import logging
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -185,3 +187,20 @@ def test_native_kernels_can_be_switched_off(monkeypatch):
         assert native.library("blocks") is None
     finally:
         native.library.cache_clear()
+
+
+@needs_compiler
+def test_a_damaged_library_in_the_cache_is_built_again(monkeypatch, tmp_path):
+    monkeypatch.setenv("MASE_LITE_CACHE", str(tmp_path))
+    native.library.cache_clear()
+    try:
+        assert native.library("blocks") is not None
+    finally:
+        native.library.cache_clear()
+    (built,) = (tmp_path / "native").iterdir()
+    built.write_bytes(b"not a shared library")
+    # a new process: this one holds the library open under that path already
+    check = "from mase_lite.numerics.native import library; print(library('blocks') is not None)"
+    run = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "True", run.stderr
+    assert built.read_bytes() != b"not a shared library"

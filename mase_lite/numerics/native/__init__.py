@@ -57,7 +57,11 @@ def library(name: str) -> ctypes.CDLL | None:
         target = cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
         if not target.exists():
             _build(compiler, source, target)
-        return ctypes.CDLL(str(target))
+        try:
+            return ctypes.CDLL(str(target))
+        except OSError:  # a damaged file in the cache: build it again
+            _build(compiler, source, target)
+            return ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError) as err:
         logger.warning("building the native %s kernel failed (%s): its torch implementation runs instead", name, err)
         return None
