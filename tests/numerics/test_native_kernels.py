@@ -21,6 +21,15 @@ needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C com
 KERNEL_MODULES = (block_kernel, element_kernel)
 
 
+@pytest.fixture
+def fresh_cache(monkeypatch, tmp_path):
+    """An empty native-library cache, and no library loaded from the usual one by this test."""
+    monkeypatch.setenv("MASE_LITE_CACHE", str(tmp_path))
+    native.library.cache_clear()
+    yield tmp_path
+    native.library.cache_clear()
+
+
 def torch_only(monkeypatch):
     for module in KERNEL_MODULES:
         monkeypatch.setattr(module, "applies", lambda x: False)
@@ -140,64 +149,40 @@ def test_the_kernel_stands_aside_where_it_cannot_apply():
         assert torch.equal(mx.mxint(x), quantize(x, "mxint", element_width=8))
 
 
-def test_without_a_compiler_the_torch_implementation_runs(monkeypatch, tmp_path):
-    monkeypatch.setenv("MASE_LITE_CACHE", str(tmp_path))
+def test_without_a_compiler_the_torch_implementation_runs(monkeypatch, fresh_cache):
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    native.library.cache_clear()
-    try:
-        assert native.library("blocks") is None
-        assert not list(tmp_path.rglob("*.so"))
-    finally:
-        native.library.cache_clear()
+    assert native.library("blocks") is None
+    assert not list(fresh_cache.rglob("*.so"))
 
 
-def test_a_failed_build_is_logged_and_leaves_nothing(monkeypatch, tmp_path, caplog):
-    monkeypatch.setenv("MASE_LITE_CACHE", str(tmp_path))
+def test_a_failed_build_is_logged_and_leaves_nothing(monkeypatch, fresh_cache, caplog):
     monkeypatch.setenv("CC", "false")
-    native.library.cache_clear()
-    try:
-        with caplog.at_level(logging.WARNING, logger="mase_lite.numerics.native"):
-            assert native.library("blocks") is None
-        assert "building the native blocks kernel failed" in caplog.text and "exited 1" in caplog.text
-        assert not [p for p in tmp_path.rglob("*") if p.is_file()]
-    finally:
-        native.library.cache_clear()
-
-
-@needs_compiler
-def test_the_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
-    monkeypatch.setenv("MASE_LITE_CACHE", str(tmp_path))
-    native.library.cache_clear()
-    try:
-        assert native.library("blocks") is not None
-        (built,) = (tmp_path / "native").iterdir()
-        assert built.name.startswith("blocks-") and built.suffix == ".so"
-        stamp = built.stat().st_mtime_ns
-        native.library.cache_clear()
-        assert native.library("blocks") is not None
-        assert [p.stat().st_mtime_ns for p in (tmp_path / "native").iterdir()] == [stamp]
-    finally:
-        native.library.cache_clear()
-
-
-def test_native_kernels_can_be_switched_off(monkeypatch):
-    monkeypatch.setenv("MASE_LITE_NATIVE", "0")
-    native.library.cache_clear()
-    try:
+    with caplog.at_level(logging.WARNING, logger="mase_lite.numerics.native"):
         assert native.library("blocks") is None
-    finally:
-        native.library.cache_clear()
+    assert "building the native blocks kernel failed" in caplog.text and "exited 1" in caplog.text
+    assert not [p for p in fresh_cache.rglob("*") if p.is_file()]
 
 
 @needs_compiler
-def test_a_damaged_library_in_the_cache_is_built_again(monkeypatch, tmp_path):
-    monkeypatch.setenv("MASE_LITE_CACHE", str(tmp_path))
+def test_the_library_is_built_once_into_the_cache(fresh_cache):
+    assert native.library("blocks") is not None
+    (built,) = (fresh_cache / "native").iterdir()
+    assert built.name.startswith("blocks-") and built.suffix == ".so"
+    stamp = built.stat().st_mtime_ns
     native.library.cache_clear()
-    try:
-        assert native.library("blocks") is not None
-    finally:
-        native.library.cache_clear()
-    (built,) = (tmp_path / "native").iterdir()
+    assert native.library("blocks") is not None
+    assert [p.stat().st_mtime_ns for p in (fresh_cache / "native").iterdir()] == [stamp]
+
+
+def test_native_kernels_can_be_switched_off(monkeypatch, fresh_cache):
+    monkeypatch.setenv("MASE_LITE_NATIVE", "0")
+    assert native.library("blocks") is None
+
+
+@needs_compiler
+def test_a_damaged_library_in_the_cache_is_built_again(fresh_cache):
+    assert native.library("blocks") is not None
+    (built,) = (fresh_cache / "native").iterdir()
     built.write_bytes(b"not a shared library")
     # a new process: this one holds the library open under that path already
     check = "from mase_lite.numerics.native import library; print(library('blocks') is not None)"

@@ -4,29 +4,10 @@ first's pid; a lock left by a killed run is taken over; the lock file (beside th
 import json
 import subprocess
 import sys
-import time
 
 from mase_lite.cli import main
 from mase_lite.lock import lock_path
-
-WAIT_PASS = '''
-import time
-from pathlib import Path
-from mase_lite.passes import PassParams, register_pass
-
-class WaitParams(PassParams):
-    started: str
-    go: str
-
-@register_pass("wait_for_go", kind="analysis", params=WaitParams)
-def wait_for_go(mg, params):
-    """Say the run has started, then wait until told to go on."""
-    Path(params.started).touch()
-    deadline = time.monotonic() + 120
-    while not Path(params.go).exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return mg, {"metrics": {"waited": True}}
-'''
+from tests.robustness.waiting_run import start_waiting_run, wait_step
 
 
 def _spec(tmp_path, name, steps):
@@ -38,21 +19,14 @@ def _spec(tmp_path, name, steps):
 
 
 def test_two_concurrent_runs_on_one_directory(tmp_path, capsys):
-    (tmp_path / "wait_pass.py").write_text(WAIT_PASS)
-    started, go = tmp_path / "started", tmp_path / "go"
-    first = _spec(tmp_path, "first", [{"pass": "wait_for_go", "params": {"started": str(started), "go": str(go)}}])
+    first = _spec(tmp_path, "first", [wait_step(tmp_path)])
     second = _spec(tmp_path, "second", [])
-    proc = subprocess.Popen([sys.executable, "-m", "mase_lite.cli", "--plugin", str(tmp_path / "wait_pass.py"), "run", first],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_waiting_run(tmp_path, first)
     try:
-        deadline = time.monotonic() + 120
-        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert started.exists(), proc.communicate()[1]
         assert main(["run", second]) == 2
         err = capsys.readouterr().err
         assert f"output_dir: {tmp_path / 'out'} is in use by another run (pid {proc.pid}); wait for it to finish" in err
-        go.touch()
+        (tmp_path / "go").touch()
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()

@@ -6,13 +6,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 
 from mase_lite.cli import main
 from mase_lite.lock import lock_path
 from mase_lite.pipeline.runner import run_pipeline
-from tests.robustness.test_lock import WAIT_PASS
+from tests.robustness.waiting_run import start_waiting_run, wait_step
 
 
 def _spec(tmp_path, name, steps, data=None):
@@ -61,17 +59,9 @@ def test_the_tokenized_data_cache_is_kept_for_the_next_run(tmp_path, caplog):
 def test_a_killed_run_leaves_the_previous_run_untouched(tmp_path):
     run_pipeline(_spec(tmp_path, "before", [_nodes("nodes"), {"pass": "save", "params": {"path": "checkpoint"}}]))
     before = _files(tmp_path / "out")
-    (tmp_path / "wait_pass.py").write_text(WAIT_PASS)
-    started, go = tmp_path / "started", tmp_path / "go"
-    steps = [_nodes("killed_nodes"), {"pass": "wait_for_go", "params": {"started": str(started), "go": str(go)}}]
-    killed = _write(tmp_path, _spec(tmp_path, "killed", steps))
-    proc = subprocess.Popen([sys.executable, "-m", "mase_lite.cli", "--plugin", str(tmp_path / "wait_pass.py"), "run", killed],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    killed = _write(tmp_path, _spec(tmp_path, "killed", [_nodes("killed_nodes"), wait_step(tmp_path)]))
+    proc = start_waiting_run(tmp_path, killed, stdout=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert started.exists(), proc.communicate()[1]
         [staging] = tmp_path.glob(f".out.staging-{proc.pid}-*")
         assert (staging / "killed_nodes.md").is_file()
     finally:

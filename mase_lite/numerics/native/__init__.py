@@ -2,7 +2,7 @@
 
 The system C compiler (``$CC``, else ``cc``) builds each source once per machine into
 ``$MASE_LITE_CACHE/native`` (default ``~/.cache/mase_lite/native``), named by a digest of the
-source, the flags, the compiler's version and the machine, and written whole (a temporary file
+source and the headers beside it, the flags, the compiler's version and the machine, and written whole (a temporary file
 renamed into place). Where there is no compiler or the build fails, :func:`library` returns None
 once logged, and callers keep their torch implementation; ``MASE_LITE_NATIVE=0`` chooses that
 implementation always. ctypes releases the GIL during a call, so calls on separate row ranges run
@@ -53,7 +53,8 @@ def library(name: str) -> ctypes.CDLL | None:
     source = SOURCES / f"{name}.c"
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-        key = hashlib.sha256("\0".join([source.read_text(), *FLAGS, version, platform.machine()]).encode())
+        texts = [p.read_text() for p in (source, *sorted(SOURCES.glob("*.h")))]  # the headers it may include
+        key = hashlib.sha256("\0".join([*texts, *FLAGS, version, platform.machine()]).encode())
         target = cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
         if not target.exists():
             _build(compiler, source, target)

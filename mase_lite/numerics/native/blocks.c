@@ -21,45 +21,18 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "float_bits.h"
+
 enum { RULE_FLOOR = 0, RULE_CEIL = 1, RULE_EVEN = 2, RULE_RCEIL = 3, RULE_NEAREST = 4 };
 
 static const double ROUNDER = 6755399441055744.0; /* 1.5 * 2**52 */
 static const float ROUNDER_F = 12582912.0f;         /* 1.5 * 2**23 */
-/* Floats read ahead of the block at hand (2 KiB): measured 2-2.7x faster on 16-element blocks, where
-   each block's scalar work otherwise stalls on its own cache line. */
-#define PREFETCH_AHEAD 512
 
 typedef struct {
     int integer_grid, rule, mbits, emax, emin, shared_min, shared_max, zero_is_positive;
     double max_value;
     int lanes_min, lanes_max; /* the shared exponents for which float32 lanes are exact */
 } Format;
-
-static inline double pow2(int exponent) { /* exponent in [-1022, 1023] */
-    uint64_t bits = (uint64_t)(exponent + 1023) << 52;
-    double value;
-    memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
-static inline float pow2f(int exponent) { /* exponent in [-126, 127] */
-    uint32_t bits = (uint32_t)(exponent + 127) << 23;
-    float value;
-    memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
-static inline int binade(double x) { /* floor(log2(|x|)) of a normal double; -1023 for zero */
-    uint64_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    return (int)((bits >> 52) & 0x7FF) - 1023;
-}
-
-static inline int binade_f(float x) { /* floor(log2(|x|)) of a normal float; -127 for zero and subnormals */
-    uint32_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    return (int)((bits >> 23) & 0xFF) - 127;
-}
 
 static inline uint32_t magnitude_bits(float x) {
     uint32_t bits;
@@ -157,12 +130,6 @@ static inline __attribute__((always_inline)) void quantize_block(
         y[i] = positive_zero ? result + 0.0f : copysignf(result, x[i]);
     }
 }
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define VECTOR_CLONES
-#endif
 
 /* Rows [0, rows) of length `length`, contiguous, from x into y. */
 VECTOR_CLONES

@@ -15,41 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define VECTOR_CLONES
-#endif
+#include "float_bits.h"
 
-static inline double pow2(int exponent) { /* exponent in [-1022, 1023] */
-    uint64_t bits = (uint64_t)(exponent + 1023) << 52;
-    double value;
-    memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
-static inline float pow2f(int exponent) { /* exponent in [-126, 127] */
-    uint32_t bits = (uint32_t)(exponent + 127) << 23;
-    float value;
-    memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
-static inline int binade(double x) { /* floor(log2(|x|)) of a normal double; -1023 for zero */
-    uint64_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    return (int)((bits >> 52) & 0x7FF) - 1023;
-}
-
-static inline int binade_f(float x) { /* floor(log2(|x|)) of a normal float; -127 for zero and subnormals */
-    uint32_t bits;
-    memcpy(&bits, &x, sizeof bits);
-    return (int)((bits >> 23) & 0xFF) - 127;
-}
-
-/* Elements read ahead of the one at hand (2 KiB), a 64-byte line per 16 floats: without it each
-   pass stalls on memory here (measured about 2x on this kind of loop). */
-#define PREFETCH_AHEAD 512
 #define CHUNK 64
 
 /* `body` for every i in [0, n), in chunks of CHUNK elements with the lines ahead prefetched. */
