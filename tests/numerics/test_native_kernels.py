@@ -4,6 +4,7 @@ they apply, and a clean fallback where they do not (no compiler, failed build, a
 other dtypes)."""
 
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -183,7 +184,9 @@ def test_native_kernels_can_be_switched_off(monkeypatch, fresh_cache):
 def test_a_damaged_library_in_the_cache_is_built_again(fresh_cache):
     assert native.library("blocks") is not None
     (built,) = (fresh_cache / "native").iterdir()
-    built.write_bytes(b"not a shared library")
+    damaged = built.with_name("damaged")
+    damaged.write_bytes(b"not a shared library")
+    os.replace(damaged, built)  # a new file: writing into the one this process has mapped would crash it
     # a new process: this one holds the library open under that path already
     check = "from mase_lite.numerics.native import library; print(library('blocks') is not None)"
     run = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
