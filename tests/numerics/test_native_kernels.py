@@ -192,3 +192,29 @@ def test_a_damaged_library_in_the_cache_is_built_again(fresh_cache):
     run = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert run.stdout.strip() == "True", run.stderr
     assert built.read_bytes() != b"not a shared library"
+
+
+@needs_compiler
+def test_a_forked_child_gets_its_own_worker_threads(monkeypatch):
+    monkeypatch.setattr(launch, "PARALLEL_FROM_ELEMENTS", 1)
+    x = random_bits((64, 96), seed=5)
+    fmt = {"name": "mxint", "element_width": 8}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        expected = quantize(x, fmt)
+        parents = launch._pool(2)  # its threads are not copied by a fork
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: a pool of its own, and the same bits from it
+            try:
+                fresh = launch._pool(2) is not parents
+                os.write(write, b"1" if fresh and same_bits(quantize(x, fmt), expected) else b"0")
+            finally:
+                os._exit(0)
+        os.close(write)
+        answer = os.read(read, 1)
+        os.waitpid(pid, 0)
+    finally:
+        torch.set_num_threads(threads)
+    assert answer == b"1"
