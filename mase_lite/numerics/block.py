@@ -51,7 +51,7 @@ from mase_lite.numerics.exponents import (
     round_to_float,
 )
 from mase_lite.numerics.minifloat import check_exponent_fits
-from mase_lite.numerics.native.block_kernel import BlockGrid, fake_quantize
+from mase_lite.numerics.native.block_kernel import BlockGrid
 from mase_lite.numerics.registry import FormatParams, register_format
 
 
@@ -123,18 +123,12 @@ def _bounds_from(layout):
     return bounds
 
 
-def _native_or_map_blocks(x: Tensor, p, grid: BlockGrid, prepare) -> Tensor:
-    """The native kernel's result for ``grid`` where it applies, else :func:`map_blocks` with ``prepare``."""
-    native = fake_quantize(x, grid, p.block_size)
-    return native if native is not None else map_blocks(x, p.block_size, prepare)
-
-
 def _shared_bias_grid(p: BlockMinifloatParams | BlockLogParams, rule: str, mantissa_bits: int, top: int) -> BlockGrid:
     """A float element grid whose exponent range is ``[1, top]`` below a shared scale ``2**-bias``
     (at most float32's 23 fraction bits, as :func:`round_to_float` rounds)."""
     lo, hi = _signed_range(p.exponent_bias_width)
-    return BlockGrid(integer_grid=False, rule=rule, mbits=min(mantissa_bits, FLOAT32_MANTISSA_BITS), emax=top, emin=1,
-                     max_value=largest_float(mantissa_bits, top), shared_min=-hi, shared_max=-lo)
+    return BlockGrid(integer_grid=False, rule=rule, mbits=min(mantissa_bits, FLOAT32_MANTISSA_BITS), emax=top,
+                     emin=1, max_value=largest_float(mantissa_bits, top), shared_min=-hi, shared_max=-lo)
 
 
 def _block_rounding(layout, mantissa_bits: int, x: Tensor, p, grid: BlockGrid) -> Tensor:
@@ -150,7 +144,7 @@ def _block_rounding(layout, mantissa_bits: int, x: Tensor, p, grid: BlockGrid) -
             return magic_rounding_kernel(mantissa_bits), min_exponent, max_exponent, -largest, largest
         return kernel, min_exponent, max_exponent
 
-    return _native_or_map_blocks(x, p, grid, prepare)
+    return map_blocks(x, p.block_size, prepare, grid)
 
 
 @register_format(
@@ -182,7 +176,7 @@ def block_fp(x: Tensor, p: BlockFPParams) -> Tensor:
     grid = BlockGrid(integer_grid=True, rule="floor", mbits=p.width - 2, emax=0,
                      max_value=largest_code * 2.0 ** -(p.width - 2), shared_min=-p.bias,
                      shared_max=2**p.exponent_width - 1 - p.bias)
-    return _native_or_map_blocks(x, p, grid, prepare)
+    return map_blocks(x, p.block_size, prepare, grid)
 
 
 def _block_minifloat_layout(amax: Tensor, p: BlockMinifloatParams) -> tuple[Tensor, Tensor, Tensor]:

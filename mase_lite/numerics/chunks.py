@@ -1,13 +1,14 @@
 """Quantizer passes run over one cache-sized chunk of a tensor at a time.
 
 This is how the formats' torch implementations run: everywhere the native kernels
-(:mod:`mase_lite.numerics.native`) do not apply, and as their reference. A quantizer makes several elementwise passes (scale, round, clamp, scale back). Over a whole large
-tensor every pass streams it through memory; over a chunk the passes after the first find it in
-cache. On CPU a chunk holds fewer elements than torch's grain for parallel elementwise work (32768),
-so each pass runs in the calling thread without waking (and waiting for) a thread team; other
-devices take the tensor whole. Blocks run
-along the last dimension, so chunks of whole rows are independent, and elementwise formats have
-no blocks at all: the result is the same, bit for bit, whatever the chunk size. Memory: the
+(:mod:`mase_lite.numerics.native`) do not apply, and as their reference. A quantizer makes
+several elementwise passes (scale, round, clamp, scale back). Over a whole large tensor every pass
+streams it through memory; over a chunk the passes after the first find it in cache. On CPU a
+chunk holds fewer elements than torch's grain for parallel elementwise work (32768), so each pass
+runs in the calling thread without waking (and waiting for) a thread team; other devices take the
+tensor whole. Blocks run along the last dimension, so chunks of whole rows are independent, and
+elementwise formats have no blocks at all: the result is the same, bit for bit, whatever the
+chunk size. Memory: the
 result, per-block values, chunk-sized temporaries (and a contiguous copy of a non-contiguous input).
 The result is allocated by :func:`~mase_lite.numerics.memory.empty_like_advised` (huge pages).
 
@@ -33,6 +34,7 @@ from torch import Tensor
 
 from mase_lite.numerics.blocks import amax_and_non_finite
 from mase_lite.numerics.memory import empty_like_advised
+from mase_lite.numerics.native.block_kernel import BlockGrid, fake_quantize
 
 CHUNK_ELEMENTS = 32767
 """Elements per chunk: below torch's parallel grain, and with a temporary or two within a core's L2."""
@@ -52,7 +54,7 @@ def map_elements(x: Tensor, kernel: Callable[[Tensor, Tensor], object]) -> Tenso
     return out.view(x.shape)
 
 
-def map_blocks(x: Tensor, block_size: int, prepare: Callable[[Tensor], tuple]) -> Tensor:
+def map_blocks(x: Tensor, block_size: int, prepare: Callable[[Tensor], tuple], grid: BlockGrid | None = None) -> Tensor:
     """A new tensor shaped like ``x``, computed block-wise in groups of rows, chunk by chunk.
 
     For each group of rows (at most :data:`CHUNK_ELEMENTS` blocks) the blocks' largest magnitudes
@@ -60,13 +62,17 @@ def map_blocks(x: Tensor, block_size: int, prepare: Callable[[Tensor], tuple]) -
     a block holding one) returns ``(kernel, *per_block)``, per-block tensors of the same shape; then
     ``kernel(blocks, out, *rows_of_per_block)`` writes every chunk (``(rows, n_blocks, block_size)``,
     each row zero-padded on its own; the padding is dropped from the result). Blocks holding NaN or
-    Inf are NaN throughout (the MX rule), whatever the kernel wrote.
+    Inf are NaN throughout (the MX rule), whatever the kernel wrote. Where ``grid`` describes the
+    same format to the native kernel and it applies, the kernel's result (the same bits) is returned.
 
     >>> x = torch.tensor([[1.0, 3.0, 2.0]])
     >>> divide = lambda b, out, m: torch.div(b, m, out=out)
     >>> map_blocks(x, 2, lambda amax: (divide, amax)).tolist()
     [[0.3333333432674408, 1.0, 1.0]]
     """
+    native = fake_quantize(x, grid, block_size) if grid is not None else None
+    if native is not None:
+        return native
     rows = _rows(x)
     out = empty_like_advised(rows)
     if not rows.numel():

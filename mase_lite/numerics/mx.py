@@ -35,7 +35,6 @@ from torch import Tensor
 from mase_lite.errors import UserError
 from mase_lite.numerics.blocks import amax_and_non_finite
 from mase_lite.numerics.chunks import map_blocks
-from mase_lite.numerics.native.block_kernel import BlockGrid, fake_quantize
 from mase_lite.numerics.exponents import (
     clamp_,
     fixed_point_constants,
@@ -47,6 +46,7 @@ from mase_lite.numerics.exponents import (
     round_fixed_point,
     round_to_float,
 )
+from mase_lite.numerics.native.block_kernel import BlockGrid
 
 SCALE_RULES = ("floor", "ceil", "even", "rceil")
 MXINT_ELEMENT_WIDTHS = (8, 6, 4)
@@ -257,18 +257,15 @@ def _mxint_blocks(x: Tensor, element: ElementFormat, block_size: int,
 
 
 def _map_blocks(x: Tensor, block_size: int, scale_rule: str, prepare, element: ElementFormat) -> Tensor:
-    """The native kernel's result where it applies, else :func:`~mase_lite.numerics.chunks.map_blocks`
-    on ``x`` in its compute dtype, cast back to ``x``'s dtype."""
+    """:func:`~mase_lite.numerics.chunks.map_blocks` (the native kernel where it applies) on ``x`` in
+    its compute dtype, cast back to ``x``'s dtype."""
     _check_input(x)
     _check_block_size(block_size)
     _check_scale_rule(scale_rule)
     integer = element.name.startswith("int")
     grid = BlockGrid(integer_grid=integer, rule=scale_rule, mbits=element.mbits, emax=element.emax,
                      emin=element.emin, max_value=element.max_value, zero_is_positive=integer)
-    native = fake_quantize(x, grid, block_size)
-    if native is not None:
-        return native
-    return map_blocks(x.to(_compute_dtype(x)), block_size, prepare).to(x.dtype)
+    return map_blocks(x.to(_compute_dtype(x)), block_size, prepare, grid).to(x.dtype)
 
 
 def _blocks(x: Tensor, block_size: int) -> Tensor:

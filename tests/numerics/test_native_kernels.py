@@ -24,11 +24,13 @@ KERNEL_MODULES = (block_kernel, element_kernel)
 
 @pytest.fixture
 def fresh_cache(monkeypatch, tmp_path):
-    """An empty native-library cache, and no library loaded from the usual one by this test."""
+    """An empty native-library cache, and no library (or compiler) looked up before this test."""
     monkeypatch.setenv("MASE_LITE_CACHE", str(tmp_path))
     native.library.cache_clear()
+    native._compiler.cache_clear()
     yield tmp_path
     native.library.cache_clear()
+    native._compiler.cache_clear()
 
 
 def torch_only(monkeypatch):
@@ -150,9 +152,13 @@ def test_the_kernel_stands_aside_where_it_cannot_apply():
         assert torch.equal(mx.mxint(x), quantize(x, "mxint", element_width=8))
 
 
-def test_without_a_compiler_the_torch_implementation_runs(monkeypatch, fresh_cache):
+def test_without_a_compiler_the_torch_implementation_runs(monkeypatch, fresh_cache, caplog):
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    assert native.library("blocks") is None
+    with caplog.at_level(logging.WARNING, logger="mase_lite.numerics.native"):
+        assert native.library("blocks") is None and native.library("elements") is None
+    compiler = os.environ.get("CC", "cc")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"no C compiler ({compiler}) found: quantizers run as slower torch operations; install one or set CC"]
     assert not list(fresh_cache.rglob("*.so"))
 
 

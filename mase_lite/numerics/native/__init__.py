@@ -41,18 +41,28 @@ def cache_dir() -> Path:
 
 
 @functools.cache
+def _compiler() -> tuple[str, str] | None:
+    """The C compiler's path and ``--version`` text, looked up once per process (None, said once, without one)."""
+    name = os.environ.get("CC", "cc")
+    path = shutil.which(name)
+    if path is None:
+        logger.warning("no C compiler (%s) found: quantizers run as slower torch operations; install one or set CC", name)
+        return None
+    try:
+        return path, subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        logger.warning("the C compiler %s does not run (%s): quantizers run as slower torch operations", path, err)
+        return None
+
+
+@functools.cache
 def library(name: str) -> ctypes.CDLL | None:
     """The compiled ``<name>.c`` loaded, or None (native kernels disabled, no compiler, failed build)."""
-    if not enabled():
+    if not enabled() or _compiler() is None:
         return None
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        logger.warning("no C compiler (%s) found: the %s kernel runs as slower torch operations; install one or set CC",
-                       os.environ.get("CC", "cc"), name)
-        return None
+    compiler, version = _compiler()
     source = SOURCES / f"{name}.c"
     try:
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
         texts = [p.read_text() for p in (source, *sorted(SOURCES.glob("*.h")))]  # the headers it may include
         key = hashlib.sha256("\0".join([*texts, *FLAGS, version, platform.machine()]).encode())
         target = cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
