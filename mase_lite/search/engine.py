@@ -197,6 +197,26 @@ def _grid_left(study: Study) -> bool:
     return len(seen) < len(study.sampler._all_grids)
 
 
+def _grid_point_taken(study: Study, trial: optuna.Trial) -> bool:
+    """Whether another trial holds ``trial``'s grid point: running, complete or failed by its own error.
+
+    Optuna's grid sampler hands out a visited point again when two workers ask at the same moment
+    (the last free point goes to one; the other gets a random one). A point whose trial a killed
+    worker left is not held: it is queued again (a retry carries fixed params, not a grid point).
+    """
+    if not isinstance(study.sampler, optuna.samplers.GridSampler):
+        return False
+    grid_id = study.study._storage.get_trial_system_attrs(trial._trial_id).get("grid_id")
+    if grid_id is None:
+        return False
+    states = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL)
+    return any(
+        t.number != trial.number and t.system_attrs.get("grid_id") == grid_id
+        and (t.state != TrialState.FAIL or "error" in t.user_attrs)
+        for t in study.study.get_trials(deepcopy=False, states=states)
+    )
+
+
 def run_trial(study: Study, trial: optuna.Trial) -> tuple[TrialState, list[float] | None, float]:
     """Sample, materialize, run; record params, metrics and status as user attributes.
 
@@ -270,6 +290,10 @@ def optimize(study: Study, deadline: float | None) -> None:
                 time.sleep(min(1.0, study.spec.heartbeat_interval))  # others' trials may still fail
                 continue
             trial = study.study.ask()
+            if _grid_point_taken(study, trial):  # another worker asked at the same moment
+                trial.set_user_attr("status", "duplicate grid point")
+                study.study.tell(trial, state=TrialState.PRUNED)
+                continue
             with heartbeat_thread(storage, trial._trial_id):
                 state, values, run_seconds = run_trial(study, trial)
             try:

@@ -1,5 +1,5 @@
-"""Several workers on one study: one killed mid-trial and the study finished by two at once on the
-journal file; two at once on a real PostgreSQL server."""
+"""Several workers on one study: one killed mid-trial and the study finished by two at once, on the
+journal file and on a real PostgreSQL server; two at once from the start on PostgreSQL."""
 
 import copy
 import glob
@@ -40,12 +40,14 @@ def wait_for(condition, seconds=120):
         time.sleep(0.05)
 
 
-def test_killed_worker_is_resumed_by_two_workers_on_the_default_storage(tmp_path, tiny_search):
+@pytest.mark.parametrize("storage", ["journal", "postgresql"])
+def test_killed_worker_is_resumed_by_two_workers(tmp_path, tiny_search, storage, request):
     flag = tmp_path / "hold"
     pipeline = copy.deepcopy(TINY_PIPELINE)
     pipeline["plugins"] = [str(Path(__file__).with_name("hold_plugin.py"))]
     pipeline["steps"].append({"pass": "test_hold", "params": {"flag": str(flag), "call": 2}})
-    spec = grid_spec(tiny_search, pipeline=pipeline)
+    url = request.getfixturevalue("postgres_url") if storage == "postgresql" else None
+    spec = grid_spec(tiny_search, pipeline=pipeline, **({"storage": url} if url else {}))
     path = write_spec(tmp_path, spec)
     flag.touch()
     worker = start_worker(path)
@@ -55,7 +57,7 @@ def test_killed_worker_is_resumed_by_two_workers_on_the_default_storage(tmp_path
     trials_dir = Path(spec["output_dir"]) / "trials"
     assert sorted(p.name.split("-")[0] for p in trials_dir.glob(".*")) == [".1.lock", ".1.staging"]
     flag.unlink()
-    # two workers at once share the journal file: the killed trial is failed by heartbeat and rerun
+    # two workers at once share the storage: the killed trial is failed by heartbeat and rerun
     workers = [start_worker(path) for _ in range(2)]
     outputs = [w.communicate(timeout=300)[0] for w in workers]
     assert [w.returncode for w in workers] == [0, 0], outputs
@@ -66,7 +68,11 @@ def test_killed_worker_is_resumed_by_two_workers_on_the_default_storage(tmp_path
     assert [t["number"] for t in stale] == [1] and stale[0]["error"] is None
     retry = [t for t in trials if t["retry_of"] == 1]
     assert len(retry) == 1 and retry[0]["state"] == "COMPLETE"
-    assert report["studies"][0]["states"] == {"COMPLETE": 3, "FAIL": 1}
+    states = dict(report["studies"][0]["states"])
+    # a grid point handed to two workers asking at once is run by one; the other's trial is pruned unrun
+    duplicates = [t for t in trials if t["state"] == "PRUNED"]
+    assert states.pop("PRUNED", 0) == len(duplicates) and all(not t["metrics"] for t in duplicates)
+    assert states == {"COMPLETE": 3, "FAIL": 1}
     assert not list(trials_dir.glob(".*"))  # the killed run's staging directory and lock file are gone
 
 
