@@ -103,10 +103,13 @@ def _export_modes(model: nn.Module, plan: LeafPlan | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _no_cache(model: nn.Module) -> Iterator[None]:
+def caches_off(model: nn.Module) -> Iterator[None]:
     """``use_cache = False`` on every config of the model (decoders keep copies); restored afterwards.
 
-    A cache object is not a tensor pytree, so export cannot return it.
+    A cache object is not a tensor pytree, so export cannot return it: the graph is the model's
+    forward without its key/value cache, and equals that bit for bit. The model's forward *with*
+    a cache concatenates keys into fresh contiguous tensors, and a matmul on another memory layout
+    may round differently on some CPUs (GPT-Neo on AMD EPYC: 6e-8), so compare under this context.
     """
     configs = {id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None}
     changed = [c for c in configs.values() if getattr(c, "use_cache", False) is True]
@@ -244,7 +247,7 @@ def export_model(
     preserve: tuple[str, ...] = (),
 ) -> torch.export.ExportedProgram:
     """Non-strict export with the modes of :func:`_export_modes` (``plan=None``: the model's eval)."""
-    with _export_modes(model, plan), _no_cache(model), torch.no_grad():
+    with _export_modes(model, plan), caches_off(model), torch.no_grad():
         try:
             return torch.export.export(
                 model,
@@ -583,7 +586,7 @@ def _kept_state(*modules: nn.Module) -> Iterator[None]:
 
 def compare_with_model(gm: nn.Module, model: nn.Module, inputs: dict[str, Any], train: bool = False) -> str | None:
     """Run graph and model on ``inputs`` (in train mode under one seed) and say how they differ."""
-    with _kept_state(gm, model), torch.no_grad(), _no_cache(model):
+    with _kept_state(gm, model), torch.no_grad(), caches_off(model):
         gm.train(train)
         model.train(train)
         torch.manual_seed(0)
