@@ -88,7 +88,9 @@ class MaseGraph:
                     raise UserError(
                         f"{type(model).__name__} is not a transformers model: pass example_inputs={{name: tensor}}"
                     )
-                hf_input_names = [n for n in ("input_ids", "attention_mask") if n in forward_parameters(model)]
+                accepted = forward_parameters(model)
+                hf_input_names = [n for n in ("input_ids", "attention_mask") if n in accepted]
+                hf_input_names = hf_input_names or [n for n in ("pixel_values", "input_values") if n in accepted][:1]
             example_inputs = hf_example_inputs(model, list(hf_input_names))
         else:
             accepted = forward_parameters(model)
@@ -98,6 +100,8 @@ class MaseGraph:
                     f"example_inputs: {type(model).__name__}.forward takes no input {unknown[0]!r}; "
                     f"it accepts: {', '.join(accepted)}"
                 )
+        device = next(model.parameters(), torch.empty(0)).device
+        example_inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in example_inputs.items()}
         self.hf_input_names = list(hf_input_names) if hf_input_names is not None else None
         self.leaf_modules = tuple(leaf_modules)
         self.input_specs = {

@@ -102,8 +102,18 @@ def _makers(model: nn.Module, gen: torch.Generator, batch: int, seq: int, pad: b
             m[0, seq // 2 :] = 0
         return m
 
+    def token_ids() -> torch.Tensor:
+        """Random ids, each row ending with the end-of-text token and holding no other (encoder-decoder
+        classifiers read the sentence at its one end-of-text token)."""
+        ids = torch.randint(0, _vocab(config), (batch, seq), generator=gen)
+        eos = getattr(config, "eos_token_id", None)
+        if isinstance(eos, int) and 0 <= eos < _vocab(config):
+            ids[ids == eos] = (eos + 1) % _vocab(config)
+            ids[:, -1] = eos
+        return ids
+
     return {
-        "input_ids": lambda: torch.randint(0, _vocab(config), (batch, seq), generator=gen),
+        "input_ids": token_ids,
         "decoder_input_ids": lambda: torch.randint(0, _vocab(config), (batch, seq), generator=gen),
         "attention_mask": mask,
         "decoder_attention_mask": lambda: torch.ones(batch, seq, dtype=torch.long),

@@ -108,18 +108,38 @@ class _Keep(PassInstrument):
         self.record = run.record
 
 
+def capture_inputs(model: Any, data: Any, task: str, names: list[str] | None) -> dict[str, Any]:
+    """How to capture ``model``: ``{"hf_input_names": [...]}`` (a transformers model's examples made from its
+    config) or ``{"example_inputs": {...}}`` (the data's first rows: images, and models without a config).
+
+    Without ``names``, the task's inputs that the model's forward takes (all of them when it takes ``**kwargs``).
+    """
+    from mase_lite.ir.inputs import forward_parameters
+    from mase_lite.train.tasks import TASKS
+
+    if names is None:
+        offered = data.input_names if data is not None else [n for n in TASKS[task].input_names if n != "labels"]
+        accepted = forward_parameters(model)
+        names = [n for n in offered if n in accepted] or offered
+    if data is not None and (not hasattr(model, "config") or task == "image-classification"):
+        batch = data.example_batch(3)
+        return {"example_inputs": {n: batch[n] for n in names if n in batch}}
+    return {"hf_input_names": names}
+
+
 def build_graph(spec: PipelineSpec, output_dir: Path) -> tuple[MaseGraph, Any]:
-    """Model and data from the spec, captured with the data's (or the spec's) inputs."""
+    """Model and data from the spec, moved to the spec's device and captured with the data's (or the spec's) inputs."""
     from mase_lite.train import prepare
+    from mase_lite.train.devices import resolve_device
 
     model, data = prepare(spec.model, spec.data, output_dir, spec.seed)
+    model.to(resolve_device(spec.device))
     recipe = spec.model.recipe()
     if spec.example_inputs is not None:
         specs = {name: s.model_dump() for name, s in spec.example_inputs.items()}
         mg = MaseGraph(model, example_inputs=example_inputs_from_specs(specs), recipe=recipe)
     else:
-        names = spec.inputs or (data.input_names if data is not None else None)
-        mg = MaseGraph(model, hf_input_names=names, recipe=recipe)
+        mg = MaseGraph(model, recipe=recipe, **capture_inputs(model, data, spec.model.task, spec.inputs))
     return mg, data
 
 

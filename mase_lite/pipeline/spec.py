@@ -25,8 +25,9 @@ from mase_lite.errors import UserError, format_validation_error
 from mase_lite.plugins import import_plugins
 from mase_lite.passes.manager import BASE_FACTS, check_requirements
 from mase_lite.passes.registry import PassError, all_passes, get_pass, pass_names
-from mase_lite.train.data import DataSpec
-from mase_lite.train.models import ModelSpec
+from mase_lite.train.data import DataSpec, check_task_fields
+from mase_lite.train.devices import DEVICE_PATTERN, resolve_device
+from mase_lite.train.models import ModelSpec, check_head
 from mase_lite.trust import admit_spec
 
 
@@ -81,6 +82,10 @@ class _PipelineBase(BaseModel):
     )
     data: DataSpec | None = Field(default_factory=DataSpec, description="the run's data; null for none")
     steps: list[StepSpec] = Field(default_factory=list, description="passes, run in order")
+    device: str = Field(
+        "auto", pattern=DEVICE_PATTERN,
+        description="where the model, the data and every pass run: auto (CUDA when visible), cpu, cuda, cuda:N",
+    )
     verify_each: bool = Field(False, description="verify the graph after every step (names the step that broke it)")
     output_dir: str = Field("runs/pipeline", min_length=1, description="where report.json and artifacts are written")
 
@@ -187,11 +192,16 @@ def _unknown_pass(index: int, name: str, known: list[str]) -> str:
 
 
 def check_pipeline(spec: PipelineSpec) -> None:
-    """Check the order of the steps before anything runs (their params are validated by the spec).
+    """Check what the spec's validation cannot see before anything runs: the device exists, the data
+    section fits the model's task, and the order of the steps (their params are validated by the spec).
 
     Raises one UserError listing every step whose requirement no earlier step provides (or a
     later transform invalidated), naming the passes that provide it.
     """
+    resolve_device(spec.device)
+    check_head(spec.model)
+    if spec.data is not None:
+        check_task_fields(spec.data, spec.model.task)
     problems: list[str] = []
     facts = set(BASE_FACTS) | ({"data"} if spec.data is not None else set())
     for i, step in enumerate(spec.steps):

@@ -129,10 +129,11 @@ def requested(tables: dict[str, list[dict]], plot, out: Path) -> Path:
         xs = sorted(groups)
         xs_seen.update(xs)
         ax.plot(xs, [sum(groups[x]) / len(groups[x]) for x in xs], label=label, **style)
-    if plot.baseline:
-        values = [r["metrics"][plot.baseline] for rows in tables.values() for r in _complete(rows) if plot.baseline in r["metrics"]]
+    for k, baseline in enumerate(plot.baselines()):
+        values = [r["metrics"][baseline] for rows in tables.values() for r in _complete(rows) if baseline in r["metrics"]]
         if values:
-            ax.axhline(sum(values) / len(values), color="black", linestyle="--", linewidth=1, label=f"{plot.baseline} (mean)")
+            ax.axhline(sum(values) / len(values), color="black", linestyle=("--", ":", "-.")[k % 3], linewidth=1,
+                       label=f"{baseline} (mean)")
     if plot.log_x:
         ax.set_xscale("log", base=2)
         if plot.kind == "line" and xs_seen:

@@ -160,6 +160,7 @@ def captured_nodes(pipeline: dict) -> list[Node]:
 def _capture(key: str) -> list[Node]:
     from mase_lite.ir.graph import MaseGraph
     from mase_lite.ir.serialize import example_inputs_from_specs
+    from mase_lite.pipeline.runner import capture_inputs
     from mase_lite.train.models import build_model
 
     sections = json.loads(key)
@@ -169,7 +170,7 @@ def _capture(key: str) -> list[Node]:
         specs = {name: s.model_dump() for name, s in spec.example_inputs.items()}
         mg = MaseGraph(model, example_inputs=example_inputs_from_specs(specs))
     else:
-        mg = MaseGraph(model, hf_input_names=spec.inputs or ["input_ids", "attention_mask"])
+        mg = MaseGraph(model, **capture_inputs(model, None, spec.model.task, spec.inputs))
     nodes = []
     for n in mg.model.graph.nodes:
         meta = n.meta.get("mase", {})

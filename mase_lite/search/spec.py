@@ -153,12 +153,17 @@ class Constraint(_Strict):
 
 class PlotSpec(_Strict):
     """A plot of trial results: ``y`` metrics against ``x`` (a parameter or a metric), one curve per study
-    and metric; ``baseline`` draws a metric's mean over the complete trials as a horizontal line."""
+    and metric; ``baseline`` draws a metric's (or several metrics') mean over the complete trials as a horizontal line."""
 
     kind: Literal["line", "scatter"] = Field("line", description="line: joined points sorted by x (repeats averaged)")
     x: str = Field(description="a study parameter's name, or a metric")
     y: list[str] = Field(min_length=1, description="metrics")
-    baseline: str | None = Field(None, description="a metric drawn as a horizontal line")
+    baseline: str | list[str] | None = Field(
+        None, description="a metric drawn as a horizontal line (a list: one line each, e.g. the float model and a bound)"
+    )
+
+    def baselines(self) -> list[str]:
+        return [self.baseline] if isinstance(self.baseline, str) else list(self.baseline or [])
     log_x: bool = False
     title: str | None = None
     file: str = Field(pattern=r"^[\w.-]+\.png$", description="file name in output_dir")

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from mase_lite.errors import UserError
 
@@ -37,7 +36,7 @@ def model_inputs(batch: dict[str, torch.Tensor], input_names: Sequence[str], dev
 
 
 def logits_of(outputs) -> torch.Tensor:
-    """The class scores in a model's output: ``.logits``, a ``"logits"`` entry or a bare tensor."""
+    """The scores in a model's output: ``.logits``, a ``"logits"`` entry or a bare tensor."""
     if isinstance(outputs, torch.Tensor):
         return outputs
     logits = getattr(outputs, "logits", None)
@@ -49,16 +48,24 @@ def logits_of(outputs) -> torch.Tensor:
     return logits
 
 
-def forward_batch(
-    model: nn.Module, batch: dict[str, torch.Tensor], input_names: Sequence[str]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(loss, logits)`` for ``batch``: the model's own loss when it computes one, else cross-entropy."""
-    device = model_device(model)
-    outputs = model(**model_inputs(batch, input_names, device))
-    logits = logits_of(outputs)
+def loss_of(outputs) -> torch.Tensor | None:
+    """The loss a model computed itself (``.loss`` or a ``"loss"`` entry), if any."""
     loss = getattr(outputs, "loss", None)
     if loss is None and isinstance(outputs, dict):
         loss = outputs.get("loss")
+    return loss
+
+
+def forward_batch(
+    model: nn.Module, batch: dict[str, torch.Tensor], input_names: Sequence[str], task: str = "sequence-classification"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(loss, logits)`` for ``batch``: the model's own loss when it computes one, else the task's loss."""
+    from mase_lite.train.tasks import TASKS
+
+    device = model_device(model)
+    outputs = model(**model_inputs(batch, input_names, device))
+    logits = logits_of(outputs)
+    loss = loss_of(outputs)
     if loss is None:
-        loss = F.cross_entropy(logits.float(), batch["labels"].to(logits.device))
+        loss = TASKS[task].loss(logits, batch)
     return loss, logits

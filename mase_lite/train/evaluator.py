@@ -1,9 +1,14 @@
-"""Accuracy, loss and per-class counts of a classifier on one split of a :class:`DataModule`.
+"""A model's metrics on one split of the run's data, for the data's task.
+
+Classifiers: accuracy, loss, per-class counts and the confusion matrix (images: top-5 too); language
+models: the token-weighted loss over the whole split, its perplexity and next-token accuracy, beside
+the best reachable perplexity when the data knows it. Batches stream through: memory does not grow
+with the split.
 
 Example::
 
     metrics = evaluate_model(mg.model, data, split="test", input_names=mg.input_names)
-    metrics["accuracy"], metrics["per_class"]["1"]["correct"]
+    metrics["accuracy"], metrics.get("perplexity")
 """
 
 from __future__ import annotations
@@ -12,11 +17,10 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from tqdm import tqdm
 
-from mase_lite.errors import UserError
 from mase_lite.train.batches import logits_of, model_device, model_inputs
+from mase_lite.train.tasks import TASKS
 
 
 def evaluate_model(
@@ -30,47 +34,21 @@ def evaluate_model(
 ) -> dict:
     """Metrics of ``model`` (run in eval mode, restored afterwards) over every row of ``split``.
 
-    ``loss`` is the mean cross-entropy per row; ``per_class[c]`` counts rows labelled ``c``
-    (``support``), rows predicted ``c`` (``predicted``) and rows both (``correct``);
-    ``confusion[true][predicted]`` counts rows.
+    ``loss`` is the mean cross-entropy per row (classifiers) or per predicted token (language
+    models, ``perplexity = exp(loss)``); ``per_class[c]`` counts rows labelled ``c`` (``support``),
+    rows predicted ``c`` (``predicted``) and rows both (``correct``); ``confusion[true][predicted]``
+    counts rows.
     """
     input_names = list(input_names or data.input_names)
     loader = data.loader(split, batch_size)
     device = model_device(model)
-    num_classes = data.num_labels
-    confusion = torch.zeros(num_classes, num_classes, dtype=torch.long)
-    total_loss, rows = 0.0, 0
+    meter = TASKS[data.task].meter(getattr(data, "num_labels", None))
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             for batch in tqdm(loader, desc=f"evaluate {split}", unit="batch", disable=None if progress else True):
-                logits = logits_of(model(**model_inputs(batch, input_names, device))).float()
-                labels = batch["labels"].to(logits.device)
-                if logits.ndim != 2 or logits.shape[-1] != num_classes:
-                    raise UserError(
-                        f"the model gives logits of shape {list(logits.shape)}; the data has {num_classes} classes, "
-                        f"so [batch, {num_classes}] is expected"
-                    )
-                total_loss += F.cross_entropy(logits, labels, reduction="sum").item()
-                rows += len(labels)
-                pairs = labels.cpu() * num_classes + logits.argmax(-1).cpu()
-                confusion += torch.bincount(pairs, minlength=num_classes**2).reshape(num_classes, num_classes)
+                meter.update(logits_of(model(**model_inputs(batch, input_names, device))), batch)
     finally:
         model.train(was_training)
-    correct = confusion.diag()
-    return {
-        "accuracy": correct.sum().item() / rows,
-        "loss": total_loss / rows,
-        "n": rows,
-        "split": split,
-        "per_class": {
-            str(c): {
-                "support": int(confusion[c].sum()),
-                "predicted": int(confusion[:, c].sum()),
-                "correct": int(correct[c]),
-            }
-            for c in range(num_classes)
-        },
-        "confusion": confusion.tolist(),
-    }
+    return {**meter.result(), "split": split, **data.reference_metrics(split)}

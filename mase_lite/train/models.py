@@ -4,6 +4,7 @@ Example::
 
     ModelSpec()                                                   # bert-tiny's shape, from scratch
     ModelSpec(hf_config={"num_hidden_layers": 4}, num_labels=3)
+    ModelSpec(task="causal-lm", hf_config={"model_type": "qwen3", "hidden_size": 256, ...})
     ModelSpec(pretrained="prajjwal1/bert-tiny")                   # hub name or local directory
     ModelSpec(factory="my_pkg.nets:make_cnn", kwargs={"width": 32})
     model = build_model(ModelSpec(), num_labels=2, vocab_size=200, seed=0)
@@ -24,38 +25,66 @@ from mase_lite.errors import UserError
 from mase_lite.limits import check_fits, model_bytes
 from mase_lite.trust import call_factory
 from mase_lite.train.hub import hub_access, hub_cache_dir
+from mase_lite.train.tasks import TaskName
 from mase_lite.train.validation import validate_section
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_HF_CONFIG: dict[str, Any] = {
-    "model_type": "bert",
-    "hidden_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "intermediate_size": 512,
-    "max_position_embeddings": 512,
+DEFAULT_HF_CONFIGS: dict[str, dict[str, Any]] = {
+    "sequence-classification": {"model_type": "bert", "hidden_size": 128, "num_hidden_layers": 2,
+                                "num_attention_heads": 2, "intermediate_size": 512, "max_position_embeddings": 512},
+    "causal-lm": {"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "intermediate_size": 344, "max_position_embeddings": 512},
+    "image-classification": {"model_type": "resnet", "embedding_size": 16, "hidden_sizes": [16, 32, 64],
+                             "depths": [1, 1, 1], "layer_type": "basic", "downsample_in_first_stage": False},
+    "seq2seq-lm": {"model_type": "t5", "d_model": 64, "d_kv": 32, "d_ff": 128, "num_layers": 2, "num_heads": 2},
 }
-Task = Literal["sequence-classification"]
+DEFAULT_HF_CONFIG = DEFAULT_HF_CONFIGS["sequence-classification"]
+DEFAULT_MODEL_TYPES = {task: c["model_type"] for task, c in DEFAULT_HF_CONFIGS.items()}
+# transformers' lists of model types per head
+HEAD_MAPPINGS = {
+    "sequence-classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "causal-lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "image-classification": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    "seq2seq-lm": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+}
+# config fields the run's data decides unless hf_config gives them; token ids may be absent from a config's defaults
+TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+CLASSIFICATION_TASKS = ("sequence-classification", "image-classification")
 _BYTES_PER_LABEL_NAME = 200  # a config's id2label and label2id entries, as Python objects
 
 
-class ModelSpec(BaseModel):
-    """What model a run builds. With no source given: a BERT of bert-tiny's shape, from scratch.
+def head_model_types(task: str) -> list[str]:
+    """The ``model_type`` values transformers can build a ``task`` head for."""
+    from transformers.models.auto import modeling_auto
 
-    Exactly one of ``hf_config`` (``model_type`` defaults to ``"bert"``; ``vocab_size`` defaults to
-    the trained tokenizer's size), ``pretrained`` or ``factory`` (``"package.module:function"``
-    called with ``kwargs``, returning an ``nn.Module``).
+    return sorted(getattr(modeling_auto, HEAD_MAPPINGS[task]))
+
+
+class ModelSpec(BaseModel):
+    """What model a run builds for its ``task``. With no source given, a small model from scratch: a BERT of
+    bert-tiny's shape (sequence-classification), a Llama (causal-lm), a ResNet (image-classification), a T5
+    (seq2seq-lm).
+
+    Exactly one of ``hf_config`` (``model_type`` defaults to the task's; ``vocab_size``, token ids,
+    ``image_size`` and ``num_channels`` default to the run's data), ``pretrained`` or ``factory``
+    (``"package.module:function"`` called with ``kwargs``, returning an ``nn.Module`` that takes the
+    task's inputs by name and returns logits or an object with ``.logits``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    hf_config: dict[str, Any] | None = Field(None, description="transformers config fields (model_type defaults to bert)")
+    hf_config: dict[str, Any] | None = Field(
+        None, description="transformers config fields (model_type defaults to the task's: bert, llama, resnet, t5)"
+    )
     pretrained: str | None = Field(None, description="hub model name or local directory")
-    factory: str | None = Field(None, description="'package.module:function' returning an nn.Module")
+    factory: str | None = Field(None, description="'package.module:function' returning an nn.Module for the task")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the factory")
-    task: Task = Field("sequence-classification", description="the head on top of a transformers model")
-    num_labels: int | None = Field(None, ge=1, description="classes (default: the data's, else 2)")
+    task: TaskName = Field(
+        "sequence-classification", description="what the model predicts: the head of a transformers model, the loss and "
+        "metrics of train and evaluate, the shape of the data"
+    )
+    num_labels: int | None = Field(None, ge=1, description="classifiers: classes (default: the data's, else 2)")
     attn_implementation: Literal["sdpa", "eager"] = Field("sdpa", description="transformers attention kernel")
     cache_dir: str | None = Field(None, description="hub download cache (default: <run dir>/hf_cache)")
 
@@ -68,6 +97,8 @@ class ModelSpec(BaseModel):
             raise ValueError("'kwargs' is for 'factory' models only")
         if self.factory is not None and ":" not in self.factory:
             raise ValueError(f"factory must look like 'package.module:function', got {self.factory!r}")
+        if self.num_labels is not None and self.task not in CLASSIFICATION_TASKS:
+            raise ValueError(f"num_labels is for classifiers; a {self.task} model predicts tokens")
         return self
 
     @property
@@ -85,71 +116,118 @@ class ModelSpec(BaseModel):
         return {"factory": self.factory, "kwargs": dict(self.kwargs)}
 
 
-def _hf_config(spec: ModelSpec, num_labels: int, vocab_size: int | None):
-    """A transformers config from ``spec.hf_config`` with unknown keys rejected."""
+def check_head(spec: ModelSpec) -> None:
+    """A ``hf_config`` model type that transformers knows and can build the task's head for."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if spec.hf_config is None and spec.source != "hf_config":
+        return
+    model_type = (spec.hf_config or {}).get("model_type", DEFAULT_MODEL_TYPES[spec.task])
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING_NAMES:
+        raise UserError(f"model.hf_config.model_type = {model_type!r} is not a transformers model type")
+    if model_type not in head_model_types(spec.task):
+        raise UserError(
+            f"model.hf_config.model_type = {model_type!r}: transformers has no {spec.task} head for {model_type} "
+            f"(model.task); model types with one: {', '.join(head_model_types(spec.task))}"
+        )
+
+
+def _hf_config(spec: ModelSpec, num_labels: int, data_fields: dict[str, Any]):
+    """A transformers config from ``spec.hf_config`` with unknown keys rejected; fields the data decides
+    (vocabulary, token ids, image size and channels) are filled in unless given."""
     from transformers import AutoConfig
 
-    fields = dict(DEFAULT_HF_CONFIG if spec.hf_config is None else spec.hf_config)
-    model_type = fields.pop("model_type", "bert")
-    try:
-        defaults = AutoConfig.for_model(model_type).to_dict()
-    except ValueError:
-        raise UserError(f"model.hf_config.model_type = {model_type!r} is not a transformers model type") from None
+    check_head(spec)
+    fields = dict(DEFAULT_HF_CONFIGS[spec.task] if spec.hf_config is None else spec.hf_config)
+    model_type = fields.pop("model_type", DEFAULT_MODEL_TYPES[spec.task])
+    defaults = AutoConfig.for_model(model_type).to_dict()
     if "num_labels" in fields:
         raise UserError("model.hf_config.num_labels: give the number of classes as model.num_labels")
-    unknown = sorted(set(fields) - set(defaults))
+    unknown = sorted(set(fields) - set(defaults) - set(TOKEN_FIELDS))
     if unknown:
         allowed = ", ".join(sorted(k for k in defaults if not k.startswith("_")))
         raise UserError(f"model.hf_config: unknown {model_type} config key(s) {', '.join(unknown)}; allowed: {allowed}")
     for key, value in fields.items():  # sizes and counts (positive by default) stay positive
-        default = defaults[key]
+        default = defaults.get(key)
         if _is_int(default) and default > 0 and _is_int(value) and value < 1:
             raise UserError(f"model.hf_config.{key} = {value}: must be at least 1 ({model_type}'s default is {default})")
-    if vocab_size is not None:
+    vocab_size = data_fields.get("vocab_size")
+    if vocab_size is not None and "vocab_size" in defaults:
         given = fields.setdefault("vocab_size", vocab_size)
-        if given < vocab_size:
+        if _is_int(given) and given < vocab_size:
             raise UserError(
                 f"model.hf_config.vocab_size = {given} is smaller than the tokenizer's vocabulary ({vocab_size} tokens)"
             )
-    check_fits("model.num_labels", num_labels * _BYTES_PER_LABEL_NAME, f"the names of {num_labels} labels")
+    for key in ("image_size", "num_channels"):
+        if key in data_fields and key in defaults:
+            fields.setdefault(key, data_fields[key])
+    tokens = {k: data_fields[k] for k in TOKEN_FIELDS if data_fields.get(k) is not None and k not in fields}
+    if spec.task in CLASSIFICATION_TASKS:
+        check_fits("model.num_labels", num_labels * _BYTES_PER_LABEL_NAME, f"the names of {num_labels} labels")
+        fields["num_labels"] = num_labels
     try:
-        return AutoConfig.for_model(model_type, num_labels=num_labels, **fields)
+        config = AutoConfig.for_model(model_type, **fields)
     except Exception as err:  # the config's own field checks (ValueError, TypeError, huggingface_hub's strict dataclasses)
         raise UserError(f"model.hf_config: not a valid {model_type} config: {err}") from None
+    if getattr(config, "is_encoder_decoder", False) and "decoder_start_token_id" not in fields:
+        # T5 starts decoding at the padding token, BART at the end-of-text token
+        start = "eos_token_id" if defaults.get("decoder_start_token_id") == defaults.get("eos_token_id") is not None else "pad_token_id"
+        tokens["decoder_start_token_id"] = tokens.get(start, getattr(config, start, None))
+    for key, value in tokens.items():
+        setattr(config, key, value)
+    return config
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _from_config(spec: ModelSpec, num_labels: int, vocab_size: int | None) -> nn.Module:
-    from transformers import AutoModelForSequenceClassification
+def _auto_class(task: str):
+    import transformers
 
-    config = _hf_config(spec, num_labels, vocab_size)
+    from mase_lite.train.tasks import TASKS
+
+    return getattr(transformers, TASKS[task].auto_class)
+
+
+def _attention(auto, config, requested: str) -> dict[str, str]:
+    """``attn_implementation`` for models with attention (an SDPA request is dropped where the model has none)."""
+    try:
+        cls = auto._model_mapping[type(config)]
+    except KeyError:
+        return {"attn_implementation": requested}
+    if requested == "sdpa" and not getattr(cls, "_supports_sdpa", False):
+        return {}
+    return {"attn_implementation": requested}
+
+
+def _from_config(spec: ModelSpec, num_labels: int, data_fields: dict[str, Any]) -> nn.Module:
+    config = _hf_config(spec, num_labels, data_fields)
+    auto = _auto_class(spec.task)
+    attention = _attention(auto, config, spec.attn_implementation)
 
     def build() -> nn.Module:
-        return AutoModelForSequenceClassification.from_config(config, attn_implementation=spec.attn_implementation)
+        return auto.from_config(config, **attention)
 
     check_fits("model.hf_config", model_bytes(build, "model.hf_config"), f"a {config.model_type} model of this config")
     try:
         return build()
     except ValueError as err:
-        raise UserError(f"model.hf_config: {config.model_type} cannot build a sequence classifier: {err}") from None
+        raise UserError(f"model.hf_config: {config.model_type} cannot build a {spec.task} model: {err}") from None
 
 
-def _pretrained(spec: ModelSpec, num_labels: int, run_dir: Path | None) -> nn.Module:
-    from transformers import AutoModelForSequenceClassification
+def _pretrained(spec: ModelSpec, num_labels: int, run_dir: Path | None, data_fields: dict[str, Any]) -> nn.Module:
+    from transformers import AutoConfig
 
     local = Path(spec.pretrained).is_dir()
     cache = None if local else hub_cache_dir(spec.cache_dir, run_dir)
+    extra = {"num_labels": num_labels, "ignore_mismatched_sizes": True} if spec.task in CLASSIFICATION_TASKS else {}
+    auto = _auto_class(spec.task)
     try:
         with hub_access():
-            return AutoModelForSequenceClassification.from_pretrained(
-                spec.pretrained,
-                num_labels=num_labels,
-                attn_implementation=spec.attn_implementation,
-                cache_dir=cache,
-                ignore_mismatched_sizes=True,
+            config = AutoConfig.from_pretrained(spec.pretrained, cache_dir=cache)
+            model = auto.from_pretrained(
+                spec.pretrained, cache_dir=cache, **_attention(auto, config, spec.attn_implementation), **extra
             )
     except (OSError, ValueError) as err:
         reason = (str(err).splitlines() or [err.__class__.__name__])[0]
@@ -157,6 +235,9 @@ def _pretrained(spec: ModelSpec, num_labels: int, run_dir: Path | None) -> nn.Mo
             f"model.pretrained = {spec.pretrained!r}: could not load it ({reason}). Offline, give a local "
             "directory or use model.hf_config"
         ) from None
+    if getattr(model.config, "pad_token_id", None) is None and data_fields.get("pad_token_id") is not None:
+        model.config.pad_token_id = data_fields["pad_token_id"]  # decoders used as classifiers find the last token by it
+    return model
 
 
 def _factory(spec: ModelSpec) -> nn.Module:
@@ -175,18 +256,23 @@ def build_model(
     vocab_size: int | None = None,
     seed: int = 0,
     run_dir: Path | None = None,
+    data_fields: dict[str, Any] | None = None,
 ) -> nn.Module:
     """A freshly built (seeded) or loaded model in eval mode.
 
-    ``vocab_size`` (a trained tokenizer's size) fills ``hf_config.vocab_size`` when it is absent.
+    ``data_fields`` (the run's data: ``vocab_size``, token ids, ``image_size``, ``num_channels``) fill a
+    ``hf_config``'s fields it does not give; ``vocab_size`` alone may be given for a tokenizer's size.
     """
     spec = validate_section(ModelSpec, spec, "model")
+    data_fields = dict(data_fields or {})
+    if vocab_size is not None:
+        data_fields["vocab_size"] = vocab_size
     torch.manual_seed(seed)
     if spec.source == "factory":
         model = _factory(spec)
     elif spec.source == "pretrained":
-        model = _pretrained(spec, num_labels, run_dir)
+        model = _pretrained(spec, num_labels, run_dir, data_fields)
     else:
-        model = _from_config(spec, num_labels, vocab_size)
+        model = _from_config(spec, num_labels, data_fields)
     logger.info("built %s (%d parameters)", type(model).__name__, sum(p.numel() for p in model.parameters()))
     return model.eval()

@@ -10,32 +10,88 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch.nn as nn
 
 from mase_lite.errors import UserError
-from mase_lite.train.data import DataModule, DataSpec, build_data
-from mase_lite.train.hub import hub_cache_dir
+from mase_lite.train.data import DataSpec, build_data
+from mase_lite.train.hub import hub_access, hub_cache_dir
 from mase_lite.train.models import ModelSpec, build_model
 from mase_lite.train.seeding import seed_everything
+from mase_lite.train.splits import SplitData
 from mase_lite.train.tokenizer import load_tokenizer
 from mase_lite.train.validation import validate_section
 
 logger = logging.getLogger(__name__)
 
 
-def _check_fit(model: nn.Module, data: DataModule) -> None:
+def _positions(config) -> int | None:
+    """The longest sequence a model's position embeddings cover (None: no limit known)."""
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _check_fit(model: nn.Module, data: SplitData) -> None:
     """The data's token ids and lengths fit the model's embeddings."""
     config = getattr(model, "config", None)
-    positions = getattr(config, "max_position_embeddings", None)
-    if positions is not None and data.max_length > positions:
-        raise UserError(f"data.max_length = {data.max_length} exceeds the model's max_position_embeddings ({positions})")
+    length = getattr(data, "sequence_length", None)
+    positions = _positions(config)
+    if positions is not None and length is not None and length > positions:
+        field = "data.block_size" if data.task == "causal-lm" else "data.max_length"
+        raise UserError(f"{field} = {length} exceeds the model's max_position_embeddings ({positions})")
     vocab = getattr(config, "vocab_size", None)
-    if vocab is not None and data.vocab_size > vocab:
+    if vocab is not None and getattr(data, "tokenizer", None) is not None and data.vocab_size > vocab:
         raise UserError(
             f"the tokenizer has {data.vocab_size} tokens but the model's vocab_size is {vocab}; "
             "use the model's own tokenizer or a larger vocab_size"
         )
+
+
+def image_hints(model_spec: ModelSpec, run_dir: Path) -> dict[str, Any]:
+    """What the model fixes about its images: a config's ``image_size``/``num_channels``, and a pretrained
+    model's image processor (its size, mean and standard deviation)."""
+    hints = {k: v for k, v in (model_spec.hf_config or {}).items() if k in ("image_size", "num_channels")}
+    if isinstance(hints.get("image_size"), (list, tuple)):
+        hints["image_size"] = hints["image_size"][0]
+    if model_spec.source != "pretrained":
+        return hints
+    from transformers import AutoConfig, AutoImageProcessor
+
+    cache = None if Path(model_spec.pretrained).is_dir() else hub_cache_dir(model_spec.cache_dir, run_dir)
+    try:
+        with hub_access():
+            config = AutoConfig.from_pretrained(model_spec.pretrained, cache_dir=cache)
+            processor = AutoImageProcessor.from_pretrained(model_spec.pretrained, cache_dir=cache)
+    except (OSError, ValueError) as err:
+        logger.info("no image processor for %s (%s); normalising with the data's statistics", model_spec.pretrained, err)
+        processor = None
+        config = None
+    if config is not None:
+        size = getattr(config, "image_size", None)
+        hints.setdefault("image_size", size[0] if isinstance(size, (list, tuple)) else size)
+        hints.setdefault("num_channels", getattr(config, "num_channels", None))
+    if processor is not None and getattr(processor, "image_mean", None) is not None:
+        hints["normalisation"] = (list(processor.image_mean), list(processor.image_std))
+        size = getattr(processor, "size", None) or {}
+        side = size.get("height") or size.get("shortest_edge") if isinstance(size, dict) else None
+        if side and not hints.get("image_size"):
+            hints["image_size"] = side
+    return {k: v for k, v in hints.items() if v is not None}
+
+
+def data_fields(data: SplitData) -> dict[str, Any]:
+    """The config fields the data decides: vocabulary and token ids, or image size and channels."""
+    tok = getattr(data, "tokenizer", None)
+    if tok is not None:
+        return {"vocab_size": data.vocab_size, "pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id,
+                "eos_token_id": tok.eos_token_id}
+    if data.task == "image-classification":
+        return {"image_size": data.image_size, "num_channels": data.channels}
+    return {}
 
 
 def prepare(
@@ -43,9 +99,10 @@ def prepare(
     data_spec: DataSpec | dict | None,
     run_dir: str | Path,
     seed: int,
-) -> tuple[nn.Module, DataModule | None]:
-    """Data first (its tokenizer decides the vocabulary), then the seeded model; nothing is written
-    under ``run_dir`` (the trained tokenizer, the tokenized tensors) until both were built.
+) -> tuple[nn.Module, SplitData | None]:
+    """Data first (its tokenizer decides the vocabulary, its images the input size), then the seeded
+    model; nothing is written under ``run_dir`` (the trained tokenizer, the tokenized tensors) until
+    both were built.
 
     ``data_spec=None`` builds the model alone.
     """
@@ -53,18 +110,21 @@ def prepare(
     if data_spec is not None:
         data_spec = validate_section(DataSpec, data_spec, "data")
     run_dir = Path(run_dir)
+    task = model_spec.task
     seed_everything(seed)
     data = None
     if data_spec is not None:
         tokenizer = None
-        if model_spec.source == "pretrained" and data_spec.tokenizer is None:
+        if model_spec.source == "pretrained" and data_spec.tokenizer is None and task != "image-classification":
             tokenizer = load_tokenizer(
                 model_spec.pretrained, hub_cache_dir(model_spec.cache_dir, run_dir), field="model.pretrained"
             )
-        data = build_data(data_spec, seed=seed, run_dir=run_dir, tokenizer=tokenizer, num_labels=model_spec.num_labels)
-    num_labels = model_spec.num_labels or (data.num_labels if data is not None else 2)
-    vocab_size = data.vocab_size if data is not None and model_spec.source == "hf_config" else None
-    model = build_model(model_spec, num_labels=num_labels, vocab_size=vocab_size, seed=seed, run_dir=run_dir)
+        hints = image_hints(model_spec, run_dir) if task == "image-classification" else {}
+        data = build_data(data_spec, task=task, seed=seed, run_dir=run_dir, tokenizer=tokenizer,
+                          num_labels=model_spec.num_labels, hints=hints)
+    num_labels = model_spec.num_labels or getattr(data, "num_labels", None) or 2
+    fields = data_fields(data) if data is not None else {}
+    model = build_model(model_spec, num_labels=num_labels, seed=seed, run_dir=run_dir, data_fields=fields)
     if data is not None:
         _check_fit(model, data)
         data.persist(run_dir)

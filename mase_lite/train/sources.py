@@ -1,11 +1,12 @@
-"""Where labelled texts come from: the synthetic generator, local JSON/CSV files, or a hub dataset.
+"""Where rows come from: local JSON/CSV/text files or a hub dataset, as tables of named columns.
 
-Every source returns the same thing, a train and a test :class:`TextSplit`; tokenization is
-done once, downstream, whatever the source.
+Every source gives ``{split: table}``; each task picks its columns downstream (labelled texts become
+a :class:`TextSplit`), and tokenization or resizing is done once, whatever the source.
 
 Example::
 
     train, test = read_local("csv", Path("reviews.csv"), "text", "label", test_fraction=0.2, seed=0)
+    tables = local_tables("txt", Path("corpus"), "train", "test", test_fraction=0.1, seed=0)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from mase_lite.train.synthetic import generate_sentiment
 
 logger = logging.getLogger(__name__)
 
-LOCAL_EXTENSIONS = {"json": (".json", ".jsonl"), "csv": (".csv",)}
+LOCAL_EXTENSIONS = {"json": (".json", ".jsonl"), "csv": (".csv",), "txt": (".txt",)}
 
 
 @dataclass(frozen=True)
@@ -114,12 +115,25 @@ def _read_csv_rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def read_file(fmt: str, path: Path, text_column: str, label_column: str) -> TextSplit:
-    """One local ``json``/``jsonl``/``csv`` file as a split."""
-    rows = _read_csv_rows(path) if fmt == "csv" else _read_json_rows(path)
+def _read_text_rows(path: Path) -> list[dict]:
+    """A plain text file: one row ``{"text": line}`` per non-empty line."""
+    return [{"text": line} for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def read_rows(fmt: str, path: Path) -> list[dict]:
+    """One local ``json``/``jsonl``/``csv``/``txt`` file as rows; an error for an empty one."""
+    try:
+        rows = {"csv": _read_csv_rows, "txt": _read_text_rows}.get(fmt, _read_json_rows)(path)
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not UTF-8 text (byte {err.start})") from None
     if not rows:
         raise UserError(f"{path}: no rows")
-    return rows_to_split(rows, text_column, label_column, str(path))
+    return rows
+
+
+def read_file(fmt: str, path: Path, text_column: str, label_column: str) -> TextSplit:
+    """One local ``json``/``jsonl``/``csv`` file as a split of labelled texts."""
+    return rows_to_split(read_rows(fmt, path), text_column, label_column, str(path))
 
 
 def _split_file(directory: Path, fmt: str, split: str) -> Path:
@@ -133,6 +147,38 @@ def _split_file(directory: Path, fmt: str, split: str) -> Path:
     raise UserError(f"data.path = {str(directory)!r}: a directory must hold {wanted}; it holds {present}")
 
 
+def local_tables(fmt: str, path: Path, train_split: str, test_split: str) -> dict[str, tuple[str, list[dict]]]:
+    """``{"train"|"test": (source, rows)}`` from a directory of split files, or ``{"all": ...}`` from one file
+    (the run splits it by ``data.test_fraction``)."""
+    if path.is_dir():
+        found = {s: _split_file(path, fmt, name) for s, name in (("train", train_split), ("test", test_split))}
+        return {s: (str(f), read_rows(fmt, f)) for s, f in found.items()}
+    if not path.is_file():
+        raise UserError(f"data.path = {str(path)!r} does not exist (give a {fmt} file or a directory of split files)")
+    if path.suffix not in LOCAL_EXTENSIONS[fmt]:
+        raise UserError(
+            f"data.path = {str(path)!r}: dataset {fmt!r} reads files ending in {', '.join(LOCAL_EXTENSIONS[fmt])}"
+        )
+    return {"all": (str(path), read_rows(fmt, path))}
+
+
+def divide(n: int, test_fraction: float, seed: int, source: str, ordered: bool = False) -> tuple[list[int], list[int]]:
+    """``(train, test)`` row indices of one table: a seeded random ``test_fraction`` of the rows (each part in
+    file order), or its tail when ``ordered`` (a corpus).
+
+    >>> divide(5, 0.4, seed=0, source="x.txt", ordered=True)
+    ([0, 1, 2], [3, 4])
+    """
+    n_test = round(n * test_fraction)
+    if n_test == 0 or n_test == n:
+        raise UserError(f"data.test_fraction = {test_fraction} of {n} rows in {source} leaves an empty split")
+    if ordered:
+        return list(range(n - n_test)), list(range(n - n_test, n))
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return sorted(order[n_test:]), sorted(order[:n_test])
+
+
 def read_local(
     fmt: str,
     path: Path,
@@ -143,64 +189,65 @@ def read_local(
     train_split: str = "train",
     test_split: str = "test",
 ) -> tuple[TextSplit, TextSplit]:
-    """Train and test splits from a directory of split files, or from one file split at random."""
-    if path.is_dir():
-        train = read_file(fmt, _split_file(path, fmt, train_split), text_column, label_column)
-        test = read_file(fmt, _split_file(path, fmt, test_split), text_column, label_column)
-        return train, test
-    if not path.is_file():
-        raise UserError(f"data.path = {str(path)!r} does not exist (give a {fmt} file or a directory of split files)")
-    if path.suffix not in LOCAL_EXTENSIONS[fmt]:
-        raise UserError(
-            f"data.path = {str(path)!r}: dataset {fmt!r} reads files ending in {', '.join(LOCAL_EXTENSIONS[fmt])}"
-        )
-    everything = read_file(fmt, path, text_column, label_column)
-    order = list(range(len(everything)))
-    random.Random(seed).shuffle(order)
-    n_test = round(len(everything) * test_fraction)
-    if n_test == 0 or n_test == len(everything):
-        raise UserError(
-            f"data.test_fraction = {test_fraction} of {len(everything)} rows in {path} leaves an empty split"
-        )
-    return everything.take(order[n_test:]), everything.take(order[:n_test])
+    """Train and test splits of labelled texts from a directory of split files, or from one file split at random."""
+    tables = local_tables(fmt, path, train_split, test_split)
+    if "all" in tables:
+        source, rows = tables["all"]
+        everything = rows_to_split(rows, text_column, label_column, source)
+        train, test = divide(len(everything), test_fraction, seed, source)
+        return everything.take(train), everything.take(test)
+    train, test = (rows_to_split(rows, text_column, label_column, source) for source, rows in tables.values())
+    return train, test
 
 
-def read_hub(
-    name: str,
-    config: str | None,
+def read_local(
+    fmt: str,
+    path: Path,
     text_column: str,
     label_column: str,
+    test_fraction: float,
+    seed: int,
+    train_split: str = "train",
+    test_split: str = "test",
+) -> tuple[TextSplit, TextSplit]:
+    """Train and test splits of labelled texts from a directory of split files, or from one file split at random."""
+    tables = local_tables(fmt, path, train_split, test_split, test_fraction, seed)
+    train, test = (rows_to_split(rows, text_column, label_column, source) for source, rows in tables.values())
+    return train, test
+
+
+def hub_tables(
+    name: str,
+    config: str | None,
+    data_dir: str | None,
     train_split: str,
     test_split: str,
     cache_dir: Path | None,
-) -> tuple[TextSplit, TextSplit]:
-    """Train and test splits of a dataset on the Hugging Face hub (or already in ``cache_dir``)."""
+) -> dict[str, tuple[str, Any]]:
+    """``{"train"|"test": (source, datasets.Dataset)}`` of a hub dataset (or one already in ``cache_dir``).
+
+    ``data_dir`` goes to ``datasets.load_dataset``: a local directory for builder datasets such as
+    ``imagefolder`` or ``text``.
+    """
     import datasets
 
     with hub_access() as online:
         try:
-            ds = datasets.load_dataset(name, config, cache_dir=str(cache_dir) if cache_dir else None)
+            ds = datasets.load_dataset(
+                name, config, data_dir=data_dir, cache_dir=str(cache_dir) if cache_dir else None
+            )
         except Exception as err:  # datasets raises many types for "not found" and "no network"
             reason = (str(err).splitlines() or [err.__class__.__name__])[0]
             if not online:
                 raise UserError(
                     f"data.dataset = {name!r}: the Hugging Face hub ({hub_endpoint()}) is unreachable and the "
                     f"dataset is not in the cache {str(cache_dir or 'of datasets')!r} ({reason}). Offline, use "
-                    "'synthetic-sentiment' or local files ('json'/'csv' with data.path)"
+                    "the task's synthetic dataset or local files (data.path)"
                 ) from None
             raise UserError(f"data.dataset = {name!r}: could not load it from the hub: {reason}") from None
-    splits = {}
-    for split, field in ((train_split, "train_split"), (test_split, "test_split")):
+    tables = {}
+    for key, split, field in (("train", train_split, "train_split"), ("test", test_split, "test_split")):
         if split not in ds:
             raise UserError(f"data.{field} = {split!r}: dataset {name!r} has the splits {', '.join(ds)}")
-        part = ds[split]
-        for column, col_field in ((text_column, "text_column"), (label_column, "label_column")):
-            if column not in part.column_names:
-                raise UserError(
-                    f"dataset {name!r}, split {split!r}: no column {column!r} (data.{col_field}); "
-                    f"its columns are: {', '.join(part.column_names)}"
-                )
-        source = f"dataset {name!r}, split {split!r}"
-        rows = [{text_column: t, label_column: y} for t, y in zip(part[text_column], part[label_column])]
-        splits[field] = rows_to_split(rows, text_column, label_column, source)
-    return splits["train_split"], splits["test_split"]
+        tables[key] = (f"dataset {name!r}, split {split!r}", ds[split])
+    return tables

@@ -82,6 +82,8 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int = 2000) -> PreTrainedT
         cls_token="[CLS]",
         sep_token="[SEP]",
         mask_token="[MASK]",
+        bos_token="[CLS]",  # a language model's documents end with [SEP]; a seq2seq decoder may start at [CLS]
+        eos_token="[SEP]",
         model_input_names=MODEL_INPUTS,
     )
 

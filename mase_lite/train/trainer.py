@@ -162,7 +162,7 @@ def fit(
                 if step % steps_per_epoch == 0:
                     losses = []
                 with autocast():
-                    loss, _ = forward_batch(model, batch, input_names)
+                    loss, _ = forward_batch(model, batch, input_names, data.task)
                 value = loss.item()
                 if not math.isfinite(value):
                     raise UserError(f"training diverged: the loss is {value} at step {step}; lower lr (now {lr})")

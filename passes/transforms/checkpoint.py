@@ -82,15 +82,16 @@ def _check_against_data(model, data, where: Path) -> None:
     """The loaded model accepts the run's token ids and has a logit for every label."""
     config = getattr(model, "config", None)
     vocab = getattr(config, "vocab_size", None)
-    if vocab is not None and data.vocab_size > vocab:
+    if vocab is not None and getattr(data, "tokenizer", None) is not None and data.vocab_size > vocab:
         raise PassError(
             f"pass 'load': the checkpoint {where} has vocab_size {vocab} but the run's tokenizer has "
             f"{data.vocab_size} tokens; save the checkpoint with its tokenizer or set data.tokenizer"
         )
     labels = getattr(config, "num_labels", None)
-    if labels is not None and data.num_labels > labels:
+    wanted = getattr(data, "num_labels", None)
+    if labels is not None and wanted is not None and wanted > labels:
         raise PassError(
-            f"pass 'load': the checkpoint {where} classifies {labels} labels but the run's data has {data.num_labels}"
+            f"pass 'load': the checkpoint {where} classifies {labels} labels but the run's data has {wanted}"
         )
 
 
@@ -104,7 +105,7 @@ def load_pass(mg, params: LoadParams, ctx):
         raise PassError(f"pass 'load': checkpoint {where}: {err}") from None
     data = ctx.data
     tokenizer_dir = where / TOKENIZER_DIR
-    if data is not None and params.tokenizer and tokenizer_dir.is_dir():
+    if getattr(data, "tokenizer", None) is not None and params.tokenizer and tokenizer_dir.is_dir():
         saved = load_tokenizer(tokenizer_dir)
         if not same_vocabulary(saved, data.tokenizer):
             logger.info("re-tokenizing the run's data with the tokenizer of %s", where)

@@ -50,7 +50,7 @@ def test_the_tokenized_data_cache_is_kept_for_the_next_run(tmp_path, caplog):
     run_pipeline(spec)
     [cached] = (tmp_path / "out" / "data_cache").iterdir()
     before = cached.stat().st_ino
-    caplog.set_level("INFO", logger="mase_lite.train.data")
+    caplog.set_level("INFO", logger="mase_lite.train.splits")
     run_pipeline(spec)
     assert (tmp_path / "out" / "data_cache" / cached.name).stat().st_ino == before
     assert f"tokenized data from the cache {tmp_path}/.out.staging-" in caplog.text

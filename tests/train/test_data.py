@@ -122,7 +122,9 @@ def test_missing_path_bad_extension_and_directory_without_split_files(tmp_path):
 def test_spec_rules_on_path():
     with pytest.raises(ValidationError, match="dataset 'json' needs 'path'"):
         DataSpec(dataset="json")
-    with pytest.raises(ValidationError, match="'path' is only for the local datasets json, csv, not 'synthetic-sentiment'"):
+    with pytest.raises(ValidationError, match="'path' is only for the local datasets csv, image-folder, json, npz, txt, not 'synthetic-sentiment'"):
+        DataSpec(dataset="synthetic-sentiment", path="x.csv")
+    with pytest.raises(ValidationError, match="'path' is only for the local datasets .*, not the task's synthetic dataset"):
         DataSpec(path="x.csv")
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
         DataSpec(rows=3)
@@ -130,7 +132,7 @@ def test_spec_rules_on_path():
 
 def test_synthetic_defaults_sizes_and_max_length():
     spec = DataSpec()
-    assert (spec.dataset, spec.resolved_max_length()) == ("synthetic-sentiment", 32)
+    assert (spec.dataset, spec.resolved_dataset(), spec.resolved_max_length()) == (None, "synthetic-sentiment", 32)
     assert DataSpec(dataset="imdb").resolved_max_length() == 128
     data = build_data({"n_train": 50, "n_test": 20, "max_length": 10}, seed=0)
     assert (data.size("train"), data.size("test")) == (50, 20)

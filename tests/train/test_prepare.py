@@ -61,5 +61,5 @@ def test_bad_sections_given_as_dicts_are_user_errors_naming_the_field(tmp_path):
         prepare({"hf_config": {}, "pretrained": "x"}, None, tmp_path, 0)
     with pytest.raises(UserError, match=r"data.max_length: Input should be greater than or equal to 4"):
         prepare({}, {"max_length": 2}, tmp_path, 0)
-    with pytest.raises(UserError, match=r"data.rows: unknown key; allowed keys: cache_dir, config, dataset, .*vocab_size \(got 3\)"):
+    with pytest.raises(UserError, match=r"data.rows: unknown key; allowed keys: block_size, cache_dir, config, dataset, .*vocab_size \(got 3\)"):
         prepare({}, {"rows": 3}, tmp_path, 0)

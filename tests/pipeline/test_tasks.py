@@ -1,0 +1,167 @@
+"""Every task from JSON alone, shrunk: train -> quantize -> evaluate -> save -> load in a pipeline, and a
+two-trial search over the quantizer whose second trial restores the trained model from the prefix cache;
+decoder and encoder-decoder classifiers; the errors a new user meets, each exit 2 naming the field."""
+
+import copy
+import json
+
+import pytest
+import torch
+
+import mase_lite as ml
+from mase_lite.cli import main
+from mase_lite.search.engine import run_search
+
+TINY = {
+    "causal-lm": {"hf_config": {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                "num_key_value_heads": 1, "intermediate_size": 64, "max_position_embeddings": 64},
+                  "data": {"n_train": 24, "n_test": 6, "block_size": 16}, "metric": "perplexity"},
+    "seq2seq-lm": {"hf_config": {"model_type": "t5", "d_model": 32, "d_kv": 16, "d_ff": 64, "num_layers": 1, "num_heads": 2},
+                   "data": {"n_train": 32, "n_test": 8, "max_length": 16}, "metric": "perplexity"},
+    "image-classification": {"hf_config": {"model_type": "resnet", "embedding_size": 8, "hidden_sizes": [8, 16],
+                                           "depths": [1, 1], "layer_type": "basic"},
+                             "data": {"n_train": 32, "n_test": 16, "image_size": 16}, "metric": "accuracy"},
+    "sequence-classification": {"hf_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                              "intermediate_size": 64, "max_position_embeddings": 64},
+                                "data": {"n_train": 32, "n_test": 16, "max_length": 16}, "metric": "accuracy"},
+}
+MX = {"name": "mxint", "element_width": 8}
+RULES = {"image-classification": {"linear": MX, "conv2d": MX}}
+
+
+def pipeline(task: str, out) -> dict:
+    tiny = TINY[task]
+    return {
+        "name": task, "seed": 0, "device": "cpu",
+        "model": {"task": task, "hf_config": tiny["hf_config"]},
+        "data": tiny["data"],
+        "steps": [
+            {"pass": "train", "params": {"max_steps": 3, "batch_size": 8, "progress": False}},
+            {"pass": "evaluate", "params": {"label": "fp32", "progress": False}},
+            {"pass": "quantize", "params": {"by": "type", "rules": RULES.get(task, {"linear": MX}), "default": None}},
+            {"pass": "evaluate", "params": {"label": "ptq", "progress": False}},
+            {"pass": "save", "params": {"path": "ckpt"}},
+            {"pass": "load", "params": {"path": "ckpt"}},
+            {"pass": "evaluate", "params": {"label": "loaded", "progress": False}},
+        ],
+        "output_dir": str(out),
+    }
+
+
+@pytest.mark.parametrize("task", list(TINY))
+def test_each_task_trains_quantizes_evaluates_saves_and_loads(task, tmp_path):
+    result = ml.run_pipeline(pipeline(task, tmp_path / "run"))
+    metrics = result.report["metrics"]
+    metric = TINY[task]["metric"]
+    assert set(metrics) == {"fp32", "ptq", "loaded"}
+    assert metrics["ptq"]["loss"] == metrics["loaded"]["loss"]  # the checkpoint holds the quantized model
+    assert metrics["fp32"]["loss"] != metrics["ptq"]["loss"] and metric in metrics["ptq"]
+    formats = [p["format"] for n in result.mg.nodes for p in (n.meta["mase"].get("params") or {}).values()]
+    assert MX | {"block_size": 32, "scale_rule": "floor"} in formats, "nothing was quantized"
+    if task in ("causal-lm", "seq2seq-lm"):
+        assert metrics["ptq"]["tokens"] > 0 and metrics["ptq"]["perplexity"] > 1
+    if task == "causal-lm":
+        assert 1 < metrics["ptq"]["perplexity_bound"] < metrics["ptq"]["perplexity"]
+    if task == "image-classification":
+        assert 0 <= metrics["ptq"]["accuracy"] <= metrics["ptq"]["top5"] <= 1
+    # the checkpoint reloads outside the run, with the same outputs
+    again = ml.load(tmp_path / "run" / "ckpt")
+    batch = result.data.example_batch(2)
+    inputs = {k: batch[k] for k in result.mg.input_names}
+    with torch.no_grad():
+        assert torch.equal(again.model(**inputs).logits, result.mg.model(**inputs).logits)
+
+
+@pytest.mark.parametrize("task", ["causal-lm", "image-classification", "seq2seq-lm"])
+def test_two_trial_search_restores_the_trained_model_from_the_prefix_cache(task, tmp_path):
+    base = pipeline(task, tmp_path / "unused")
+    base["steps"] = base["steps"][:4]
+    metric = TINY[task]["metric"]
+    spec = {
+        "pipeline": base,
+        "space": [{"path": "steps.quantize.params.rules.linear.element_width", "type": "choice", "values": [4, 8]}],
+        "objectives": [{"metric": f"ptq.{metric}", "direction": "minimize" if metric == "perplexity" else "maximize"}],
+        "sampler": {"name": "grid", "seed": 0}, "n_trials": 2, "output_dir": str(tmp_path / "search"),
+    }
+    result = run_search(spec)
+    assert result.report["studies"][0]["states"] == {"COMPLETE": 2}
+    trials = result.report["studies"][0]["trials"]
+    assert len(trials) == 2
+    reports = [json.loads((tmp_path / "search" / "trials" / str(t["number"]) / "report.json").read_text()) for t in trials]
+    assert sorted(sum(s.get("cached", False) for s in r["steps"]) for r in reports) == [0, 2]
+    fp32 = {r["metrics"]["fp32"][metric] for r in reports}
+    assert len(fp32) == 1  # the restored model is the trained one
+
+
+DECODERS = {
+    "gpt2": {"n_embd": 32, "n_layer": 1, "n_head": 2, "n_positions": 64},
+    "llama": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64},
+    "qwen2": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+              "intermediate_size": 64},
+    "t5": {"d_model": 32, "d_kv": 16, "d_ff": 64, "num_layers": 1, "num_heads": 2},
+    "bart": {"d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
+             "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "max_position_embeddings": 64},
+}
+
+
+@pytest.mark.parametrize("model_type", list(DECODERS))
+def test_decoder_and_encoder_decoder_classifiers_take_their_tokens_from_the_run(model_type, tmp_path):
+    spec = {"model": {"hf_config": {"model_type": model_type, **DECODERS[model_type]}},
+            "data": {"n_train": 16, "n_test": 8, "max_length": 12},
+            "steps": [{"pass": "train", "params": {"max_steps": 2, "batch_size": 4, "progress": False}},
+                      {"pass": "evaluate", "params": {"progress": False}}],
+            "output_dir": str(tmp_path / "run")}
+    result = ml.run_pipeline(spec)
+    config = result.mg.source_model.config
+    tok = result.data.tokenizer
+    assert (config.pad_token_id, config.eos_token_id) == (tok.pad_token_id, tok.eos_token_id) == (0, 3)
+    assert result.report["metrics"]["evaluate"]["n"] == 8
+
+
+def test_a_vit_and_a_factory_cnn_classify_images(tmp_path):
+    vit = {"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+           "intermediate_size": 64, "patch_size": 4}
+    spec = {"model": {"task": "image-classification", "hf_config": vit}, "data": {"n_train": 16, "n_test": 8, "image_size": 16},
+            "steps": [{"pass": "evaluate", "params": {"progress": False}}], "output_dir": str(tmp_path / "vit")}
+    result = ml.run_pipeline(spec)
+    assert result.mg.source_model.config.image_size == 16 and result.report["metrics"]["evaluate"]["n"] == 8
+    spec = {"model": {"task": "image-classification", "factory": "tests.pipeline.task_factories:small_cnn", "kwargs": {"classes": 10}},
+            "data": {"n_train": 16, "n_test": 8, "image_size": 16},
+            "steps": [{"pass": "train", "params": {"max_steps": 2, "batch_size": 8, "progress": False}},
+                      {"pass": "evaluate", "params": {"progress": False}}],
+            "output_dir": str(tmp_path / "cnn")}
+    result = ml.run_pipeline(spec)
+    assert result.mg.input_names == ("pixel_values",)
+    assert result.report["metrics"]["evaluate"]["n"] == 8 and "top5" in result.report["metrics"]["evaluate"]
+
+
+def run_cli(tmp_path, capsys, spec: dict) -> tuple[int, str]:
+    spec.setdefault("output_dir", str(tmp_path / "out"))
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    code = main(["run", str(tmp_path / "spec.json")])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, err
+
+
+@pytest.mark.parametrize("spec,message", [
+    ({"device": "cuda"}, "device = 'cuda': torch sees no CUDA device on this machine"),
+    ({"device": "gpu"}, "device: String should match pattern"),
+    ({"model": {"hf_config": {"model_type": "vit"}}},
+     "model.hf_config.model_type = 'vit': transformers has no sequence-classification head for vit (model.task)"),
+    ({"model": {"task": "causal-lm"}, "data": {"max_length": 16}}, "data.max_length: not used by causal-lm data"),
+    ({"model": {"task": "causal-lm", "num_labels": 3}}, "num_labels is for classifiers; a causal-lm model predicts tokens"),
+    ({"model": {"task": "image-classification"}, "data": {"dataset": "synthetic-grammar"}},
+     "data.dataset = 'synthetic-grammar' is causal-lm data, not image-classification data"),
+    ({"model": {"task": "translation"}}, "model.task: Input should be 'sequence-classification', 'causal-lm', 'image-classification' or 'seq2seq-lm'"),
+])
+def test_task_mistakes_exit_2_naming_the_field_before_anything_runs(tmp_path, capsys, spec, message):
+    code, err = run_cli(tmp_path, capsys, spec)
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "out" / "report.json").exists()
+
+
+def test_block_size_beyond_the_models_positions_is_named(tmp_path, capsys):
+    model = copy.deepcopy(TINY["causal-lm"]["hf_config"])
+    code, err = run_cli(tmp_path, capsys, {"model": {"task": "causal-lm", "hf_config": model}, "data": {"block_size": 128, "n_train": 2, "n_test": 2}})
+    assert code == 2 and "data.block_size = 128 exceeds the model's max_position_embeddings (64)" in err
