@@ -1,8 +1,9 @@
 """Name your own dataset for specs: ``register_dataset(name, loader)``, then ``"data": {"dataset": name}``.
 
 A loader takes the data section (a :class:`~mase_lite.train.data.DataSpec`) and the run's seed and
-returns ``{"train": table, "test": table}`` (or one table the run divides by ``test_fraction``); a
-table is a list of row dicts, a dict of columns or a ``datasets.Dataset``. Columns are named by the
+returns ``{"train": table, "test": table}``, where a table is a list of row dicts, a dict of columns
+or a ``datasets.Dataset``, or one table of rows (a list or a ``datasets.Dataset``) that the run
+divides by ``data.test_fraction``. Columns are named by the
 data section (``text_column``, ``label_column``, ``image_column``, ``source_column``,
 ``target_column``). Register from a module named by ``--plugin`` or a spec's ``plugins``, or from an
 installed package through the entry-point group ``mase_lite.datasets`` (the entry point is called

@@ -138,6 +138,8 @@ def requested(tables: dict[str, list[dict]], plot, out: Path) -> Path:
         ax.set_xscale("log", base=2)
         if plot.kind == "line" and xs_seen:
             ax.set_xticks(sorted(xs_seen), [f"{x:g}" for x in sorted(xs_seen)])
+    if plot.log_y:
+        ax.set_yscale("log")
     ax.set_xlabel(plot.x)
     suffixes = {m.rsplit(".", 1)[-1] for m in plot.y}
     ax.set_ylabel(plot.y[0] if len(plot.y) == 1 else suffixes.pop() if len(suffixes) == 1 else "metric")

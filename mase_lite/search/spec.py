@@ -165,6 +165,7 @@ class PlotSpec(_Strict):
     def baselines(self) -> list[str]:
         return [self.baseline] if isinstance(self.baseline, str) else list(self.baseline or [])
     log_x: bool = False
+    log_y: bool = Field(False, description="a logarithmic y axis (a perplexity that explodes at low bits)")
     title: str | None = None
     file: str = Field(pattern=r"^[\w.-]+\.png$", description="file name in output_dir")
 

@@ -181,7 +181,7 @@ def read_raw(spec: DataSpec, task: str, seed: int, run_dir: Path | None) -> RawD
     name = spec.resolved_dataset(task)
     entry = get_dataset(name)
     if entry is None:
-        found = hub_tables(name, spec.config, None, spec.train_split, spec.test_split, hub_cache_dir(spec.cache_dir, run_dir))
+        found = hub_tables(name, spec.config, spec.train_split, spec.test_split, hub_cache_dir(spec.cache_dir, run_dir))
         return RawData(splits={s: table for s, (_, table) in found.items()}, sources={s: src for s, (src, _) in found.items()})
     raw = as_raw(entry.loader(spec, seed), name)
     if not set(SPLITS) <= set(raw.splits) and len(raw.splits) != 1:

@@ -1,8 +1,8 @@
 """Named datasets: what a spec's ``data.dataset`` may name besides a hub dataset.
 
 A loader takes the data section and the run's seed and returns the raw splits: a mapping from split
-name to a table (a list of row dicts, a dict of columns, or a ``datasets.Dataset``), or a
-:class:`RawData` that also carries a reference model of the data (exact perplexity bounds) or words
+name to a table (a list of row dicts, a dict of columns, or a ``datasets.Dataset``), one table (rows
+or a ``datasets.Dataset``) that the run divides by ``test_fraction``, or a :class:`RawData` that also carries a reference model of the data (exact perplexity bounds) or words
 a trained tokenizer must keep whole. The run then picks the task's columns (``data.text_column``,
 ``label_column``, ``image_column``, ``source_column``, ``target_column``), subsets, tokenizes or
 resizes, exactly as for the built-in and hub datasets; the prefix cache of a search keys on the
@@ -102,12 +102,15 @@ def dataset_names(task: str | None = None) -> list[str]:
     return sorted(n for n, e in _REGISTRY.items() if task is None or task in e.tasks)
 
 
-def as_raw(result: RawData | Mapping[str, Any], name: str) -> RawData:
-    """A loader's result as :class:`RawData`, checked."""
-    raw = result if isinstance(result, RawData) else RawData(splits=dict(result)) if isinstance(result, Mapping) else None
-    if raw is None:
-        raise UserError(f"data.dataset = {name!r}: its loader returned {type(result).__name__}, not a mapping of splits")
-    return raw
+def as_raw(result: RawData | Mapping[str, Any] | Any, name: str) -> RawData:
+    """A loader's result as :class:`RawData`: a mapping of splits, or one table (rows or a ``datasets.Dataset``)."""
+    if isinstance(result, RawData):
+        return result
+    if isinstance(result, Mapping):
+        return RawData(splits=dict(result))
+    if isinstance(result, (list, tuple)) or hasattr(result, "column_names"):
+        return RawData(splits={"all": result})
+    raise UserError(f"data.dataset = {name!r}: its loader returned {type(result).__name__}, not splits or a table")
 
 
 def columns_of(table: Any, wanted: dict[str, str], source: str) -> dict[str, Any]:

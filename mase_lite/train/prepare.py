@@ -62,18 +62,19 @@ def image_hints(model_spec: ModelSpec, run_dir: Path) -> dict[str, Any]:
     from transformers import AutoConfig, AutoImageProcessor
 
     cache = None if Path(model_spec.pretrained).is_dir() else hub_cache_dir(model_spec.cache_dir, run_dir)
-    try:
-        with hub_access():
+    with hub_access():
+        try:
             config = AutoConfig.from_pretrained(model_spec.pretrained, cache_dir=cache)
+        except (OSError, ValueError):
+            return hints  # building the model says what is wrong with it
+        try:
             processor = AutoImageProcessor.from_pretrained(model_spec.pretrained, cache_dir=cache)
-    except (OSError, ValueError) as err:
-        logger.info("no image processor for %s (%s); normalising with the data's statistics", model_spec.pretrained, err)
-        processor = None
-        config = None
-    if config is not None:
-        size = getattr(config, "image_size", None)
-        hints.setdefault("image_size", size[0] if isinstance(size, (list, tuple)) else size)
-        hints.setdefault("num_channels", getattr(config, "num_channels", None))
+        except (OSError, ValueError) as err:
+            logger.info("no image processor for %s (%s); normalising with the data's statistics", model_spec.pretrained, err)
+            processor = None
+    size = getattr(config, "image_size", None)
+    hints.setdefault("image_size", size[0] if isinstance(size, (list, tuple)) else size)
+    hints.setdefault("num_channels", getattr(config, "num_channels", None))
     if processor is not None and getattr(processor, "image_mean", None) is not None:
         hints["normalisation"] = (list(processor.image_mean), list(processor.image_std))
         size = getattr(processor, "size", None) or {}

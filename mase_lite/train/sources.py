@@ -219,23 +219,17 @@ def read_local(
 def hub_tables(
     name: str,
     config: str | None,
-    data_dir: str | None,
     train_split: str,
     test_split: str,
     cache_dir: Path | None,
 ) -> dict[str, tuple[str, Any]]:
-    """``{"train"|"test": (source, datasets.Dataset)}`` of a hub dataset (or one already in ``cache_dir``).
-
-    ``data_dir`` goes to ``datasets.load_dataset``: a local directory for builder datasets such as
-    ``imagefolder`` or ``text``.
-    """
+    """``{"train"|"test": (source, datasets.Dataset)}`` of a hub dataset (or one already in ``cache_dir``); ``name``
+    may be a local directory of split files the ``datasets`` library reads (text, CSV, JSON, image folders)."""
     import datasets
 
     with hub_access() as online:
         try:
-            ds = datasets.load_dataset(
-                name, config, data_dir=data_dir, cache_dir=str(cache_dir) if cache_dir else None
-            )
+            ds = datasets.load_dataset(name, config, cache_dir=str(cache_dir) if cache_dir else None)
         except Exception as err:  # datasets raises many types for "not found" and "no network"
             reason = (str(err).splitlines() or [err.__class__.__name__])[0]
             if not online:

@@ -165,3 +165,66 @@ def test_block_size_beyond_the_models_positions_is_named(tmp_path, capsys):
     model = copy.deepcopy(TINY["causal-lm"]["hf_config"])
     code, err = run_cli(tmp_path, capsys, {"model": {"task": "causal-lm", "hf_config": model}, "data": {"block_size": 128, "n_train": 2, "n_test": 2}})
     assert code == 2 and "data.block_size = 128 exceeds the model's max_position_embeddings (64)" in err
+
+
+def test_pretrained_local_directories_bring_their_tokenizer_and_image_processor(tmp_path):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageClassification, ViTImageProcessor
+
+    from mase_lite.train.tokenizer import train_wordpiece
+
+    lm_dir = tmp_path / "lm"
+    tok = train_wordpiece(["some text to learn from", "more text"], vocab_size=100)
+    config = AutoConfig.for_model(vocab_size=len(tok), pad_token_id=None, **{k: v for k, v in TINY["causal-lm"]["hf_config"].items()})
+    AutoModelForCausalLM.from_config(config).save_pretrained(lm_dir)
+    tok.save_pretrained(lm_dir)
+    result = ml.run_pipeline({"model": {"task": "causal-lm", "pretrained": str(lm_dir)}, "data": {"n_train": 2, "n_test": 2, "block_size": 16},
+                              "steps": [{"pass": "evaluate", "params": {"progress": False}}], "output_dir": str(tmp_path / "lm_run")})
+    assert result.data.tokenizer.get_vocab() == tok.get_vocab()  # the model's own tokenizer, not one trained in the run
+    assert result.report["metrics"]["evaluate"]["perplexity"] > 1
+
+    vit_dir = tmp_path / "vit"
+    vit = {k: v for k, v in DECODERS_VIT.items()}
+    AutoModelForImageClassification.from_config(AutoConfig.for_model(num_labels=10, **vit)).save_pretrained(vit_dir)
+    ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5, 0.25, 0.125], image_std=[0.5, 0.5, 0.5]).save_pretrained(vit_dir)
+    result = ml.run_pipeline({"model": {"task": "image-classification", "pretrained": str(vit_dir)}, "data": {"n_train": 8, "n_test": 4},
+                              "steps": [{"pass": "evaluate", "params": {"progress": False}}], "output_dir": str(tmp_path / "vit_run")})
+    data = result.data
+    assert data.image_size == 16 and data.mean.flatten().tolist() == [0.5, 0.25, 0.125] and data.std.flatten().tolist() == [0.5] * 3
+
+
+DECODERS_VIT = {"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+                "patch_size": 8, "image_size": 16}
+
+
+def test_a_plug_in_dataset_runs_in_a_search_with_the_prefix_cache(tmp_path):
+    plugin = tmp_path / "my_data.py"
+    plugin.write_text(
+        "from mase_lite.data import register_dataset\n"
+        "def corpus(spec, seed):\n"
+        "    lines = [f'the {w} sat on the mat' for w in ('cat', 'dog', 'bird', 'fox') * 6]\n"
+        "    return [{'text': line} for line in lines]\n"  # one table: the run keeps its tail for testing
+        "register_dataset('mats', corpus, tasks=('causal-lm',))\n"
+    )
+    base = pipeline("causal-lm", tmp_path / "unused")
+    base["plugins"] = [str(plugin)]
+    base["data"] = {"dataset": "mats", "block_size": 8, "test_fraction": 0.25}
+    base["steps"] = base["steps"][:4]
+    spec = {"pipeline": base,
+            "space": [{"path": "steps.quantize.params.rules.linear.element_width", "type": "choice", "values": [4, 8]}],
+            "objectives": [{"metric": "ptq.perplexity", "direction": "minimize"}],
+            "sampler": {"name": "grid", "seed": 0}, "n_trials": 2, "output_dir": str(tmp_path / "search")}
+    result = run_search(spec)
+    trials = result.report["studies"][0]["trials"]
+    assert [t["state"] for t in trials] == ["COMPLETE", "COMPLETE"]
+    reports = [json.loads((tmp_path / "search" / "trials" / str(t["number"]) / "report.json").read_text()) for t in trials]
+    assert sorted(sum(s.get("cached", False) for s in r["steps"]) for r in reports) == [0, 2]
+    assert reports[0]["metrics"]["fp32"]["tokens"] == reports[1]["metrics"]["fp32"]["tokens"] > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_cuda_runs_every_step_on_the_gpu(tmp_path):
+    spec = pipeline("causal-lm", tmp_path / "run")
+    spec["device"] = "cuda"
+    result = ml.run_pipeline(spec)
+    assert all(p.device.type == "cuda" for p in result.mg.model.parameters())
+    assert result.report["metrics"]["ptq"]["loss"] == result.report["metrics"]["loaded"]["loss"]
