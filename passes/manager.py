@@ -8,7 +8,8 @@ From a pipeline, a search trial or ``ml.passes.<name>(mg, ...)``, a call:
    context), naming the passes that provide what is missing;
 3. runs the pass, with the instruments' ``before_pass``/``after_pass`` hooks around it;
 4. after a transform: lints the graph, regenerates its code and metadata (once per pass), and drops
-   the facts the pass invalidates before adding those it provides;
+   the facts the pass invalidates, with their results (``mg.analyses`` and the nodes' metadata),
+   before adding those it provides;
 5. on failure names the pass and, inside a pipeline, the step's JSON path
    (``steps.1.params.rules.x: ...``).
 
@@ -234,6 +235,7 @@ def run_pass(info: PassInfo, mg, params: BaseModel | dict | None, context: PassC
         run.result = dict(result or {})
         if info.kind == "transform":
             _settle_transform(run, mg, new_mg)
+        _drop_analyses(new_mg, info.drops(mg.facts) - set(info.provides))
         new_mg.facts = (set(mg.facts) - info.drops(mg.facts)) | BASE_FACTS | set(info.provides)
         run.mg = new_mg
     except BaseException as err:
@@ -248,6 +250,18 @@ def run_pass(info: PassInfo, mg, params: BaseModel | dict | None, context: PassC
     for inst in instruments:
         inst.after_pass(run)
     return run.mg, run.result
+
+
+def _drop_analyses(mg, stale: set[str]) -> None:
+    """Forget the results of ``stale`` analyses, on the graph and on every node: a fact the graph no
+    longer holds has no data left behind, and a fact it holds keeps its data through metadata refreshes."""
+    analyses = getattr(mg, "analyses", None)
+    if analyses is None:
+        return
+    for fact in stale:
+        analyses.pop(fact, None)
+        for node in mg.model.graph.nodes:
+            node.meta.get("mase", {}).pop(fact, None)
 
 
 def _settle_transform(run: PassRun, old_mg, new_mg) -> None:

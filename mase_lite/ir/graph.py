@@ -117,6 +117,8 @@ class MaseGraph:
         self.recipe = recipe
         self.history: list[dict[str, Any]] = []
         self.facts: set[str] = {"graph", "metadata"}
+        # results of analysis passes by the fact they provide (per node also in node.meta["mase"][fact])
+        self.analyses: dict[str, Any] = {}
         self.model: MaseGraphModule
         self.model, _ = capture(model, example_inputs, dynamic_shapes, self.leaf_modules, verify=verify)
         self.input_names = tuple(example_inputs)

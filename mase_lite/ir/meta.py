@@ -183,7 +183,13 @@ def symbol_names(graph: fx.Graph, input_dims: dict[str, dict[int, str]]) -> dict
 
 
 def refresh(mg) -> None:
-    """Re-derive ``meta["mase"]`` for every node of ``mg`` (keeps formats set by transforms)."""
+    """Re-derive ``meta["mase"]`` for every node of ``mg``; keeps formats set by transforms and the
+    per-node results of the analyses the graph still holds (``mg.analyses``: its pass manager drops
+    those a transform invalidates)."""
     modules = dict(mg.model.named_modules())
+    held = set(getattr(mg, "analyses", ()))
     for node in mg.model.graph.nodes:
-        node.meta["mase"] = node_meta(node, modules, mg.symbol_names)
+        old = node.meta.get("mase") or {}
+        meta = node_meta(node, modules, mg.symbol_names)
+        meta.update({key: old[key] for key in held if key in old})
+        node.meta["mase"] = meta

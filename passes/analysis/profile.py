@@ -137,4 +137,5 @@ def profile_pass(mg, params: ProfileParams, ctx):
                 results[n.name]["weight"] = s.result(params.quantiles)
     for n in nodes:
         n.meta["mase"]["profile"] = results[n.name]
+    mg.analyses["profile"] = results
     return mg, {"nodes": results}
