@@ -24,6 +24,8 @@ EVERY_FORMAT = {
     "ternary": {},
     "mxint": {"element_width": 8, "block_size": 4},
     "mxfp": {"element_format": "e2m1", "block_size": 4},
+    "scaled_integer": {"width": 6, "granularity": "group", "group_size": 4},
+    "nvfp4": {},
 }
 SHAPES = [(), (1,), (7,), (3, 5), (2, 3, 5), (2, 1, 3, 5)]
 

@@ -1,0 +1,200 @@
+"""Integers with a real scale: ``scaled_integer`` (per tensor, row or group) and NVIDIA's ``nvfp4``.
+
+``scaled_integer``: a ``width``-bit integer code times a floating-point scale shared by a group of
+the last dimension — the whole tensor, each row (``channel``: a weight's output channel, an
+activation's token) or ``group_size`` consecutive elements of a row (the last group of a row may be
+short; groups never span rows). Symmetric: codes ``-qmax..qmax`` (``qmax = 2**(width-1) - 1``),
+``scale = clip * amax / qmax``. Asymmetric: codes ``0..2**width - 1`` with a zero point,
+``scale = clip * (max(x, 0) - min(x, 0)) / (2**width - 1)``, ``zero_point = round(-min / scale)``.
+The scale is stored as float32, float16 or bfloat16 (rounded to nearest even; a float16 scale past
+65504 saturates) or as a power of two (the next one up, so nothing clips). ``scale`` fixes a static
+per-tensor scale (calibrated) instead of the one each tensor gives. ``x / scale`` is rounded half to
+even and clamped; the amax is taken over finite values: NaN stays NaN, ±Inf saturate; a group of
+zeros (or a scale that underflows to zero) gives zeros; a zero code gives +0.0.
+Stored bits per element: ``width`` plus the group's scale (and zero point: ``width`` bits) shared
+over its elements, counted exactly for a given shape.
+
+``nvfp4`` (NVIDIA Blackwell): E2M1 elements, one E4M3 scale per 16 elements of the last dimension
+and one float32 scale per tensor: ``tensor_scale = amax / (448 * 6)``; a block's scale
+``amax_block / 6 / tensor_scale`` is clamped to ``[2**-6, 448]`` and rounded to E4M3; elements are
+``x * ((1 / tensor_scale) / block_scale)`` (NVIDIA's kernels multiply by the reciprocal) rounded to
+E2M1 (ties to even, saturating at 6) and decode as ``element * (tensor_scale * block_scale)``; bit for
+bit torchao 0.18's emulation. ``tensor_amax`` fixes the per-tensor amax (calibrated). Bits per
+element: 4 + 8/16 + 32 per tensor.
+
+>>> import torch
+>>> x = torch.tensor([[3.5, -7.0, 1.2, 0.0]])
+>>> scaled_integer(x, ScaledIntegerParams(width=4)).tolist()      # scale 7 / 7: codes 4 (a tie: even), -7, 1, 0
+[[4.0, -7.0, 1.0, 0.0]]
+>>> nvfp4(torch.tensor([[6.0, 3.1, -0.2, 0.0]]), NVFP4Params()).tolist()
+[[6.0, 3.0, -0.0, 0.0]]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor
+
+from mase_lite.numerics.blocks import finite_amax, from_blocks, per_element, to_blocks
+from mase_lite.numerics.exponents import round_to_float
+from mase_lite.numerics.registry import FormatParams, Shape, register_format
+
+SCALE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16, "pow2": 8}
+E4M3_MAX, E4M3_TINY, E2M1_MAX = 448.0, 2.0**-6, 6.0
+
+
+class ScaledIntegerParams(FormatParams):
+    width: int = Field(8, ge=2, le=16, description="bits per code, sign included")
+    symmetric: bool = Field(True, description="codes around zero; false: unsigned codes with a zero point")
+    granularity: Literal["tensor", "channel", "group"] = Field(
+        "channel", description="one scale per tensor, per row of the last dimension, or per group of it"
+    )
+    group_size: int = Field(128, ge=1, description="elements of the last dimension per scale (granularity group)")
+    clip: float = Field(1.0, gt=0, le=1, description="scale from this fraction of the range (clipping the outliers)")
+    scale_dtype: Literal["float32", "float16", "bfloat16", "pow2"] = Field("float32", description="how a scale is stored")
+    scale: float | Literal["auto"] | None = Field(
+        None, description="a static per-tensor scale (auto: chosen by calibration); null: from each tensor"
+    )
+
+    @model_validator(mode="after")
+    def _static_scale(self) -> "ScaledIntegerParams":
+        if self.scale is not None and (self.granularity != "tensor" or not self.symmetric):
+            raise ValueError("a static scale is one per tensor: give granularity 'tensor' and symmetric true with it")
+        if isinstance(self.scale, float) and not (math.isfinite(self.scale) and self.scale > 0):
+            raise ValueError(f"scale={self.scale} must be a positive finite number")
+        return self
+
+
+def _groups(x: Tensor, p: ScaledIntegerParams) -> Tensor:
+    if p.granularity == "tensor":
+        return x.reshape(1, 1, -1)
+    size = p.group_size if p.granularity == "group" else max(x.shape[-1] if x.dim() else 1, 1)
+    return to_blocks(x, size)
+
+
+def _ungroup(groups: Tensor, x: Tensor, p: ScaledIntegerParams) -> Tensor:
+    return groups.reshape(x.shape) if p.granularity == "tensor" else from_blocks(groups, x.shape)
+
+
+def stored_scale(scale: Tensor, scale_dtype: str) -> Tensor:
+    """``scale`` (float32, positive or zero) as it is stored: rounded to ``scale_dtype`` or up to a power of two."""
+    if scale_dtype == "pow2":
+        mantissa, exponent = torch.frexp(scale)
+        exponent = exponent - (mantissa == 0.5).to(exponent.dtype)  # an exact power of two stays
+        return torch.where(scale > 0, torch.ldexp(torch.ones_like(scale), exponent), scale)
+    if scale_dtype == "float32":
+        return scale
+    dtype = getattr(torch, scale_dtype)
+    return scale.clamp(max=torch.finfo(dtype).max).to(dtype).to(torch.float32)
+
+
+def _scale_and_zero(groups: Tensor, p: ScaledIntegerParams) -> tuple[Tensor, Tensor, float, float]:
+    """Per group: the stored scale and the zero point, and the code range."""
+    finite = torch.isfinite(groups)
+    if p.symmetric:
+        qmax = 2.0 ** (p.width - 1) - 1
+        if p.scale is not None:
+            scale = torch.full(groups.shape[:-1] + (1,), float(p.scale), device=groups.device)
+        else:
+            scale = finite_amax(groups) * p.clip / qmax
+        return stored_scale(scale, p.scale_dtype), torch.zeros_like(scale), -qmax, qmax
+    qmax = 2.0**p.width - 1
+    high = torch.where(finite, groups, torch.zeros_like(groups)).amax(-1, keepdim=True).clamp(min=0) * p.clip
+    low = torch.where(finite, groups, torch.zeros_like(groups)).amin(-1, keepdim=True).clamp(max=0) * p.clip
+    scale = stored_scale((high - low) / qmax, p.scale_dtype)
+    zero = torch.where(scale > 0, (-low / scale).round(), torch.zeros_like(scale)).clamp(0, qmax)
+    return scale, zero, 0.0, qmax
+
+
+def _each_element(per_group: Tensor, groups: Tensor, x: Tensor, p: ScaledIntegerParams) -> Tensor:
+    if p.granularity == "tensor":
+        return per_group.expand(groups.shape).reshape(x.shape)
+    return per_element(per_group, groups, x.shape)
+
+
+def _scaled_bounds(x: Tensor, p: ScaledIntegerParams) -> tuple[Tensor, Tensor]:
+    groups = _groups(x, p)
+    scale, zero, lo, hi = _scale_and_zero(groups, p)
+    return _each_element((lo - zero) * scale, groups, x, p), _each_element((hi - zero) * scale, groups, x, p)
+
+
+def _scaled_bits(p: ScaledIntegerParams, shape: Shape | None) -> float:
+    per_scale = SCALE_BITS[p.scale_dtype] + (0 if p.symmetric else p.width)
+    if p.scale is not None:
+        per_scale = 0 if shape is None else 32  # a static scale: one float32 per tensor
+    if shape is None:
+        return p.width + (per_scale / p.group_size if p.granularity == "group" else 0.0)
+    numel = math.prod(shape) if shape else 1
+    if numel == 0:
+        return float(p.width)
+    row = shape[-1] if shape else 1
+    rows = numel // max(row, 1)
+    scales = {"tensor": 1, "channel": rows, "group": rows * math.ceil(row / p.group_size)}[p.granularity]
+    if p.scale is not None:
+        scales = 1
+    return p.width + scales * per_scale / numel
+
+
+@register_format("scaled_integer", params=ScaledIntegerParams, bits=_scaled_bits, bounds=_scaled_bounds)
+def scaled_integer(x: Tensor, p: ScaledIntegerParams) -> Tensor:
+    """Integer codes times a float scale per tensor, row or group (symmetric, or with a zero point)."""
+    if p.scale == "auto":
+        raise ValueError("scaled_integer scale='auto' is chosen by calibration: run the calibrate pass, then quantize")
+    groups = _groups(x, p)
+    scale, zero, lo, hi = _scale_and_zero(groups, p)
+    live = scale > 0
+    codes = torch.where(live, groups / torch.where(live, scale, torch.ones_like(scale)), torch.zeros_like(groups))
+    codes = (codes.round() + zero).clamp(lo, hi)
+    values = (codes - zero) * scale + 0.0  # a zero code is +0.0
+    values = torch.where(torch.isnan(groups), groups, values)
+    return _ungroup(values, x, p)
+
+
+class NVFP4Params(FormatParams):
+    block_size: Literal[16] = Field(16, description="elements per E4M3 scale (16, as NVIDIA defines it)")
+    tensor_amax: float | Literal["auto"] | None = Field(
+        None, description="a static per-tensor amax (auto: chosen by calibration); null: each tensor's own"
+    )
+
+
+def _nvfp4_scales(blocks: Tensor, p: NVFP4Params) -> tuple[Tensor, Tensor]:
+    """Per block: the decoding scale ``tensor_scale * block_scale`` and the encoding multiplier
+    ``(1 / tensor_scale) / block_scale`` (NVIDIA's kernels multiply by it instead of dividing), with
+    the E4M3 block scale rounded as NVIDIA rounds it; both zero for a tensor of zeros."""
+    if p.tensor_amax is None:
+        amax = finite_amax(blocks.reshape(1, -1)).reshape(())
+    else:
+        amax = torch.tensor(float(p.tensor_amax), device=blocks.device)
+    tensor_scale = amax / (E4M3_MAX * E2M1_MAX)
+    block_scale = finite_amax(blocks) / E2M1_MAX / tensor_scale
+    block_scale = block_scale.clamp(E4M3_TINY, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+    live = tensor_scale > 0
+    zero = torch.zeros_like(block_scale)
+    return torch.where(live, tensor_scale * block_scale, zero), torch.where(live, (1.0 / tensor_scale) / block_scale, zero)
+
+
+def _nvfp4_bounds(x: Tensor, p: NVFP4Params) -> tuple[Tensor, Tensor]:
+    blocks = to_blocks(x, p.block_size)
+    largest = per_element(_nvfp4_scales(blocks, p)[0] * E2M1_MAX, blocks, x.shape)
+    return -largest, largest
+
+
+def _nvfp4_bits(p: NVFP4Params, shape: Shape | None) -> float:
+    numel = math.prod(shape) if shape else 0
+    return 4 + 8 / p.block_size + (32 / numel if numel else 0.0)
+
+
+@register_format("nvfp4", params=NVFP4Params, bits=_nvfp4_bits, bounds=_nvfp4_bounds)
+def nvfp4(x: Tensor, p: NVFP4Params) -> Tensor:
+    """NVIDIA's FP4: E2M1 elements, an E4M3 scale per 16 and a float32 scale per tensor."""
+    if p.tensor_amax == "auto":
+        raise ValueError("nvfp4 tensor_amax='auto' is chosen by calibration: run the calibrate pass, then quantize")
+    blocks = to_blocks(x, p.block_size)
+    scale, multiplier = _nvfp4_scales(blocks, p)
+    elements = round_to_float((blocks * multiplier).clamp(-E2M1_MAX, E2M1_MAX), 1, 0, 2)
+    values = torch.where(torch.isnan(blocks), blocks, elements * scale)
+    return from_blocks(values, x.shape)
