@@ -9,7 +9,8 @@
 >>> [n.name for n in select_nodes(mg, by="regex", targets=["fc[0-9]$"])]
 ['fc1', 'fc2']
 
-On BERT: ``select_nodes(mg, by="regex", targets=[r".*attention_self_(query|key)$"])``.
+On BERT: ``select_nodes(mg, by="regex", targets=[r".*attention_self_(query|key)$"])``. By type, ``"head"``
+is the output head (an LLM's ``lm_head``, a classifier's last Linear), e.g. to leave it alone.
 """
 
 from __future__ import annotations
@@ -36,10 +37,40 @@ class Selection(PassParams):
     allow_empty: bool = Field(False, description="warn instead of failing when nothing matches")
 
 
+HEAD = "head"
+
+
+def is_output_head(node: fx.Node) -> bool:
+    """Whether ``node`` is a module whose result reaches the graph's output through functions only (no other
+    module): a language model's ``lm_head``, a classifier's last Linear.
+
+    >>> from collections import OrderedDict
+    >>> import torch, torch.nn as nn, mase_lite as ml
+    >>> model = nn.Sequential(OrderedDict(fc1=nn.Linear(8, 16), act=nn.ReLU(), fc2=nn.Linear(16, 2)))
+    >>> mg = ml.MaseGraph(model, example_inputs={"input": torch.randn(4, 8)})
+    >>> [n.name for n in mg.nodes if is_output_head(n)]
+    ['fc2']
+    """
+    if node.op != "call_module":
+        return False
+    seen, frontier = set(), list(node.users)
+    while frontier:
+        user = frontier.pop()
+        if user.op == "output":
+            return True
+        if user.op == "call_function" and user not in seen:
+            seen.add(user)
+            frontier.extend(user.users)
+    return False
+
+
 def node_matches(node: fx.Node, by: SelectBy, target: str) -> bool:
-    """Whether ``node`` is selected by one ``target`` under rule ``by``."""
+    """Whether ``node`` is selected by one ``target`` under rule ``by``; by type, ``"head"`` selects the
+    output head (:func:`is_output_head`)."""
     meta = node.meta.get("mase", {})
     if by == "type":
+        if target == HEAD:
+            return is_output_head(node)
         return target in (meta.get("op"), meta.get("module"))
     if by == "name":
         return target in (node.name, node.target if node.op == "call_module" else None)

@@ -1,4 +1,4 @@
-"""Quantized Linear, Conv1d and Conv2d: one generic layer per kind, driven by a per-operand config.
+"""Quantized Linear, Conv1d, Conv2d and transformers' Conv1D: one generic layer per kind, driven by a per-operand config.
 
 Each operand (``data_in``, ``weight``, ``bias``, ``data_out``) is fake-quantized with its own number
 format (see :mod:`mase_lite.nn.quant_config` for the config forms); gradients are straight-through,
@@ -195,11 +195,51 @@ class QuantizedConv2d(_QuantizedConv, nn.Conv2d):
         self._set_quantizers(_config(config))
 
 
+class QuantizedHFConv1D(QuantizedLayer, nn.Module):
+    """transformers' ``Conv1D`` (GPT-2's Linear with a transposed ``[in, out]`` weight), quantized like a
+    Linear: the weight's formats see it as ``[out, in]``, so blocks, groups and rows run along the inputs."""
+
+    mase_op = "hf_conv1d"
+
+    @classmethod
+    def from_float(cls, conv: nn.Module, config: Mapping[str, Any] | QuantConfig) -> "QuantizedHFConv1D":
+        """A quantized ``Conv1D`` sharing ``conv``'s weight and bias."""
+        parsed = _config(config)
+        layer = cls()
+        layer.nf, layer.nx = conv.nf, conv.nx
+        layer._adopt(conv)
+        layer._set_quantizers(parsed)
+        return layer
+
+    def _operand(self, operand: str, x: Tensor | None) -> Tensor | None:
+        if operand == "weight" and x is not None and self.weight_quantizer is not None:
+            return self.weight_quantizer(x.t()).t()
+        return super()._operand(operand, x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        weight, bias = self._operand("weight", self.weight), self._operand("bias", self.bias)
+        x = self._operand("data_in", x)
+        y = torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight).view(*x.shape[:-1], self.nf)
+        return self._operand("data_out", y)
+
+    def extra_repr(self) -> str:
+        return f"nf={self.nf}, nx={self.nx}"
+
+
 QUANTIZED_LAYERS: tuple[tuple[type[nn.Module], type[nn.Module]], ...] = (
     (nn.Linear, QuantizedLinear),
     (nn.Conv1d, QuantizedConv1d),
     (nn.Conv2d, QuantizedConv2d),
 )
+
+
+def is_quantizable_layer(module: nn.Module) -> bool:
+    """Whether ``module`` has a quantized version: Linear, Conv1d, Conv2d, or transformers' ``Conv1D``."""
+    return isinstance(module, tuple(cls for cls, _ in QUANTIZED_LAYERS)) or _is_hf_conv1d(module)
+
+
+def _is_hf_conv1d(module: nn.Module) -> bool:
+    return any(c.__name__ == "Conv1D" and c.__module__.startswith("transformers") for c in type(module).__mro__)
 
 
 def quantized_like(layer: nn.Module, new: nn.Module) -> nn.Module:
@@ -225,5 +265,7 @@ def quantize_module(module: nn.Module, config: Mapping[str, Any] | QuantConfig) 
     for float_cls, quantized_cls in QUANTIZED_LAYERS:
         if isinstance(module, float_cls):
             return quantized_cls.from_float(module, parsed)
-    quantizable = ", ".join(cls.__name__ for cls, _ in QUANTIZED_LAYERS)
+    if _is_hf_conv1d(module):
+        return QuantizedHFConv1D.from_float(module, parsed)
+    quantizable = ", ".join(cls.__name__ for cls, _ in QUANTIZED_LAYERS) + ", transformers' Conv1D"
     raise QuantConfigError(f"no quantized version of {type(module).__name__}; quantizable modules: {quantizable}")

@@ -41,7 +41,7 @@ from pydantic_core import PydanticCustomError
 from mase_lite.ir.ops import function_packet_name
 from mase_lite.nn.quant_config import FUNCTION_OPERANDS, LAYER_OPERANDS, QuantConfig, QuantSpec, resolve
 from mase_lite.nn.quant_functional import QUANTIZED_FUNCTIONS, QuantizedFunction
-from mase_lite.nn.quantized import QUANTIZED_LAYERS, quantize_module
+from mase_lite.nn.quantized import is_quantizable_layer, quantize_module
 from mase_lite.passes.registry import PassError, PassParams, register_pass
 from mase_lite.passes.select import SelectBy, node_matches
 
@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 # aten packet names of the functional ops that can be quantized, and the op each becomes.
 FUNCTION_TARGETS = {"matmul": "matmul", "mm": "matmul", "bmm": "bmm", "add": "add", "mul": "mul"}
-QUANTIZABLE = "Linear, Conv1d and Conv2d modules, and matmul, bmm, add and mul nodes"
+QUANTIZABLE = "Linear, Conv1d, Conv2d and transformers' Conv1D modules, and matmul, bmm, add and mul nodes"
 
 
 class QuantizeParams(PassParams):
@@ -148,7 +148,7 @@ def _kind(node: fx.Node, modules: dict[str, nn.Module]) -> str | None:
     """``"layer"``, ``"function"`` or ``None`` (not quantizable)."""
     if node.op == "call_module":
         module = modules.get(node.target)
-        if isinstance(module, tuple(float_cls for float_cls, _ in QUANTIZED_LAYERS)):
+        if module is not None and is_quantizable_layer(module):
             return "layer"
         return "function" if isinstance(module, QuantizedFunction) else None
     if node.op == "call_function" and isinstance(node.meta.get("val"), torch.Tensor):
@@ -162,15 +162,22 @@ def _function_op(node: fx.Node, modules: dict[str, nn.Module]) -> str:
     return FUNCTION_TARGETS[function_packet_name(node.target)]
 
 
+def _matches(node: fx.Node, by: str, key: str) -> bool:
+    """A rule's selector; by type, ``linear`` also takes transformers' ``Conv1D`` (GPT-2's Linear)."""
+    if by == "type" and key == "linear" and node.meta.get("mase", {}).get("op") == "hf_conv1d":
+        return True
+    return node_matches(node, by, key)
+
+
 def _rule_of(node: fx.Node, params: QuantizeParams) -> str | None:
-    return next((key for key in params.rules if node_matches(node, params.by, key)), None)
+    return next((key for key in params.rules if _matches(node, params.by, key)), None)
 
 
 def _check_rules_matched(mg, params: QuantizeParams, matched: set[str], modules: dict[str, nn.Module]) -> None:
     for key in params.rules:
         if key in matched:
             continue
-        hits = [n for n in mg.model.graph.nodes if node_matches(n, params.by, key)]
+        hits = [n for n in mg.model.graph.nodes if _matches(n, params.by, key)]
         quantizable_hits = [n.name for n in hits if _kind(n, modules)]
         if quantizable_hits:
             msg = f"rules.{key}: every node it matches ({', '.join(quantizable_hits[:5])}) is taken by an earlier rule"
@@ -241,6 +248,8 @@ def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str]]:
                     f"with different configs ({planned.rule} and {where}); one module has one config"
                 )
             if planned is None:
+                if config.storage == "packed":
+                    _check_weight_unshared(mg, node, where)
                 try:
                     module = quantize_module(modules[node.target], config)
                 except ValueError as err:
@@ -249,6 +258,7 @@ def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str]]:
             else:
                 planned.nodes.append(node)
         else:
+            _check_float_inputs(node, config, where)
             val = node.meta["val"]
             module = QUANTIZED_FUNCTIONS[_function_op(node, modules)](config, device=val.device, dtype=val.dtype)
             module.train(mg.model.training)
@@ -256,6 +266,28 @@ def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str]]:
     _check_rules_matched(mg, params, matched, modules)
     _check_default_applies(mg, params, modules)
     return list(layers.values()) + functions, skipped
+
+
+def _check_weight_unshared(mg, node: fx.Node, where: str) -> None:
+    """A packed layer has no float weight: refuse when the graph reads that weight elsewhere (tied weights)."""
+    readers = [n for n in mg.model.graph.nodes if n.op == "get_attr" and n.target == f"{node.target}.weight"]
+    if readers:
+        users = ", ".join(u.name for r in readers for u in r.users) or readers[0].name
+        raise PassError(
+            f"{where}: node {node.name!r}: its weight is also read by {users} (tied weights), and a packed layer "
+            "keeps no float weight; leave this layer fake-quantized (a rule without storage 'packed') or null"
+        )
+
+
+def _check_float_inputs(node: fx.Node, config: QuantConfig, where: str) -> None:
+    """A functional op whose quantized operand is a tensor of integers (position ids, indices) is refused."""
+    for arg, operand in zip(node.args, ("data_in_0", "data_in_1")):
+        val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+        if config.get(operand) is not None and isinstance(val, torch.Tensor) and not val.is_floating_point():
+            raise PassError(
+                f"{where}: node {node.name!r}: its {operand} ({arg.name}) is a tensor of {str(val.dtype).removeprefix('torch.')} "
+                "values (ids or indices), which a number format cannot quantize; exclude the node (a null rule)"
+            )
 
 
 def _free_name(mg, base: str) -> str:
@@ -275,6 +307,30 @@ def _apply(mg, planned: _Planned) -> None:
     mg.model.add_submodule(name, planned.module)
     node.op = "call_module"
     node.target = name
+
+
+def _apply_all(mg, plan: list[_Planned]) -> None:
+    """Every replacement, or none: when one fails, the modules and nodes already changed are put back."""
+    modules = mg.modules
+    saved_modules = {p.nodes[0].target: modules[p.nodes[0].target] for p in plan if p.nodes[0].op == "call_module"}
+    saved_nodes = [(p.nodes[0], p.nodes[0].op, p.nodes[0].target) for p in plan]
+    added = set(modules)
+    try:
+        for planned in plan:
+            _apply(mg, planned)
+        mg.recompile()
+    except Exception as err:
+        for target, module in saved_modules.items():
+            mg.replace_module(target, module)
+        for node, op, target in saved_nodes:
+            node.op, node.target = op, target
+        for name in set(mg.modules) - added:
+            if "." not in name:
+                delattr(mg.model, name)
+        mg.recompile()
+        if isinstance(err, PassError):
+            raise
+        raise PassError(f"quantizing failed, the graph is as before: {type(err).__name__}: {err}") from err
 
 
 def _operand_of_inputs(node: fx.Node, kind: str) -> dict[fx.Node, str]:
@@ -310,9 +366,7 @@ def quantize(mg, params: QuantizeParams):
     if params.bypass:
         return mg, {"bypassed": True, "replaced": [], "skipped": []}
     plan, skipped = _plan(mg, params)
-    for planned in plan:
-        _apply(mg, planned)
-    mg.recompile()
+    _apply_all(mg, plan)
     replaced = []
     for planned in plan:
         for node in planned.nodes:
