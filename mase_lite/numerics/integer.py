@@ -12,6 +12,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import torch
 from pydantic import Field, model_validator
 from torch import Tensor
@@ -24,13 +26,15 @@ from mase_lite.numerics.registry import FormatParams, register_format
 
 class IntegerParams(FormatParams):
     width: int = Field(ge=1, le=32, description="total bits, sign included when signed")
-    frac_width: int = Field(ge=0, description="bits after the binary point (at most width)")
+    frac_width: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        description="bits after the binary point (at most width); auto: chosen by calibration from the values"
+    )
     signed: bool = Field(True, description="two's complement codes; false: unsigned codes")
     floor: bool = Field(False, description="round toward -inf instead of half to even")
 
     @model_validator(mode="after")
     def _frac_fits(self) -> "IntegerParams":
-        if self.frac_width > self.width:
+        if self.frac_width != "auto" and self.frac_width > self.width:
             raise ValueError(f"frac_width={self.frac_width} must be <= width={self.width} (allowed: 0..{self.width})")
         return self
 
@@ -42,7 +46,13 @@ def integer_codes(p: IntegerParams) -> tuple[float, float]:
     return 0.0, largest_float32_at_most(2.0**p.width - 1)
 
 
+def _resolved(p: IntegerParams) -> None:
+    if p.frac_width == "auto":
+        raise ValueError("integer frac_width='auto' is chosen by calibration: quantize (with the calibrate pass for activations)")
+
+
 def integer_bounds(x: Tensor, p: IntegerParams) -> tuple[float, float]:
+    _resolved(p)
     lo, hi = integer_codes(p)
     return lo * 2.0**-p.frac_width, hi * 2.0**-p.frac_width
 
@@ -50,6 +60,7 @@ def integer_bounds(x: Tensor, p: IntegerParams) -> tuple[float, float]:
 @register_format("integer", params=IntegerParams, bits=lambda p, shape: float(p.width), bounds=integer_bounds)
 def integer(x: Tensor, p: IntegerParams) -> Tensor:
     """Fixed point with ``width`` bits of which ``frac_width`` are fractional."""
+    _resolved(p)
     lo, hi = integer_codes(p)
     native = element_kernel.integer(x, p.frac_width, lo, hi, p.floor)
     if native is not None:

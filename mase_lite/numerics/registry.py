@@ -136,9 +136,15 @@ def parse_format(fmt: Mapping[str, Any] | str, **params: Any) -> tuple[NumberFor
 def describe_validation_error(fmt: NumberFormat, err: ValidationError) -> str:
     """One line per problem, naming the format, the key, the bad value and what is allowed."""
     allowed = ", ".join(fmt.params.model_fields)
-    lines = []
+    lines: list[str] = []
+    merged: dict[str, dict] = {}  # a value refused by every member of a union (an int, or "auto"): one line
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"])
+        key = str(e["loc"][0]) if e["loc"] else ""
+        if key in merged:
+            merged[key]["msg"] += f", or {e['msg'].removeprefix('Input should be ')}"
+            continue
+        merged[key] = e = dict(e)
+    for key, e in merged.items():
         if e["type"] == "extra_forbidden":
             lines.append(f"format '{fmt.name}': unknown key '{key}'; allowed keys: {allowed}")
         elif e["type"] == "missing":

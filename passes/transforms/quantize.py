@@ -21,6 +21,9 @@ MASE's form (rules as top-level keys, each wrapped in ``{"config": ...}``) is ac
      "linear": {"config": {"name": "integer", "data_in_width": 8, ...}}}
 
 PTQ: run the pass, then evaluate. QAT: run the pass, then train (gradients are straight-through).
+Calibrated PTQ: a format parameter ``"auto"`` (integer ``frac_width``, scaled_integer ``scale``, nvfp4
+``tensor_amax``) is chosen per node and operand from its values — a weight's own, an activation's from
+the ``calibrate`` pass run before — by ``calibration.method`` (minmax, percentile, mse).
 ``{"name": "mxint", "element_width": 8, "storage": "packed"}`` on a Linear gives a packed
 ``MXInt8Linear`` instead of a fake-quantized layer.
 """
@@ -39,7 +42,8 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from mase_lite.ir.ops import function_packet_name
-from mase_lite.nn.quant_config import FUNCTION_OPERANDS, LAYER_OPERANDS, QuantConfig, QuantSpec, resolve
+from mase_lite.nn.quant_config import FUNCTION_OPERANDS, LAYER_OPERANDS, OperandFormat, QuantConfig, QuantSpec, resolve
+from mase_lite.numerics.calibration import AUTO, Method, auto_keys, choose
 from mase_lite.nn.quant_functional import QUANTIZED_FUNCTIONS, QuantizedFunction
 from mase_lite.nn.quantized import is_quantizable_layer, quantize_module
 from mase_lite.passes.registry import PassError, PassParams, register_pass
@@ -50,6 +54,16 @@ logger = logging.getLogger(__name__)
 # aten packet names of the functional ops that can be quantized, and the op each becomes.
 FUNCTION_TARGETS = {"matmul": "matmul", "mm": "matmul", "bmm": "bmm", "add": "add", "mul": "mul"}
 QUANTIZABLE = "Linear, Conv1d, Conv2d and transformers' Conv1D modules, and matmul, bmm, add and mul nodes"
+
+
+class Calibration(PassParams):
+    """How an ``"auto"`` format parameter (integer ``frac_width``, scaled_integer ``scale``, nvfp4 ``tensor_amax``)
+    is chosen from the values an operand takes (see :mod:`mase_lite.numerics.calibration`)."""
+
+    method: Method = Field("minmax", description="minmax: cover every value; percentile: cover that percentile of the "
+                           "magnitudes; mse: the candidate with the least squared error")
+    percentile: float = Field(99.99, gt=0, le=100, description="the percentile of method 'percentile'")
+    grid: int = Field(100, ge=2, le=10_000, description="clipping ratios tried by method 'mse'")
 
 
 class QuantizeParams(PassParams):
@@ -65,6 +79,11 @@ class QuantizeParams(PassParams):
     bypass: bool = Field(False, description="do nothing")
     allow_unmatched: bool = Field(
         False, description="warn instead of failing when a rule (or the default) matches no quantizable node"
+    )
+    calibration: Calibration = Field(
+        default_factory=lambda: Calibration(),
+        description="how 'auto' format parameters are chosen: from the weight itself, and from the calibrate pass's "
+        "activation statistics",
     )
 
     @model_validator(mode="before")
@@ -240,6 +259,7 @@ def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str]]:
         if config is None:
             skipped.append(node.name)
             continue
+        config = _calibrated(mg, node, modules, config, params.calibration, where)
         if kind == "layer":
             planned = layers.get(node.target)
             if planned is not None and planned.config != config:
@@ -266,6 +286,38 @@ def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str]]:
     _check_rules_matched(mg, params, matched, modules)
     _check_default_applies(mg, params, modules)
     return list(layers.values()) + functions, skipped
+
+
+def _operand_values(mg, node: fx.Node, modules: dict[str, nn.Module], operand: str, where: str) -> torch.Tensor:
+    """The values an operand takes: a parameter itself, or the calibrate pass's sample of an activation."""
+    module = modules.get(node.target) if node.op == "call_module" else None
+    if operand in ("weight", "bias") and module is not None and getattr(module, operand, None) is not None:
+        value = getattr(module, operand)
+        return value.t() if operand == "weight" and getattr(module, "mase_op", None) == "hf_conv1d" else value
+    kind = "data_out" if operand == "data_out" else "data_in"
+    record = (mg.analyses.get("calibration") or {}).get(node.name, {}).get(kind)
+    if record is None:
+        raise PassError(
+            f"{where}.{operand}: 'auto' for node {node.name!r} needs the calibrate pass's statistics of its {kind}; "
+            "run calibrate (selecting this node) before quantize"
+        )
+    return record["samples"]
+
+
+def _calibrated(mg, node: fx.Node, modules: dict[str, nn.Module], config: QuantConfig, how: Calibration,
+                where: str) -> QuantConfig:
+    """``config`` with every ``"auto"`` parameter chosen for this node's operand values."""
+    operands = dict(config.operands)
+    for operand, spec in config.operands.items():
+        fmt = spec.as_dict()
+        keys = auto_keys(fmt)
+        if not keys:
+            continue
+        values = _operand_values(mg, node, modules, operand, where)
+        chosen = choose(fmt["name"], fmt, values, how.method, how.percentile, how.grid)
+        params = spec.format.validate({**{k: v for k, v in fmt.items() if k != "name"}, keys[0]: chosen})
+        operands[operand] = OperandFormat(spec.format, params, spec.ste)
+    return config if operands == dict(config.operands) else QuantConfig(operands, config.storage)
 
 
 def _check_weight_unshared(mg, node: fx.Node, where: str) -> None:

@@ -42,8 +42,8 @@ def formats(rule: dict | None) -> dict[str, tuple]:
 
 def test_shipped_specs_validate_against_the_schemas():
     assert {p.name for p in SEARCH_SPECS} == {
-        "lab1_quantize.json", "lab1_prune_sweep.json", "lab2_nas.json", "lab2_compression_aware.json",
-        "lab3_mixed_integer.json", "lab3_pareto.json", "lab3_formats.json",
+        "lab1_quantize.json", "lab1_quantize_calibrated.json", "lab1_prune_sweep.json", "lab2_nas.json",
+        "lab2_compression_aware.json", "lab3_mixed_integer.json", "lab3_pareto.json", "lab3_formats.json",
     }
     for path in SEARCH_SPECS:
         jsonschema.validate(json.loads(path.read_text()), search_schema())
@@ -66,6 +66,23 @@ def test_lab1_width_sweep_ptq_and_qat(tmp_path):
             assert 0 <= t["metrics"]["quantized.accuracy"] <= 1 and "fp32.accuracy" in t["metrics"]
             assert len([s for s in trial_spec(study, t)["steps"] if s["pass"] == "train"]) == (2 if name == "qat" else 1)
     assert_plots(result.output_dir, "accuracy_vs_width.png", "best_quantized.accuracy.png")
+
+
+def test_lab1_calibrated_width_sweep_chooses_each_fraction_width_by_mse(tmp_path):
+    result = ml.run_search(shrunk("lab1_quantize_calibrated.json", tmp_path, n_trials=2))
+    by_name = studies(result)
+    assert set(by_name) == {"ptq", "qat"}
+    for name, study in by_name.items():
+        for t in study["trials"]:
+            width = t["params"]["width"]
+            report = json.loads((Path(study["output_dir"]) / "trials" / str(t["number"]) / "report.json").read_text())
+            quantize = next(s for s in report["steps"] if s["pass"] == "quantize")
+            assert [s["pass"] for s in report["steps"]][:4] == ["train", "evaluate", "calibrate", "quantize"]
+            for replaced in quantize["info"]["replaced"]:  # the widths swept, each fraction width chosen per node
+                chosen = {o: (f["width"], f["frac_width"]) for o, f in replaced["formats"].items()}
+                assert {w for w, _ in chosen.values()} == {width} and all(0 <= f <= width for _, f in chosen.values())
+            assert 0 <= t["metrics"]["quantized.accuracy"] <= 1
+    assert_plots(result.output_dir, "accuracy_vs_width.png")
 
 
 def test_lab1_pruning_sweep_random_and_l1(tmp_path):

@@ -20,7 +20,7 @@ class Data:
         return [{"input": torch.randn(4, 8, generator=g)} for _ in range(2)]
 
 
-@register_pass("test_needs_profile", kind="analysis", requires=("profile",))
+@register_pass("test_reads_profile", kind="analysis", requires=("profile",))
 def needs_profile(mg, params):
     """Reads the statistics the profile pass left."""
     return mg, {"nodes": sorted(n.name for n in mg.nodes if n.meta["mase"].get("profile"))}
@@ -40,7 +40,7 @@ def test_a_metadata_refresh_keeps_the_statistics_a_held_fact_stands_for():
     mg, _ = ml.passes.metadata(mg)
     mg.refresh_metadata()
     assert "profile" in mg.facts
-    _, info = ml.passes.test_needs_profile(mg)
+    _, info = ml.passes.test_reads_profile(mg)
     assert info["nodes"] == ["0", "2"]
     assert {n.name: n.meta["mase"]["profile"] for n in mg.nodes if "profile" in n.meta["mase"]} == stats
 
@@ -52,4 +52,4 @@ def test_a_transform_that_invalidates_the_fact_removes_its_results_everywhere():
     assert "profile" not in mg.facts and "profile" not in mg.analyses
     assert not any("profile" in n.meta["mase"] for n in mg.nodes)
     with pytest.raises(PassError, match="needs 'profile', which the graph does not hold .* run one of: profile"):
-        ml.passes.test_needs_profile(mg)
+        ml.passes.test_reads_profile(mg)
