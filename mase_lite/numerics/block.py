@@ -148,7 +148,8 @@ def _block_rounding(layout, mantissa_bits: int, x: Tensor, p, grid: BlockGrid) -
 
 
 @register_format(
-    "block_fp", params=BlockFPParams, bits=lambda p, shape: _block_bits(p), bounds=_bounds_from(_block_fp_layout)
+    "block_fp", params=BlockFPParams, bits=lambda p, shape: _block_bits(p), bounds=_bounds_from(_block_fp_layout),
+    group=lambda p, row: p.block_size,
 )
 def block_fp(x: Tensor, p: BlockFPParams) -> Tensor:
     """Block floating point: integer mantissas sharing one exponent per block."""
@@ -193,6 +194,7 @@ def _block_minifloat_layout(amax: Tensor, p: BlockMinifloatParams) -> tuple[Tens
     params=BlockMinifloatParams,
     bits=lambda p, shape: _block_bits(p),
     bounds=_bounds_from(_block_minifloat_layout),
+    group=lambda p, row: p.block_size,
 )
 def block_minifloat(x: Tensor, p: BlockMinifloatParams) -> Tensor:
     """Minifloat elements with a per-block exponent bias aligned to the block's largest magnitude."""
@@ -216,7 +218,8 @@ def _block_log_layout(amax: Tensor, p: BlockLogParams) -> tuple[Tensor, Tensor, 
 
 
 @register_format(
-    "block_log", params=BlockLogParams, bits=lambda p, shape: _block_bits(p), bounds=_bounds_from(_block_log_layout)
+    "block_log", params=BlockLogParams, bits=lambda p, shape: _block_bits(p), bounds=_bounds_from(_block_log_layout),
+    group=lambda p, row: p.block_size,
 )
 def block_log(x: Tensor, p: BlockLogParams) -> Tensor:
     """Powers of two with a per-block exponent bias aligned to the block's largest magnitude."""

@@ -57,7 +57,8 @@ def integer_bounds(x: Tensor, p: IntegerParams) -> tuple[float, float]:
     return lo * 2.0**-p.frac_width, hi * 2.0**-p.frac_width
 
 
-@register_format("integer", params=IntegerParams, bits=lambda p, shape: float(p.width), bounds=integer_bounds)
+@register_format("integer", params=IntegerParams, bits=lambda p, shape: float(p.width), bounds=integer_bounds,
+                 group=lambda p, row: 1)
 def integer(x: Tensor, p: IntegerParams) -> Tensor:
     """Fixed point with ``width`` bits of which ``frac_width`` are fractional."""
     _resolved(p)

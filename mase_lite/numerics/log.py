@@ -53,7 +53,7 @@ def log_bounds(x: Tensor, p: LogParams) -> tuple[float, float]:
     return -largest, largest
 
 
-@register_format("log", params=LogParams, bits=lambda p, shape: float(p.width), bounds=log_bounds)
+@register_format("log", params=LogParams, bits=lambda p, shape: float(p.width), bounds=log_bounds, group=lambda p, row: 1)
 def log(x: Tensor, p: LogParams) -> Tensor:
     """Sign and power of two; exponent code 0 is zero."""
     return round_elements(x, 0, *log_exponents(p))

@@ -145,7 +145,8 @@ def _bounds(layout):
 
 
 @register_format(
-    "minifloat_ieee", params=MinifloatIeeeParams, bits=lambda p, shape: float(p.width), bounds=_bounds(ieee_layout)
+    "minifloat_ieee", params=MinifloatIeeeParams, bits=lambda p, shape: float(p.width), bounds=_bounds(ieee_layout),
+    group=lambda p, row: 1,
 )
 def minifloat_ieee(x: Tensor, p: MinifloatParams) -> Tensor:
     """IEEE-style minifloat with subnormals and no Inf/NaN codes."""
@@ -157,6 +158,7 @@ def minifloat_ieee(x: Tensor, p: MinifloatParams) -> Tensor:
     params=MinifloatDenormParams,
     bits=lambda p, shape: float(p.width),
     bounds=_bounds(denorm_layout),
+    group=lambda p, row: 1,
 )
 def minifloat_denorm(x: Tensor, p: MinifloatParams) -> Tensor:
     """Minifloat without an implicit leading one: every code is ``0.M * 2**(E - bias)``."""

@@ -68,6 +68,7 @@ def _mxfp_element(p: MXFPParams) -> ElementFormat:
     params=MXIntParams,
     bits=lambda p, shape: mx_bits_per_element(p.element_width, p.block_size),
     bounds=_mx_bounds(_mxint_element),
+    group=lambda p, row: p.block_size,
 )
 def mxint_format(x: Tensor, p: MXIntParams) -> Tensor:
     """MXINT: integer elements sharing an E8M0 scale per block."""
@@ -79,6 +80,7 @@ def mxint_format(x: Tensor, p: MXIntParams) -> Tensor:
     params=MXFPParams,
     bits=lambda p, shape: mx_bits_per_element(MXFP_FORMATS[p.element_format].bits, p.block_size),
     bounds=_mx_bounds(_mxfp_element),
+    group=lambda p, row: p.block_size,
 )
 def mxfp_format(x: Tensor, p: MXFPParams) -> Tensor:
     """MXFP: minifloat elements sharing an E8M0 scale per block."""

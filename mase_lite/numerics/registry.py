@@ -44,7 +44,10 @@ class NumberFormat:
     smallest and largest value each element can take (broadcastable), used by the clipped
     straight-through estimator; ``bits(params, shape)`` the stored bits per element, shared
     scales included (``shape`` matters only for formats with per-row or per-tensor scales);
-    ``operands`` limits the operands the format is usable for (``None``: any).
+    ``operands`` limits the operands the format is usable for (``None``: any). ``group(params, row)``,
+    for a format whose values in a row of length ``row`` depend only on the row's groups of consecutive
+    elements (their extreme values), is the group's length (1: element by element); ``None`` for a
+    format that has no such groups (it cannot be driven column by column, as GPTQ does).
     """
 
     name: str
@@ -54,6 +57,7 @@ class NumberFormat:
     bits: Callable[[Any, Shape | None], float]
     operands: frozenset[str] | None = None
     doc: str = ""
+    group: Callable[[Any, int], int] | None = None
 
     def validate(self, params: Mapping[str, Any] | FormatParams) -> FormatParams:
         """``params`` as this format's frozen params model; a :class:`FormatError` naming the key otherwise."""
@@ -81,6 +85,7 @@ def register_format(
     bits: Callable[[Any, Shape | None], float],
     bounds: Callable[[Tensor, Any], Bounds],
     operands: tuple[str, ...] | None = None,
+    group: Callable[[Any, int], int] | None = None,
 ) -> Callable[[Callable[[Tensor, Any], Tensor]], Callable[[Tensor, Any], Tensor]]:
     """Register the value function it decorates as format ``name``; returns the function unchanged."""
 
@@ -95,6 +100,7 @@ def register_format(
             bits=bits,
             operands=frozenset(operands) if operands is not None else None,
             doc=(fn.__doc__ or "").strip(),
+            group=group,
         )
         return fn
 

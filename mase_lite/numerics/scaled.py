@@ -139,7 +139,8 @@ def _scaled_bits(p: ScaledIntegerParams, shape: Shape | None) -> float:
     return p.width + scales * per_scale / numel
 
 
-@register_format("scaled_integer", params=ScaledIntegerParams, bits=_scaled_bits, bounds=_scaled_bounds)
+@register_format("scaled_integer", params=ScaledIntegerParams, bits=_scaled_bits, bounds=_scaled_bounds,
+                 group=lambda p, row: p.group_size if p.granularity == "group" else row)
 def scaled_integer(x: Tensor, p: ScaledIntegerParams) -> Tensor:
     """Integer codes times a float scale per tensor, row or group (symmetric, or with a zero point)."""
     if p.scale == "auto":
@@ -188,7 +189,7 @@ def _nvfp4_bits(p: NVFP4Params, shape: Shape | None) -> float:
     return 4 + 8 / p.block_size + (32 / numel if numel else 0.0)
 
 
-@register_format("nvfp4", params=NVFP4Params, bits=_nvfp4_bits, bounds=_nvfp4_bounds)
+@register_format("nvfp4", params=NVFP4Params, bits=_nvfp4_bits, bounds=_nvfp4_bounds)  # its per-tensor scale spans the rows
 def nvfp4(x: Tensor, p: NVFP4Params) -> Tensor:
     """NVIDIA's FP4: E2M1 elements, an E4M3 scale per 16 and a float32 scale per tensor."""
     if p.tensor_amax == "auto":
