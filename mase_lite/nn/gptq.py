@@ -44,7 +44,16 @@ class GPTQResult:
 def _quantize_column(fmt: NumberFormat, params: Any, column: Tensor, ghost: tuple[Tensor, Tensor]) -> Tensor:
     """``column`` quantized under the scale its group's extreme values (``ghost``: per-row max and min) give."""
     probe = torch.stack([column, *ghost], 1).to(torch.float32)
-    return apply_format(probe, fmt, params)[:, 0].to(column.dtype)
+    return fmt.quantize(probe, params)[:, 0].to(column.dtype)
+
+
+def probe_params(fmt: NumberFormat, params: Any) -> Any:
+    """``params`` with the group of three elements a probe ``[column, max, min]`` is, so no row is padded to a
+    whole group (a group's scale depends on its extreme values only, not on its length)."""
+    for key in ("block_size", "group_size"):
+        if key in type(params).model_fields:
+            return params.model_copy(update={key: 3})
+    return params
 
 
 def _inverse_factor(hessian: Tensor, damp: float) -> Tensor:
@@ -57,7 +66,7 @@ def _inverse_factor(hessian: Tensor, damp: float) -> Tensor:
         raise UserError(
             f"gptq: the damped Hessian is not positive definite (damp {damp}); raise damp or the calibration data"
         ) from None
-    return torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
+    return torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True).contiguous()  # rows are read one by one
 
 
 def gptq(weight: Tensor, hessian: Tensor, fmt: Mapping[str, Any], *, block_size: int = 128, act_order: bool = False,
@@ -81,30 +90,36 @@ def gptq(weight: Tensor, hessian: Tensor, fmt: Mapping[str, Any], *, block_size:
     order = torch.argsort(h.diagonal(), descending=True, stable=True) if act_order else torch.arange(columns)
     u = _inverse_factor(h[order][:, order], damp)
     size = number_format.group(params, columns)
+    column_params = probe_params(number_format, params)
     position = torch.empty_like(order)
     position[order] = torch.arange(columns)
     ghosts: dict[int, tuple[Tensor, Tensor]] = {}
     current = w.clone()  # updated at block boundaries; a block's own columns live in `block`
     q = torch.zeros_like(w)
+    threads = torch.get_num_threads()
     for start in range(0, columns, block_size):
         stop = min(start + block_size, columns)
         block = current[:, order[start:stop]].clone()
         errors = torch.zeros_like(block)
-        for i in range(stop - start):
-            j = int(order[start + i])
-            group = j // size
-            if group not in ghosts:  # its first column: every column of the group is still to be quantized
-                cols = torch.arange(group * size, min((group + 1) * size, columns))
-                pos = position[cols]
-                values = current[:, cols] - errors[:, :i] @ u[start : start + i][:, pos]
-                inside = pos < stop
-                values[:, inside] = block[:, pos[inside] - start]
-                ghosts[group] = (values.amax(1), values.amin(1))
-            value = _quantize_column(number_format, params, block[:, i], ghosts[group])
-            q[:, j] = value
-            err = (block[:, i] - value) / u[start + i, start + i]
-            block[:, i:] -= err.unsqueeze(1) * u[start + i, start + i : stop].unsqueeze(0)
-            errors[:, i] = err
+        torch.set_num_threads(1)  # the column loop's small updates only wait on each other across threads
+        try:
+            for i in range(stop - start):
+                j = int(order[start + i])
+                group = j // size
+                if group not in ghosts:  # its first column: every column of the group is still to be quantized
+                    cols = torch.arange(group * size, min((group + 1) * size, columns))
+                    pos = position[cols]
+                    values = current[:, cols] - errors[:, :i] @ u[start : start + i][:, pos]
+                    inside = pos < stop
+                    values[:, inside] = block[:, pos[inside] - start]
+                    ghosts[group] = (values.amax(1), values.amin(1))
+                value = _quantize_column(number_format, column_params, block[:, i], ghosts[group])
+                q[:, j] = value
+                err = (block[:, i] - value) / u[start + i, start + i]
+                block[:, i:].addr_(err, u[start + i, start + i : stop], alpha=-1)  # one rank-1 update, in place
+                errors[:, i] = err
+        finally:
+            torch.set_num_threads(threads)
         current[:, order[stop:]] -= errors @ u[start:stop, stop:]
     q = apply_format(q.to(torch.float32), number_format, params).to(dtype)
     h_full = hessian.detach().to(dtype)
