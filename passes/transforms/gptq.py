@@ -165,6 +165,8 @@ def gptq_pass(mg, params: GPTQParams, ctx):
                                                                  modules_only=True)))
     layers = {name: modules[name] for name in names if getattr(modules[name], "weight_quantizer", None) is not None}
     skipped = [name for name in names if name not in layers]
+    if not names and params.allow_empty:  # a search chose no layer for GPTQ
+        return mg, {"layers": {}, "skipped": [], "error": 0.0, "rtn_error": 0.0, "seconds": 0.0, "calibration_rows": 0}
     if not layers:
         raise PassError(f"no selected layer has a weight format to quantize to ({', '.join(skipped[:5]) or 'none selected'}): "
                         "run quantize (with a weight format) before gptq")
