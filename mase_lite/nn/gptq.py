@@ -56,9 +56,9 @@ def probe_params(fmt: NumberFormat, params: Any) -> Any:
     return params
 
 
-def _inverse_factor(hessian: Tensor, damp: float) -> Tensor:
-    """The upper Cholesky factor of the damped Hessian's inverse."""
-    h = hessian.clone()
+def _inverse_factor(h: Tensor, damp: float) -> Tensor:
+    """The upper Cholesky factor of the damped Hessian's inverse; ``h`` is consumed (damped in place), and
+    each intermediate is released as soon as the next exists (a 5632-wide float64 Hessian is 254 MB)."""
     h.diagonal().add_(damp * h.diagonal().mean())
     try:
         lower = torch.linalg.cholesky(h)
@@ -66,7 +66,10 @@ def _inverse_factor(hessian: Tensor, damp: float) -> Tensor:
         raise UserError(
             f"gptq: the damped Hessian is not positive definite (damp {damp}); raise damp or the calibration data"
         ) from None
-    return torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True).contiguous()  # rows are read one by one
+    del h
+    inverse = torch.cholesky_inverse(lower)
+    del lower
+    return torch.linalg.cholesky(inverse, upper=True).contiguous()  # rows are read one by one
 
 
 def gptq(weight: Tensor, hessian: Tensor, fmt: Mapping[str, Any], *, block_size: int = 128, act_order: bool = False,
@@ -82,13 +85,16 @@ def gptq(weight: Tensor, hessian: Tensor, fmt: Mapping[str, Any], *, block_size:
             "integer, minifloat, log, scaled_integer, mxint, mxfp and the block formats"
         )
     w = weight.detach().to(dtype).clone()
-    h = hessian.detach().to(dtype).clone()
+    h = hessian.detach().to(dtype, copy=True)
     columns = w.shape[1]
     dead = h.diagonal() == 0
     h[dead, dead] = 1
     w[:, dead] = 0
     order = torch.argsort(h.diagonal(), descending=True, stable=True) if act_order else torch.arange(columns)
-    u = _inverse_factor(h[order][:, order], damp)
+    if act_order:
+        h = h.index_select(0, order).index_select(1, order)
+    u = _inverse_factor(h, damp)
+    del h
     size = number_format.group(params, columns)
     column_params = probe_params(number_format, params)
     position = torch.empty_like(order)

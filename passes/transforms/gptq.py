@@ -71,8 +71,11 @@ class _Hessians:
             n = self.counts.get(name, 0)
             total = n + x.shape[0]
             h = self.sums.get(name)
-            h = torch.zeros(x.shape[1], x.shape[1], dtype=self.dtype, device=x.device) if h is None else h * (n / total)
-            self.sums[name] = h.addmm_(x.t(), x, alpha=2 / total)
+            if h is None:
+                h = self.sums[name] = torch.zeros(x.shape[1], x.shape[1], dtype=self.dtype, device=x.device)
+            else:
+                h.mul_(n / total)  # in place: a 5632-wide Hessian is 254 MB in float64
+            h.addmm_(x.t(), x, alpha=2 / total)
             self.counts[name] = total
 
         return hook
