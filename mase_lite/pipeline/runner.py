@@ -240,6 +240,8 @@ def _record_failure(report: dict[str, Any], err: BaseException, final: Callable[
     """The error in ``report`` (a traceback too, unless the user caused it), and in ``err`` itself,
     with paths under the run's final directory."""
     err.args = final(err.args)
+    if isinstance(err, OSError) and isinstance(err.filename, str):
+        err.filename = final(err.filename)
     report["status"] = "failed"
     report["error"] = f"{type(err).__name__}: {err}"
     if not isinstance(err, UserError):

@@ -68,17 +68,18 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
         return RetryHeartbeatStaleTrialCallback()
 
 
-def _unreachable(err: BaseException) -> bool:
-    """Whether ``err`` says the database cannot be reached (refused, closed, restarting), not that a query is wrong."""
+def _unreachable(err: BaseException) -> BaseException | None:
+    """The error in ``err``'s chain saying the database cannot be reached (refused, closed, restarting), if
+    any; ``None`` when ``err`` is of another kind (a query that is wrong)."""
     from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 
     while err is not None:
         if isinstance(err, (OperationalError, InterfaceError, DisconnectionError)):
-            return True
+            return err
         if isinstance(err, DBAPIError) and err.connection_invalidated:
-            return True
+            return err
         err = err.__cause__
-    return False
+    return None
 
 
 class RetryingRDBStorage(RDBStorage):
@@ -94,16 +95,18 @@ class RetryingRDBStorage(RDBStorage):
             try:
                 return call(self, *args, **kwargs)
             except Exception as err:
-                if not _unreachable(err):
+                cause = _unreachable(err)
+                if cause is None:
                     raise
                 waited = time.monotonic() - start
                 if waited >= self.retry:
-                    reason = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
+                    reason = (str(getattr(cause, "orig", None) or cause).strip().splitlines() or [type(cause).__name__])[0]
                     raise ToolFault(
                         f"storage: {self.shown} is unreachable ({reason}); retried for {waited:.0f} s. Run the search "
                         "again when it is back: finished trials are kept, the running one runs again"
                     ) from None
-                logger.warning("storage %s unreachable (%s); retrying", self.shown, type(err).__name__)
+                (logger.warning if wait == 0.25 else logger.debug)(
+                    "storage %s unreachable (%s); retrying for up to %.0f s", self.shown, type(cause).__name__, self.retry)
                 time.sleep(min(wait, max(self.retry - waited, 0.01)))
                 wait = min(wait * 2, 5.0)
 

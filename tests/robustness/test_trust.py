@@ -257,7 +257,7 @@ def test_a_search_over_a_report_runs_none_of_its_code(tmp_path, marker, capsys, 
 
 
 def test_a_search_over_a_report_runs_with_the_plugin_named(tmp_path, capsys):
-    report = _report(tmp_path, {"data": None, "example_inputs": {"input": {"shape": [2, 4]}}, "output_dir": "out",
+    _report(tmp_path, {"data": None, "example_inputs": {"input": {"shape": [2, 4]}}, "output_dir": "out",
                                 "model": {"factory": "tests.robustness.nets:tiny"}})
     assert main(["--plugin", "tests.robustness.nets", "search", str(_search(tmp_path, "report.json"))]) == 0
     assert sorted(p.name for p in (tmp_path / "search" / "trials").iterdir()) == ["0", "1"]
