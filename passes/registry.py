@@ -107,9 +107,10 @@ class PassInfo:
 
     def metric_names(self, params: BaseModel, task: str) -> set[str] | None:
         """The keys this pass may report under ``info["metrics"]`` (``"per_class.*"``: any key below
-        ``per_class``) for ``params`` and the model's task; ``None`` when the pass does not say."""
+        ``per_class``) for ``params`` and the model's task. A built-in pass declares every metric it
+        reports (none when it declares none); ``None``: a plug-in that does not say."""
         if self.metrics is None:
-            return None
+            return set() if self.name in builtin_passes() else None
         return set(self.metrics(params, task) if callable(self.metrics) else self.metrics)
 
     def drops(self, facts: set[str]) -> set[str]:
