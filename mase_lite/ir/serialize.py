@@ -55,8 +55,11 @@ class HFRecipe(BaseModel):
 
 ModelRecipe = Annotated[
     Annotated[FactoryRecipe, Tag("factory")] | Annotated[HFRecipe, Tag("hf")],
-    Discriminator(lambda v: ("factory" if "factory" in v else "hf") if isinstance(v, dict) else
-                  "factory" if isinstance(v, FactoryRecipe) else "hf" if isinstance(v, HFRecipe) else None),
+    Discriminator(
+        lambda v: ("factory" if "factory" in v else "hf") if isinstance(v, dict) else
+        "factory" if isinstance(v, FactoryRecipe) else "hf" if isinstance(v, HFRecipe) else None,
+        custom_error_type="model_recipe", custom_error_message="expected an object with 'factory' or 'hf_class'",
+    ),
 ]
 
 

@@ -57,6 +57,22 @@ def test_a_full_disk_stops_the_worker_and_the_trial_reruns_on_resume(tmp_path, t
     assert sorted(t["params"][WIDTH] for t in report["trials"] if t["state"] == "COMPLETE") == [4, 8]
 
 
+def test_a_really_full_disk_stops_the_worker_and_the_trial_reruns_on_resume(tmp_path, tiny_search, tmpfs, capsys):
+    disk, flag = tmpfs("disk", size="24m"), tmp_path / "fill"
+    pipeline = copy.deepcopy(TINY_PIPELINE)
+    pipeline["plugins"] = [str(HERE / "fault_plugin.py")]
+    pipeline["steps"].append({"pass": "test_fill", "params": {"flag": str(flag), "mb": 64}})
+    path = write_spec(tmp_path, tiny_search(pipeline=pipeline, output_dir=str(disk / "search")))
+    flag.touch()
+    assert main(["search", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "No space left on device (" in err and f" MB free on {disk}" in err and "Traceback" not in err
+    flag.unlink()
+    assert main(["search", str(path)]) == 0
+    report = json.loads((disk / "search" / "search_report.json").read_text())["studies"][0]
+    assert report["states"] == {"COMPLETE": 2, "FAIL": 1} and all(t["error"] is None for t in report["trials"])
+
+
 def test_a_failed_journal_write_is_cut_back_off(tmp_path, monkeypatch):
     storage = open_storage(None, tmp_path, heartbeat_interval=1)
     study = optuna.create_study(storage=storage, study_name="s")

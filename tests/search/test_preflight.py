@@ -8,8 +8,6 @@ import json
 import logging
 import sys
 
-import pytest
-
 from mase_lite.cli import main
 from mase_lite.search.engine import prepare_studies
 from mase_lite.search.preflight import startup_warning
