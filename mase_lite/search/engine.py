@@ -11,7 +11,6 @@ their own error); a trial lost with a killed worker is failed by heartbeat and r
 
 from __future__ import annotations
 
-import copy
 import importlib
 import logging
 import math
@@ -28,10 +27,8 @@ from tqdm import tqdm
 from mase_lite.errors import UserError, ensure_dir, short
 from mase_lite.faults import ToolFault, as_fault
 from mase_lite.files import check_writable
-from mase_lite.jsonio import read_json
 from mase_lite.pipeline.runner import json_safe, run_pipeline
-from mase_lite.pipeline.spec import is_report
-from mase_lite.plugins import import_plugins
+from mase_lite.search.base import base_pipeline
 from mase_lite.search.cache import PrefixCache, prefix_length
 from mase_lite.search.identity import adopt, made_by
 from mase_lite.search.internals import grid_id, grid_size, storage_of, trial_id
@@ -39,7 +36,6 @@ from mase_lite.search.preflight import TRIAL_SECONDS, check_metrics, startup_war
 from mase_lite.search.space import Space
 from mase_lite.search.spec import SearchSpec, StudySpec, load_search_spec
 from mase_lite.search.storage import JOURNAL, fail_stale, heartbeat, hidden_url, open_storage
-from mase_lite.trust import admit_recorded
 
 logger = logging.getLogger(__name__)
 
@@ -92,41 +88,6 @@ def flatten_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     for label, value in metrics.items():
         walk(label, value)
     return flat
-
-
-@dataclass
-class BasePipeline:
-    """A study's base pipeline: its dict, where its relative plug-in files are, its name in messages, and
-    whether it is data recorded in a report (a search over a report's pipeline, or a search report)."""
-
-    spec: dict
-    base: Path
-    name: str
-    recorded: bool
-
-
-def base_pipeline(source: str | dict, base_dir: Path, where: str, recorded: bool) -> BasePipeline:
-    """The pipeline a search names (a path relative to the search spec, or inline), admitted when it is
-    recorded data (:func:`mase_lite.trust.admit_recorded`), its ``.py`` plug-ins named by absolute path
-    (trials import them from any working directory)."""
-    if isinstance(source, dict):
-        data, base, name = copy.deepcopy(source), base_dir, where
-    else:
-        path = Path(source) if Path(source).is_absolute() else base_dir / source
-        if not path.is_file():
-            raise UserError(f"{where}: no such pipeline spec: {path}")
-        data, base, name = read_json(path), path.parent, f"{where} ({path})"
-    if is_report(data):
-        data, recorded = data["spec"], True
-    if not isinstance(data, dict):
-        raise UserError(f"{name}: expected a pipeline spec (a JSON object), got {type(data).__name__}")
-    if recorded:
-        data = admit_recorded(data, name, base)
-    plugins = data.get("plugins")
-    if isinstance(plugins, list):
-        import_plugins(plugins, base)
-        data["plugins"] = [str((base / p).resolve()) if isinstance(p, str) and p.endswith(".py") else p for p in plugins]
-    return BasePipeline(data, base, name, recorded)
 
 
 class GridSampler(optuna.samplers.GridSampler):
@@ -384,22 +345,26 @@ def _open(study: Study, storage, directions: list[str], where: str) -> None:
 
 
 def _all_failed(studies: list[Study]) -> str | None:
-    """A line naming each study whose trials all ran to an end and failed by their own error."""
-    lines = []
+    """When no trial of the search is complete but some failed by their own error: a line per study
+    naming its first error (a study with none complete beside others that have some is only logged)."""
+    lines, complete = [], False
     for study in studies:
         ended = [t for t in study.study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE or "error" in t.user_attrs]
+        complete = complete or any(t.state == TrialState.COMPLETE for t in ended)
         if ended and all(t.state == TrialState.FAIL for t in ended):
             first = ended[0]
             lines.append(f"study {study.name!r}: all {len(ended)} trials failed; trial {first.number}: "
                          f"{short(first.user_attrs['error'], 300)}")
-    return "\n".join(lines) or None
+    for line in lines if complete else []:
+        logger.warning(line)
+    return None if complete else "\n".join(lines) or None
 
 
 def run_search(source: str | Path | dict | SearchSpec) -> SearchResult:
     """Check the spec, its space and metrics, run (or continue) every study, write the results.
 
     Raises a ``UserError`` (CLI exit 2) before any trial for anything the spec gets wrong, and after
-    writing the results when every trial of a study failed; a :class:`~mase_lite.faults.ToolFault`
+    writing the results when every trial failed; a :class:`~mase_lite.faults.ToolFault`
     when the tool's own I/O fails (the running trial runs again on resume).
     """
     from mase_lite.search.results import write_results

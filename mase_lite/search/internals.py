@@ -3,11 +3,20 @@ in mase_lite imports ``optuna.*._*`` or reads an underscored attribute of an Opt
 
 from __future__ import annotations
 
+import time
+
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages import JournalStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal._storage import JournalOperation
+from optuna.trial import TrialState
 
-__all__ = ["BaseHeartbeat", "UNSYNCED_OPERATIONS", "grid_size", "grid_id", "storage_of"]
+__all__ = ["BaseHeartbeat", "HEARTBEAT_CALLS", "HeartbeatJournalStorage", "UNSYNCED_OPERATIONS", "grid_id",
+           "grid_size", "storage_of", "trial_id"]
+
+# the calls a heartbeat storage gets besides BaseStorage's (an RDB storage retries them like the others)
+HEARTBEAT_CALLS = ("record_heartbeat", "_get_stale_trial_ids")
 
 # journal records a running trial writes; they reach the disk with the next other record (a trial's end)
 UNSYNCED_OPERATIONS = frozenset({
@@ -36,3 +45,34 @@ def grid_id(study: optuna.Study, trial: optuna.Trial) -> int | None:
 def trial_id(trial: optuna.Trial) -> int:
     """The storage's id of a running trial."""
     return trial._trial_id
+
+
+class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
+    """Optuna's journal storage plus the heartbeat its RDB storage has: a running trial's heartbeat
+    is a system attribute refreshed every ``heartbeat_interval`` seconds."""
+
+    def __init__(self, backend, heartbeat_interval: int, grace_period: int):
+        super().__init__(backend)
+        self.heartbeat_interval = heartbeat_interval
+        self.grace_period = grace_period
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        try:
+            self.set_trial_system_attr(trial_id, "heartbeat", time.time())
+        except UpdateFinishedTrialError:
+            pass  # another worker already failed this trial as stale
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        now = time.time()
+        stale = []
+        for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
+            start = t.datetime_start.timestamp() if t.datetime_start else now
+            if now - t.system_attrs.get("heartbeat", start) > self.grace_period:
+                stale.append(t._trial_id)
+        return stale
+
+    def get_heartbeat_interval(self) -> int | None:
+        return self.heartbeat_interval
+
+    def get_heartbeat_stale_trial_callback(self):
+        return RetryHeartbeatStaleTrialCallback()

@@ -35,11 +35,15 @@ class TrialSyncedJournalFileBackend(JournalFileBackend):
     """Optuna's journal file, synced when a study or trial is created or a trial ends; a failed
     write is cut back off, and a dead writer's half record is cut off before the next write."""
 
+    def __init__(self, path: str, lock: JournalFileOpenLock):
+        super().__init__(path, lock_obj=lock)
+        self.path, self.lock = path, lock
+
     def append_logs(self, logs: list[dict]) -> None:
         text = "\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n"
-        self._lock.acquire()
+        self.lock.acquire()
         try:
-            with open(self._file_path, "r+b") as f:
+            with open(self.path, "r+b") as f:
                 size = _whole_length(f)
                 f.truncate(size)
                 f.seek(size)
@@ -52,7 +56,7 @@ class TrialSyncedJournalFileBackend(JournalFileBackend):
                     f.truncate(size)  # never leave half a record for the next writer to append to
                     raise
         finally:
-            self._lock.release()
+            self.lock.release()
 
 
 def _whole_length(f) -> int:
@@ -150,7 +154,7 @@ def _cut(path: Path, size: int, line: int, why: str) -> None:
 def open_journal(path: Path) -> TrialSyncedJournalFileBackend:
     """The journal backend at ``path``, its last record repaired (see :func:`repair`) under its lock."""
     lock = JournalFileOpenLock(str(path))
-    backend = TrialSyncedJournalFileBackend(str(path), lock_obj=lock)
+    backend = TrialSyncedJournalFileBackend(str(path), lock)
     lock.acquire()
     try:
         repair(path)

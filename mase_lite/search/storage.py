@@ -23,49 +23,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
-from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
-from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
-from optuna.trial import TrialState
+from optuna.exceptions import ExperimentalWarning
+from optuna.storages import BaseStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 
 from mase_lite.errors import UserError
 from mase_lite.faults import ToolFault
-from mase_lite.search.internals import BaseHeartbeat
+from mase_lite.search.internals import HEARTBEAT_CALLS, BaseHeartbeat, HeartbeatJournalStorage
 from mase_lite.search.journal import open_journal
 
 logger = logging.getLogger(__name__)
 
 JOURNAL = "study.journal"
-
-
-class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
-    """Optuna's journal storage plus the heartbeat its RDB storage has: a running trial's heartbeat
-    is a system attribute refreshed every ``heartbeat_interval`` seconds."""
-
-    def __init__(self, backend, heartbeat_interval: int, grace_period: int):
-        super().__init__(backend)
-        self.heartbeat_interval = heartbeat_interval
-        self.grace_period = grace_period
-
-    def record_heartbeat(self, trial_id: int) -> None:
-        try:
-            self.set_trial_system_attr(trial_id, "heartbeat", time.time())
-        except UpdateFinishedTrialError:
-            pass  # another worker already failed this trial as stale
-
-    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
-        now = time.time()
-        stale = []
-        for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-            start = t.datetime_start.timestamp() if t.datetime_start else now
-            if now - t.system_attrs.get("heartbeat", start) > self.grace_period:
-                stale.append(t._trial_id)
-        return stale
-
-    def get_heartbeat_interval(self) -> int | None:
-        return self.heartbeat_interval
-
-    def get_heartbeat_stale_trial_callback(self):
-        return RetryHeartbeatStaleTrialCallback()
 
 
 def _unreachable(err: BaseException) -> BaseException | None:
@@ -121,9 +89,7 @@ def _retried(name: str):
     return call
 
 
-for _name in [n for n, v in vars(BaseStorage).items() if callable(v) and not n.startswith("_")] + [
-    "record_heartbeat", "_get_stale_trial_ids"
-]:
+for _name in [n for n, v in vars(BaseStorage).items() if callable(v) and not n.startswith("_")] + list(HEARTBEAT_CALLS):
     setattr(RetryingRDBStorage, _name, _retried(_name))
 
 

@@ -200,7 +200,11 @@ DECODERS_VIT = {"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 1, 
                 "patch_size": 8, "image_size": 16}
 
 
-def test_a_plug_in_dataset_runs_in_a_search_with_the_prefix_cache(tmp_path):
+def test_a_plug_in_dataset_runs_in_a_search_with_the_prefix_cache(tmp_path, monkeypatch):
+    from mase_lite.train import datasets as registry
+
+    registry.get_dataset("synthetic-grammar")  # the built-in datasets are registered
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # the plug-in's is forgotten after the test
     plugin = tmp_path / "my_data.py"
     plugin.write_text(
         "from mase_lite.data import register_dataset\n"
