@@ -247,6 +247,8 @@ def run_trial(study: Study, trial: optuna.Trial) -> tuple[TrialState, list[float
         return TrialState.COMPLETE, [float(metrics[o.metric]) for o in spec.objectives], run_seconds
     except Exception as err:  # a trial's own failure: recorded, and the study goes on
         fault = as_fault(err, trial_dir)
+        if fault is err:  # the storage, unreachable
+            raise
         if fault is not None:  # the tool's own I/O (a full disk): not the trial's failure
             raise fault from err
         reason = f"{type(err).__name__}: {err}"
