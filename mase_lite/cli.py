@@ -22,6 +22,7 @@ from pathlib import Path
 
 from mase_lite import __version__
 from mase_lite.errors import UserError
+from mase_lite.faults import as_fault
 from mase_lite.plugins import import_plugins
 from mase_lite.trust import set_trust_code
 
@@ -53,7 +54,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
 def _cmd_draw(args: argparse.Namespace) -> int:
     from mase_lite.ir.draw import options, render
     from mase_lite.ir.graph import MaseGraph
-    from mase_lite.pipeline.spec import read_json
+    from mase_lite.jsonio import read_json
     from mase_lite.train.models import ModelSpec, build_model
     from mase_lite.train.validation import validate_section
 
@@ -188,6 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `mase-lite schema | head`: the reader is gone, nothing to report
         sys.stderr.close()
         return 0
+    except OSError as err:  # the tool's own writes: a full disk, a read-only or forbidden place
+        fault = as_fault(err)
+        if fault is None and not isinstance(err, PermissionError):
+            raise
+        print(f"mase-lite: error: {fault or f'{err.filename}: {err.strerror}'}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -1,5 +1,6 @@
 """Errors a user can cause. The CLI turns every ``UserError`` into a one-line message and exit code 2."""
 
+import math
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Callable, Literal, Union, get_args, get_origin
@@ -7,8 +8,24 @@ from typing import Annotated, Any, Callable, Literal, Union, get_args, get_origi
 from pydantic import BaseModel, ValidationError
 
 
+ECHO = 72  # characters of a bad value shown in a message
+
+
 class UserError(ValueError):
     """A bad spec, an unknown name, an impossible parameter, a missing input: the user can fix it."""
+
+
+def short(value: Any, limit: int = ECHO) -> str:
+    """``repr(value)`` cut to about ``limit`` characters (and safe for integers too long to print).
+
+    >>> short("x" * 500)
+    "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx... (502 characters)"
+    """
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond sys.get_int_max_str_digits()
+        return f"<an integer of about {int(value.bit_length() * math.log10(2))} digits>"
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def ensure_dir(directory: str | Path, field: str) -> Path:
@@ -100,6 +117,6 @@ def format_validation_error(
             allowed = allowed_keys(model, tuple(e["loc"]))
             msg = "unknown key" + (f"; allowed keys: {', '.join(allowed)}" if allowed else "")
         bad = e.get("input")
-        got = "" if isinstance(bad, (dict, list)) else f" (got {bad!r})"
+        got = "" if isinstance(bad, (dict, list)) else f" (got {short(bad)})"
         lines.append(f"{where}: {msg}{got}")
     return "\n".join(lines)

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-_STAGING, _READY, _OLD = "staging", "ready", "old"
+from mase_lite.errors import UserError
+
+_STAGING, _READY, _OLD, _TEMP = "staging", "ready", "old", "tmp"
 
 
 def _umask() -> int:
@@ -41,36 +44,54 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _siblings(target: Path, kind: str) -> list[Path]:
-    """Leftovers of ``kind`` beside ``target``, newest first (``.<name>.<kind>-<pid>-<random>``)."""
+_LEFTOVER = re.compile(r"(\d+)-[A-Za-z0-9_]+")  # the <pid>-<random> tail of a staging name (mkdtemp's letters)
+
+
+def _leftovers(target: Path, kind: str) -> list[Path]:
+    """What dead writers left beside ``target``, newest first: ``.<name>.<kind>-<pid>-<random>`` for exactly
+    ``target``'s name (compared as text, not a pattern: a name with ``*`` or ``[`` matches only itself)."""
     if not target.parent.is_dir():
         return []
-    found = [p for p in target.parent.glob(f".{target.name}.{kind}-*") if p.is_dir()]
-    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+    head = f".{target.name}.{kind}-"
+    found = []
+    for path in target.parent.iterdir():
+        tail = _LEFTOVER.fullmatch(path.name[len(head):]) if path.name.startswith(head) else None
+        if tail is not None and not _alive(int(tail.group(1))):
+            found.append(path)
+    return sorted(found, key=lambda p: p.lstat().st_mtime, reverse=True)
 
 
-def _pid_of(path: Path) -> int:
-    try:
-        return int(path.name.rsplit(".", 1)[-1].split("-")[1])
-    except (IndexError, ValueError):
-        return -1
+def _remove(path: Path) -> None:
+    """Remove a file, a link (not what it points to) or a directory tree."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def recover(target: str | Path) -> None:
     """Put a complete version back at ``target`` after a crash mid-replace, and clear dead writers' leftovers."""
     target = Path(target)
-
-    def dead(kind: str) -> list[Path]:
-        return [p for p in _siblings(target, kind) if not _alive(_pid_of(p))]
-
-    ready, old = dead(_READY), dead(_OLD)
-    if not target.exists():
+    ready, old = _leftovers(target, _READY), _leftovers(target, _OLD)
+    if not (target.exists() or target.is_symlink()):
         if ready:
             os.replace(ready.pop(0), target)
         elif old:
             os.replace(old.pop(0), target)
-    for leftover in ready + old + dead(_STAGING):
-        shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in ready + old + _leftovers(target, _STAGING):
+        _remove(leftover)
+
+
+def temp_dir(parent: Path, prefix: str) -> Path:
+    """A new, uniquely named directory in ``parent`` with the mode the umask gives (not mkdtemp's 0700)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    os.chmod(path, 0o777 & ~_umask())
+    return path
+
+
+def follow_umask(path: str | Path) -> None:
+    """Give a file that a library created with a fixed mode (safetensors: 0600) the mode the umask gives."""
+    os.chmod(path, 0o666 & ~_umask())
 
 
 @contextlib.contextmanager
@@ -79,29 +100,33 @@ def staged_directory(target: str | Path) -> Iterator[Path]:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     recover(target)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.{_STAGING}-{os.getpid()}-", dir=target.parent))
-    os.chmod(staging, 0o777 & ~_umask())
+    head = f".{target.name}.{_STAGING}-"
+    staging = temp_dir(target.parent, f"{head}{os.getpid()}-")
+    tail = staging.name[len(head):]
     try:
         yield staging
-        ready = staging.with_name(staging.name.replace(f".{_STAGING}-", f".{_READY}-", 1))
+        ready = staging.with_name(f".{target.name}.{_READY}-{tail}")
         os.replace(staging, ready)
         old = None
         if target.exists():
-            old = ready.with_name(ready.name.replace(f".{_READY}-", f".{_OLD}-", 1))
+            old = staging.with_name(f".{target.name}.{_OLD}-{tail}")
             os.replace(target, old)
         os.replace(ready, target)
         if old is not None:
-            shutil.rmtree(old)
+            _remove(old)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
 @contextlib.contextmanager
 def staged_file(target: str | Path) -> Iterator[Path]:
-    """A temporary path beside ``target`` to write; it replaces ``target`` when the block succeeds."""
+    """A temporary path beside ``target`` to write; it replaces ``target`` when the block succeeds (a killed
+    writer's temporary file is removed by the next write)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    for leftover in _leftovers(target, _TEMP):  # a killed writer's
+        _remove(leftover)
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.{_TEMP}-{os.getpid()}-", dir=target.parent)
     os.close(fd)
     staging = Path(name)
     os.chmod(staging, 0o666 & ~_umask())
@@ -110,3 +135,21 @@ def staged_file(target: str | Path) -> Iterator[Path]:
         os.replace(staging, target)
     finally:
         staging.unlink(missing_ok=True)
+
+
+def check_regular(directory: str | Path, what: str) -> None:
+    """Refuse a ``directory`` holding anything but regular files and directories: a reader would hang
+    on a FIFO or a device, and a link to one is the same."""
+    for path in Path(directory).rglob("*"):
+        if not (path.is_file() or path.is_dir()):
+            raise UserError(f"{path}: not a regular file; {what} holds only files and directories")
+
+
+def check_writable(directory: str | Path, field: str) -> None:
+    """Refuse a ``directory`` (or, while it does not exist, its nearest existing ancestor) that this
+    process cannot write: a ``UserError`` naming ``field``."""
+    path = Path(os.path.abspath(directory))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if path.is_dir() and (not os.access(path, os.W_OK | os.X_OK) or os.statvfs(path).f_flag & os.ST_RDONLY):
+        raise UserError(f"{field}: {path} is read-only for this process; choose a directory you can write")

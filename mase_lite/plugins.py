@@ -29,7 +29,7 @@ def import_plugins(plugins: list[str], base: Path | None = None) -> None:
             if not path.is_file():
                 raise UserError(f"plugins.{i}: no such file: {path}")
             name = f"mase_lite_plugin_{path.stem}_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
-            name_plugin(plugin)
+            name_plugin(str(path.resolve()))
             name_plugin(name)
             if name in sys.modules:
                 continue

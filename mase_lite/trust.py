@@ -27,13 +27,18 @@ mase_lite.errors.UserError: model.factory = 'subprocess:run' is not a registered
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
+import logging
 import re
 from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, TypeVar
 
-from mase_lite.errors import UserError
+from mase_lite.errors import UserError, short
+
+logger = logging.getLogger(__name__)
 
 FACTORY_GROUP = "mase_lite.models"
 LEAF_GROUP = "mase_lite.leaf_modules"
@@ -72,12 +77,16 @@ def name_factory(name: str) -> None:
 
 
 def name_plugin(module: str) -> None:
-    """Record that the user named ``module`` as a plug-in: the names it defines may be used."""
+    """Record that the user named ``module`` (a module name, or a ``.py`` file's resolved path) as a plug-in."""
     _plugin_modules.add(module)
 
 
-def plugin_named(plugin: str) -> bool:
-    """Whether the user named this plug-in (a module name or a ``.py`` file) themselves."""
+def plugin_named(plugin: str, base: Path | None = None) -> bool:
+    """Whether the user named this plug-in themselves: a module by its name, a ``.py`` file (relative
+    to ``base``) by the file it is."""
+    if plugin.endswith(".py"):
+        path = Path(plugin) if Path(plugin).is_absolute() or base is None else base / plugin
+        return str(path.resolve()) in _plugin_modules
     return plugin in _plugin_modules
 
 
@@ -166,36 +175,62 @@ def resolve_leaf_module(name: str, field: str, known: dict[str, type]) -> type |
     return cls
 
 
-def admit_spec(spec: Any, recorded: bool, source: str) -> None:
-    """Check the code a pipeline spec names before anything of it is imported.
+def admit_spec(spec: Any) -> None:
+    """Record that the user's own spec names its model factory (so it, and checkpoints naming it, load)."""
+    model = spec.get("model") if isinstance(spec, dict) else None
+    factory = model.get("factory") if isinstance(model, dict) else None
+    if isinstance(factory, str):
+        name_factory(factory)
 
-    A spec the user runs is their own word: its factory is accepted (and so are checkpoints naming
-    it). A spec ``recorded`` in a report is data: each plug-in must have been named by the user
-    (``--plugin``) and the factory registered, named or trusted.
+
+def admit_recorded(spec: Any, source: str, base: Path | None = None) -> Any:
+    """A pipeline spec recorded in a report (data, maybe someone else's), admitted: each plug-in must be
+    one the user named (``--plugin``; a ``.py`` file by its path, relative to ``base``) and the factory
+    registered, named or trusted, else a ``UserError``. Returned as a copy with every trust decision
+    it records dropped (a step's ``trust_code`` is false unless the user passes ``--trust-code``) and
+    the download caches it names dropped (the run keeps them inside its own directory).
     """
     if not isinstance(spec, dict):
-        return
-    model = spec.get("model")
-    factory = model.get("factory") if isinstance(model, dict) else None
-    if not recorded:
-        if isinstance(factory, str):
-            name_factory(factory)
-        return
+        return spec
+    spec = copy.deepcopy(spec)
     plugins = spec.get("plugins")
     for i, plugin in enumerate(plugins if isinstance(plugins, list) else []):
-        if not (isinstance(plugin, str) and plugin_named(plugin)) and not trusted():
+        if not trusted() and not (isinstance(plugin, str) and plugin_named(plugin, base)):
             raise UserError(
-                f"{source}: plugins.{i} = {plugin!r} is recorded in the report, so it is not imported; "
+                f"{source}: plugins.{i} = {short(plugin)} is recorded in the report, so it is not imported; "
                 f"name it with --plugin, or {TRUST_HINT}"
             )
+    model = spec.get("model")
+    factory = model.get("factory") if isinstance(model, dict) else None
     if factory is not None:
         resolve_factory(factory, f"{source}: model.factory")
+    for section in ("model", "data"):  # download caches: written where the recording said, so dropped
+        if isinstance(spec.get(section), dict) and spec[section].pop("cache_dir", None) is not None:
+            logger.warning("%s: %s.cache_dir is recorded in the report and ignored; downloads go into the run", source, section)
+    steps = spec.get("steps")
+    for i, step in enumerate(steps if isinstance(steps, list) else []):
+        params = step.get("params") if isinstance(step, dict) else None
+        if isinstance(params, dict) and params.get("trust_code") is True and not trusted():
+            logger.warning("%s: steps.%d.params.trust_code is recorded in the report and ignored; pass --trust-code "
+                           "to trust the checkpoint's code", source, i)
+            params["trust_code"] = False
+    return spec
 
 
 def call_factory(factory: Callable[..., Any], name: str, kwargs: dict[str, Any]) -> Any:
-    """``factory(**kwargs)``, which must give an ``nn.Module``; errors name ``model.factory`` and its kwargs."""
+    """``factory(**kwargs)``, which must give an ``nn.Module``; errors name ``model.factory`` and its kwargs.
+
+    The model is first built on the meta device to check its size against the memory available
+    (:func:`mase_lite.limits.model_bytes`); a factory that cannot build there is called as it is."""
     import torch.nn as nn
 
+    from mase_lite.limits import check_fits, model_bytes
+
+    try:
+        estimate = model_bytes(lambda k: factory(**k), kwargs, "model.kwargs")
+    except UserError:
+        estimate = 0  # it cannot build there (bad kwargs, or it computes on its weights): the real call says why
+    check_fits("model.kwargs", estimate, f"the model {name!r} makes from these kwargs")
     try:
         model = factory(**kwargs)
     except TypeError as err:

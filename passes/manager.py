@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -107,13 +108,22 @@ class PassContext:
     data: Any = None
     output_dir: Path | None = None
     instruments: tuple["PassInstrument", ...] = ()
+    confined: bool = False  # a run reproduced from a report writes only inside output_dir
 
-    def path(self, path: str | Path) -> Path:
-        """``path`` resolved against the output directory when it is relative and there is one."""
+    def path(self, path: str | Path, field: str = "path") -> Path:
+        """Where a pass writes ``path``: resolved against the output directory when it is relative and
+        there is one. In a ``confined`` run, a path outside the output directory is a ``PassError``
+        naming ``field``."""
         path = Path(path)
-        if path.is_absolute() or self.output_dir is None:
+        if self.output_dir is None:
             return path
-        return Path(self.output_dir) / path
+        resolved = path if path.is_absolute() else Path(self.output_dir) / path
+        if self.confined and not Path(os.path.realpath(resolved)).is_relative_to(os.path.realpath(self.output_dir)):
+            raise PassError(
+                f"{field}: {str(path)!r} lies outside the run's output_dir; a run reproduced from a report "
+                "writes only inside its output_dir"
+            )
+        return resolved
 
     def facts(self) -> set[str]:
         """Facts the context itself provides (``"data"`` when the run has data)."""

@@ -36,6 +36,8 @@ from mase_lite.errors import UserError, format_validation_error
 logger = logging.getLogger(__name__)
 
 PassKind = Literal["analysis", "transform"]
+# the metric keys a pass reports: fixed, or a function of its params and the model's task; None: not declared
+Metrics = tuple[str, ...] | Callable[[BaseModel, str], Any] | None
 ENTRY_POINT_GROUP = "mase_lite.passes"
 ALL_FACTS = "*"
 
@@ -80,6 +82,7 @@ class PassInfo:
     module: str = field(default="")
     replay: bool = False
     takes_context: bool = False
+    metrics: Metrics = None
 
     @property
     def summary(self) -> str:
@@ -101,6 +104,14 @@ class PassInfo:
             raise PassError(
                 format_validation_error(err, prefix=f"pass '{self.name}' params", model=self.params)
             ) from None
+
+    def metric_names(self, params: BaseModel, task: str) -> set[str] | None:
+        """The keys this pass may report under ``info["metrics"]`` (``"per_class.*"``: any key below
+        ``per_class``) for ``params`` and the model's task. A built-in pass declares every metric it
+        reports (none when it declares none); ``None``: a plug-in that does not say."""
+        if self.metrics is None:
+            return set() if self.name in builtin_passes() else None
+        return set(self.metrics(params, task) if callable(self.metrics) else self.metrics)
 
     def drops(self, facts: set[str]) -> set[str]:
         """The facts of ``facts`` this pass invalidates."""
@@ -138,6 +149,7 @@ def register_pass(
     provides: tuple[str, ...] | list[str] = (),
     invalidates: tuple[str, ...] | list[str] | None = None,
     replay: bool | None = None,
+    metrics: Metrics = None,
 ) -> Callable[[Callable], PassInfo]:
     """Register ``fn(mg, params[, ctx]) -> (mg, info)`` as pass ``name``; returns the callable pass.
 
@@ -147,6 +159,8 @@ def register_pass(
     call is checked against the graph. ``replay`` (default: true for transforms) records the call so
     a saved graph can be rebuilt with the same structure; passes that only change weights (training)
     set it to false. ``params`` is any pydantic model; its instances are frozen and reject unknown keys.
+    ``metrics`` names the keys of the ``info["metrics"]`` the pass reports (a tuple, or a function of
+    its params and the model's task): a search checks its objectives against them before the first trial.
     """
     if kind not in ("analysis", "transform"):
         raise PassError(f"pass '{name}': kind must be 'analysis' or 'transform', got {kind!r}")
@@ -175,6 +189,7 @@ def register_pass(
             module=module,
             replay=(kind == "transform") if replay is None else replay,
             takes_context=_takes_context(fn),
+            metrics=tuple(metrics) if isinstance(metrics, (list, tuple)) else metrics,
         )
         _REGISTRY[name] = info
         return info

@@ -1,4 +1,7 @@
 import os
+import shutil
+import subprocess
+from contextlib import ExitStack, contextmanager
 
 import pytest
 import torch
@@ -38,3 +41,24 @@ def tiny_bert():
 
     torch.manual_seed(0)
     return BertForSequenceClassification(tiny_bert_config()).eval()
+
+
+@contextmanager
+def _mounted(path, options):
+    path.mkdir(parents=True, exist_ok=True)
+    mount = ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)]
+    if not shutil.which("mount") or subprocess.run(mount, capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN)")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """``tmpfs(name, size="16m", read_only=False)``: a small file system mounted under tmp_path for the test."""
+    with ExitStack() as stack:
+        yield lambda name, size="16m", read_only=False: stack.enter_context(
+            _mounted(tmp_path / name, f"size={size}" + (",ro" if read_only else ""))
+        )

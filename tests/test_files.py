@@ -75,3 +75,37 @@ def test_a_crash_while_writing_leaves_the_old_version_and_no_staging(tmp_path, m
         raise OSError("disk full")
     assert (target / "v").read_text() == "1"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+@pytest.mark.parametrize("name", ["a*", "a?", "[ab]"])
+def test_recover_matches_leftovers_by_exact_name(tmp_path, name):
+    dead = 999999999  # no such process
+    other = [tmp_path / f".ab.ready-{dead}-x1", tmp_path / f".ab.staging-{dead}-x2", tmp_path / f".a.old-{dead}-x3"]
+    for path in other:
+        path.mkdir()
+    own = tmp_path / f".{name}.staging-{dead}-x4"
+    own.mkdir()
+    recover(tmp_path / name)
+    assert not own.exists() and all(p.is_dir() for p in other)  # `a*` touches nothing of `ab` or `a`
+    assert not (tmp_path / name).exists() and not (tmp_path / "ab").exists()
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
+    killed = tmp_path / ".trials.csv.tmp-999999999-abc123"
+    killed.write_text("half a table")
+    alive = tmp_path / f".trials.csv.tmp-{os.getpid()}-def456"  # a writer at work in this process
+    alive.write_text("")
+    with staged_file(tmp_path / "trials.csv") as tmp:
+        tmp.write_text("a,b\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [alive.name, "trials.csv"]
+
+
+def test_a_symlinked_old_version_is_unlinked_not_followed(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "keep").write_text("x")
+    (tmp_path / "ckpt").symlink_to(real)
+    with staged_directory(tmp_path / "ckpt") as tmp:
+        (tmp / "v").write_text("new")
+    assert (real / "keep").read_text() == "x" and (tmp_path / "ckpt" / "v").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "real"]

@@ -1,6 +1,7 @@
 """The layering the design asks for, read from every import statement (function-level ones included)."""
 
 import ast
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -70,3 +71,9 @@ def test_the_ir_has_no_import_cycle():
         graph.add_node(name)
         graph.add_edges_from((name, m) for m in IMPORTS[name] if m in ir)
     assert list(nx.simple_cycles(graph)) == []
+
+
+def test_only_the_search_internals_touch_optunas_private_api():
+    private = re.compile(r"\boptuna(?:\.\w+)*\._\w|\._(?:storage|trial_id|study_id|all_grids|get_stale_trial_ids|lock|file_path)\b")
+    touching = sorted(name for name, path in MODULES.items() if private.search(path.read_text()))
+    assert touching == ["mase_lite.search.internals"]

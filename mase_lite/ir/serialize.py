@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapt
 
 from mase_lite.errors import UserError, format_validation_error
 from mase_lite.ir.capture import dynamic_shapes_of
-from mase_lite.files import recover, staged_directory
+from mase_lite.jsonio import read_json
+from mase_lite.files import check_regular, follow_umask, recover, staged_directory
 from mase_lite.limits import check_fits, model_bytes
 from mase_lite.trust import TRUST_HINT, call_factory, qualname, resolve_factory, resolve_leaf_module, trusted
 
@@ -54,7 +55,11 @@ class HFRecipe(BaseModel):
 
 ModelRecipe = Annotated[
     Annotated[FactoryRecipe, Tag("factory")] | Annotated[HFRecipe, Tag("hf")],
-    Discriminator(lambda v: "factory" if "factory" in (v if isinstance(v, dict) else vars(v)) else "hf"),
+    Discriminator(
+        lambda v: ("factory" if "factory" in v else "hf") if isinstance(v, dict) else
+        "factory" if isinstance(v, FactoryRecipe) else "hf" if isinstance(v, HFRecipe) else None,
+        custom_error_type="model_recipe", custom_error_message="expected an object with 'factory' or 'hf_class'",
+    ),
 ]
 
 
@@ -118,7 +123,7 @@ def build_from_recipe(recipe: dict[str, Any] | FactoryRecipe | HFRecipe) -> nn.M
         return call_factory(resolve_factory(recipe.factory, "model.factory"), recipe.factory, recipe.kwargs)
     cls, config = _hf_class_and_config(recipe)
     kwargs = {"attn_implementation": recipe.attn_implementation} if recipe.attn_implementation else {}
-    check_fits("model.hf_config", model_bytes(lambda: cls._from_config(config, **kwargs), "model.hf_config"), "the model")
+    check_fits("model.hf_config", model_bytes(lambda c: cls._from_config(c, **kwargs), config, "model.hf_config"), "the model")
     return cls._from_config(config, **kwargs)
 
 
@@ -190,6 +195,7 @@ def save(mg, directory: str | Path) -> Path:
     state = {k: v.detach().to("cpu") for k, v in mg.model.state_dict().items()}
     with staged_directory(directory) as tmp:
         safetensors.torch.save_file(_drop_aliases(state), str(tmp / WEIGHTS), metadata={"format": "pt"})
+        follow_umask(tmp / WEIGHTS)
         (tmp / RECIPE).write_text(json.dumps(recipe, indent=2, default=str))
     return directory
 
@@ -211,10 +217,7 @@ def _read_recipe(directory: Path) -> Recipe:
     path = directory / RECIPE
     if not path.is_file():
         raise UserError(f"{directory} is not a saved MaseGraph: {RECIPE} is missing")
-    try:
-        recipe = json.loads(path.read_bytes().decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{path} is not valid JSON: {err}") from None
+    recipe = read_json(path, "recipe")
     if not isinstance(recipe, dict):
         raise UserError(f"{path}: expected a JSON object, got {type(recipe).__name__}")
     if recipe.get("format") != FORMAT_VERSION:
@@ -268,6 +271,7 @@ def read_checkpoint(directory: str | Path, model: nn.Module | None = None) -> tu
     """
     directory = Path(directory)
     recover(directory)
+    check_regular(directory, "a saved graph")
     parsed = _read_recipe(directory)
     if model is None:
         if parsed.model is None:

@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from mase_lite.errors import UserError, ensure_dir
-from mase_lite.files import staged_directory, staged_file
+from mase_lite.files import check_writable, staged_directory, staged_file
 from mase_lite.lock import DirectoryLock
 from mase_lite.ir.graph import MaseGraph
 from mase_lite.ir.serialize import example_inputs_from_specs
@@ -240,6 +240,8 @@ def _record_failure(report: dict[str, Any], err: BaseException, final: Callable[
     """The error in ``report`` (a traceback too, unless the user caused it), and in ``err`` itself,
     with paths under the run's final directory."""
     err.args = final(err.args)
+    if isinstance(err, OSError) and isinstance(err.filename, str):
+        err.filename = final(err.filename)
     report["status"] = "failed"
     report["error"] = f"{type(err).__name__}: {err}"
     if not isinstance(err, UserError):
@@ -252,21 +254,26 @@ def run_pipeline(
     *,
     instruments: tuple[PassInstrument, ...] = (),
     cache: StepCache | None = None,
+    recorded: bool = False,
 ) -> PipelineResult:
     """Validate the whole pipeline, run it, and write ``<output_dir>/report.json``.
 
     Every step runs through the pass manager with timing and graph-change instruments (plus
     ``instruments``); ``cache`` may resume the run after its first steps. The report is written
     even when a step fails; it then names the step and its error, and the error is raised again.
+    A spec read from a report, or ``recorded`` (a search over a report's pipeline), is data: see
+    :func:`mase_lite.pipeline.spec.load_spec`; its steps write only inside ``output_dir``.
 
     The run is written into a staging directory beside ``output_dir`` that replaces it whole at the
     end, failed or not (:func:`mase_lite.files.staged_directory`): a killed run leaves the previous
     run as it was. Paths in the report and in errors name ``output_dir``.
     """
-    spec = load_spec(source)
+    spec = load_spec(source, recorded=recorded)
     check_pipeline(spec)
     out = Path(output_dir or spec.output_dir)
     ensure_dir(out, "output_dir")
+    for place in (out, out.parent):  # the run is staged beside its directory, which it then replaces
+        check_writable(place, "output_dir")
     _check_stageable(out)
     report: dict[str, Any] = {
         "name": spec.name,
@@ -287,7 +294,7 @@ def run_pipeline(
         with staged_directory(out) as staging:
             _carry_caches(out, staging)
             final = functools.partial(_rebase, staging=str(staging), out=str(out))
-            ctx = PassContext(output_dir=staging)
+            ctx = PassContext(output_dir=staging, confined=spec.recorded)
             try:
                 mg = _run_steps(spec, ctx, report, instruments, cache, final)
                 report["status"] = "ok"

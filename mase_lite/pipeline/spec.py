@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 
 from mase_lite.errors import UserError, format_validation_error
 from mase_lite.plugins import import_plugins
@@ -28,7 +28,8 @@ from mase_lite.passes.registry import PassError, all_passes, get_pass, pass_name
 from mase_lite.train.data import DataSpec, check_task_fields
 from mase_lite.train.devices import DEVICE_PATTERN, resolve_device
 from mase_lite.train.models import ModelSpec, check_head
-from mase_lite.trust import admit_spec
+from mase_lite.jsonio import check_value, read_json
+from mase_lite.trust import admit_recorded, admit_spec
 
 
 class InputSpec(BaseModel):
@@ -71,7 +72,7 @@ class _PipelineBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field("pipeline", description="run name")
-    seed: int = Field(0, ge=0, lt=2**63, description="seed for torch, python and data order")
+    seed: int = Field(0, ge=0, lt=2**32, description="seed for torch, python, numpy and data order")
     plugins: list[str] = Field(
         default_factory=list, description="modules or .py files to import first (they register passes)"
     )
@@ -88,6 +89,12 @@ class _PipelineBase(BaseModel):
     )
     verify_each: bool = Field(False, description="verify the graph after every step (names the step that broke it)")
     output_dir: str = Field("runs/pipeline", min_length=1, description="where report.json and artifacts are written")
+    _recorded: bool = PrivateAttr(False)
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the spec was read from a report (data, maybe someone else's): its run writes only inside output_dir."""
+        return self._recorded
 
 
 @lru_cache(maxsize=64)
@@ -131,51 +138,52 @@ def spec_error(err: ValidationError, source: str, model: type[BaseModel]) -> Use
     return UserError(f"invalid pipeline spec {source}:\n" + format_validation_error(err, model=model, explain=_explain))
 
 
-def read_json(path: str | Path) -> Any:
-    """JSON from ``path`` with an error naming the file, line and column."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"no such spec file: {path}")
-    try:
-        return json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as err:
-        raise UserError(f"{path}: not UTF-8 text (byte {err.start}): a spec is a JSON file") from None
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path}: not valid JSON at line {err.lineno}, column {err.colno}: {err.msg}") from None
+def is_report(source: Any) -> bool:
+    """Whether ``source`` is a run's ``report.json`` (or a search's ``search_report.json``): data that records a spec."""
+    return isinstance(source, dict) and "spec" in source and "versions" in source
 
 
-def load_spec(source: str | Path | dict | BaseModel, plugins: list[str] = ()) -> PipelineSpec:
+def _refuse_search_spec(source: Any, name: str) -> None:
+    if isinstance(source, dict) and "objectives" in source and "steps" not in source:
+        raise UserError(f"{name} is a search spec (it has objectives); run it with `mase-lite search {name}`")
+
+
+def load_spec(source: str | Path | dict | BaseModel, plugins: list[str] = (), recorded: bool = False,
+              name: str = "<dict>") -> PipelineSpec:
     """A validated spec from a path, a dict, a ``report.json`` (its recorded spec) or a spec.
 
     ``plugins`` (e.g. from ``--plugin``) and the spec's own ``plugins`` are imported before the
-    steps are validated, so their passes can be used.
+    steps are validated, so their passes can be used. A spec recorded in a report (or ``recorded``:
+    taken from one) is data: it is admitted by :func:`mase_lite.trust.admit_recorded` (its code
+    needs the user's word, its trust decisions are dropped) and its run writes only inside its
+    ``output_dir`` (``spec.recorded``). ``name`` names a dict in messages.
     """
     base = None
-    name = "<dict>"
     if isinstance(source, BaseModel):
         source = source.model_dump(mode="json", by_alias=True)
     if isinstance(source, (str, Path)):
         name = str(source)
         base = Path(source).parent
         source = read_json(source)
-    recorded = isinstance(source, dict) and "spec" in source and "versions" in source
-    if recorded:
-        source = source["spec"]
+    else:
+        check_value(source, name)
+    if is_report(source):
+        source, recorded = source["spec"], True
+    _refuse_search_spec(source, name)
     import_plugins(list(plugins))
-    admit_spec(source, recorded, name)  # a report's plug-ins and factory need the user's word (mase_lite.trust)
+    if recorded:
+        source = admit_recorded(source, name, base)  # a report's plug-ins and factory need the user's word
+    else:
+        admit_spec(source)
     if isinstance(source, dict) and isinstance(source.get("plugins"), list):
         import_plugins(source["plugins"], base)
-    try:
-        text = json.dumps(source, allow_nan=False)
-    except (TypeError, ValueError):
-        text = None  # not plain JSON (NaN, Python objects): validated as Python values
     model = pipeline_model(_named_passes(source))
     try:  # as JSON, strictly: `true` is not a number and "8" is not an integer
-        if text is not None:
-            return model.model_validate_json(text, strict=True)
-        return model.model_validate(source)
+        spec = model.model_validate_json(json.dumps(source, default=str), strict=True)
     except ValidationError as err:
         raise spec_error(err, name, model) from None
+    spec._recorded = recorded
+    return spec
 
 
 def _named_passes(source: Any) -> list[str]:

@@ -32,20 +32,22 @@ import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict
 from safetensors.torch import load_file, save_file
 
 from mase_lite.errors import UserError
+from mase_lite.files import follow_umask, temp_dir
 from mase_lite.passes.manager import BASE_FACTS, PassContext
 from mase_lite.passes.registry import PassError, get_pass
 from mase_lite.search.spec import ChoiceParam, FloatParam, IntParam, LogFloatParam
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 1
-GRAPH, RNG, STATE = "graph", "rng.safetensors", "state.json"
+FORMAT = 2
+GRAPH, RNG, STATE, CHECKSUMS = "graph", "rng.safetensors", "state.json", "checksums.json"
 UNKEYED = ("name", "output_dir", "steps")  # pipeline fields the state after a prefix does not depend on
 
 
@@ -136,6 +138,37 @@ def set_rng_state(tensors: dict[str, torch.Tensor], plain: dict[str, Any]) -> No
         numpy.random.set_state((name, tensors["numpy"].numpy().astype("uint32"), pos, has_gauss, cached))
 
 
+class StateFile(BaseModel):
+    """``state.json`` of a cache entry: what the state after the prefix holds besides the graph and generators."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    format: Literal[FORMAT]
+    steps: int
+    entries: list[dict[str, Any]]
+    facts: list[str]
+    training: bool
+    device: str
+    data_fingerprint: str | None
+    rng: dict[str, Any]
+
+
+def _checksums(directory: Path) -> dict[str, str]:
+    """SHA-256 of each file under ``directory`` (but the checksum file) by relative path; anything but a
+    regular file or a directory (a FIFO would hang the reader) is refused with a ``ValueError``."""
+    sums = {}
+    for path in sorted(directory.rglob("*")):
+        if path.is_dir():
+            continue
+        if not path.is_file() or path.is_symlink():
+            raise ValueError(f"{path} is not a regular file")
+        name = path.relative_to(directory).as_posix()
+        if name != CHECKSUMS:
+            with path.open("rb") as f:
+                sums[name] = hashlib.file_digest(f, "sha256").hexdigest()
+    return sums
+
+
 @dataclass
 class _State:
     """The state after a prefix, as this worker holds it (never handed out: trials get copies)."""
@@ -215,22 +248,18 @@ class PrefixCache:
 
     def _write(self, key: str, mg, state: _State) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=self.root))
+        staging = temp_dir(self.root, f".{key}.")
         try:
             mg.save(staging / GRAPH)
             tensors, plain = state.rng
             save_file({k: v.contiguous() for k, v in tensors.items()}, str(staging / RNG))
-            meta = {
-                "format": FORMAT,
-                "steps": self.length,
-                "entries": state.entries,
-                "facts": sorted(mg.facts),
-                "training": mg.model.training,
-                "device": _device(mg),
-                "data_fingerprint": _fingerprint(state.data),
-                "rng": plain,
-            }
-            (staging / STATE).write_text(json.dumps(meta))
+            follow_umask(staging / RNG)
+            meta = StateFile(
+                format=FORMAT, steps=self.length, entries=state.entries, facts=sorted(mg.facts),
+                training=mg.model.training, device=_device(mg), data_fingerprint=_fingerprint(state.data), rng=plain,
+            )
+            (staging / STATE).write_text(meta.model_dump_json())
+            (staging / CHECKSUMS).write_text(json.dumps(_checksums(staging)))  # last: an entry with it is whole
             try:
                 os.rename(staging, self.root / key)
             except OSError:
@@ -240,30 +269,46 @@ class PrefixCache:
             shutil.rmtree(staging, ignore_errors=True)
 
     def _load(self, key: str, spec, ctx: PassContext) -> _State | None:
-        """The state another worker (or an earlier run) wrote, or ``None``."""
+        """The state another worker (or an earlier run) wrote, or ``None``; an entry that is damaged (its
+        checksums, its state file, its graph) or stale (its data changed) is discarded, to be written again."""
         from mase_lite.passes.replay import load_graph
 
         directory = self.root / key
-        if not (directory / STATE).is_file():
+        if not directory.is_dir():
             return None
         try:
-            meta = json.loads((directory / STATE).read_text())
-            if meta.get("format") != FORMAT or meta.get("steps") != self.length:
-                return None
-            data = self._data_for(spec, ctx)
-            if _fingerprint(data) != meta["data_fingerprint"]:
-                logger.info("prefix cache %s: the data changed since it was written; running from the start", key)
-                return None
+            if json.loads((directory / CHECKSUMS).read_bytes()) != _checksums(directory):
+                raise ValueError("its files do not match their checksums")
+            meta = StateFile.model_validate_json((directory / STATE).read_bytes())
+            if meta.steps != self.length:
+                raise ValueError(f"it holds {meta.steps} steps, not {self.length}")
+        except Exception as err:  # missing, truncated, garbage or of another format
+            return self._discard(directory, err)
+        data = self._data_for(spec, ctx)  # the trial's own data: its errors are the trial's
+        if _fingerprint(data) != meta.data_fingerprint:
+            return self._discard(directory, "the data changed since it was written")
+        try:
             mg = load_graph(directory / GRAPH)
-            rng = load_file(str(directory / RNG))
-        except (OSError, KeyError, RuntimeError, ValueError, UserError) as err:
-            logger.warning("prefix cache: cannot read %s (%s: %s); running from the start", directory, type(err).__name__, err)
-            return None
-        mg.facts = set(meta["facts"])
-        mg.model.train(meta["training"])
-        if meta.get("device", "cpu") != "cpu":
-            mg.to(meta["device"])  # saved from the device the prefix left the weights on
-        return _State(mg, data, meta["entries"], (rng, meta["rng"]))
+            rng = (load_file(str(directory / RNG)), meta.rng)
+            set_rng_state(*rng)  # the generators are set from it next anyway; a bad state fails here
+            mg.facts = set(meta.facts)
+            mg.model.train(meta.training)
+            if meta.device != "cpu":
+                mg.to(meta.device)  # saved from the device the prefix left the weights on
+        except Exception as err:
+            return self._discard(directory, err)
+        return _State(mg, data, meta.entries, rng)
+
+    def _discard(self, directory: Path, why: Any) -> None:
+        """Move a bad entry out of the way (a worker reading it keeps its files) and remove it."""
+        logger.warning("prefix cache: %s is discarded (%s); the prefix runs again and is stored anew", directory, why)
+        aside = Path(tempfile.mkdtemp(prefix=f".{directory.name}.discarded-", dir=self.root))
+        try:
+            os.rename(directory, aside / "entry")
+        except OSError:
+            pass  # another worker discarded it first
+        shutil.rmtree(aside, ignore_errors=True)
+        return None
 
     def _data_for(self, spec, ctx: PassContext):
         """The run's data, built as the runner builds it (once per worker and data section)."""

@@ -11,7 +11,7 @@ their own error); a trial lost with a killed worker is failed by heartbeat and r
 
 from __future__ import annotations
 
-import copy
+import importlib
 import logging
 import math
 import shutil
@@ -24,17 +24,20 @@ import optuna
 from optuna.trial import TrialState
 from tqdm import tqdm
 
-from mase_lite.errors import UserError, ensure_dir
+from mase_lite.errors import UserError, ensure_dir, short
+from mase_lite.faults import ToolFault, as_fault
+from mase_lite.files import check_writable
 from mase_lite.pipeline.runner import json_safe, run_pipeline
-from mase_lite.pipeline.spec import read_json
+from mase_lite.search.base import base_pipeline
 from mase_lite.search.cache import PrefixCache, prefix_length
+from mase_lite.search.identity import adopt, made_by
+from mase_lite.search.internals import grid_id, grid_size, storage_of, trial_id
+from mase_lite.search.preflight import TRIAL_SECONDS, check_metrics, startup_warning
 from mase_lite.search.space import Space
 from mase_lite.search.spec import SearchSpec, StudySpec, load_search_spec
-from mase_lite.search.storage import fail_stale, heartbeat_thread, open_storage
+from mase_lite.search.storage import JOURNAL, fail_stale, heartbeat, hidden_url, open_storage
 
 logger = logging.getLogger(__name__)
-
-TRIAL_SECONDS = "trial.seconds"
 
 
 @dataclass
@@ -49,6 +52,7 @@ class Study:
     sampler: optuna.samplers.BaseSampler
     study: optuna.Study | None = None
     cache: PrefixCache | None = None  # the prefix cache (None: off, or the space varies every step's input)
+    recorded: bool = False  # the pipeline is a report's: data, whose runs write only inside their directory
     overhead: list[float] = field(default_factory=list)  # seconds per trial spent outside the pipeline run
     loop_seconds: list[float] = field(default_factory=list)  # seconds per trial, from the stale check to tell
 
@@ -86,20 +90,6 @@ def flatten_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     return flat
 
 
-def _pipeline_dict(source: str | dict, base_dir: Path, where: str) -> dict:
-    if isinstance(source, dict):
-        return copy.deepcopy(source)
-    path = Path(source)
-    if not path.is_absolute():
-        path = base_dir / path
-    if not path.is_file():
-        raise UserError(f"{where}: no such pipeline spec: {path}")
-    data = read_json(path)
-    if isinstance(data, dict) and "spec" in data and "versions" in data:
-        data = data["spec"]
-    return data
-
-
 class GridSampler(optuna.samplers.GridSampler):
     """Optuna's grid sampler; the engine's loop (not ``Study.stop``) ends a walked-through grid."""
 
@@ -121,16 +111,23 @@ def make_sampler(spec: SearchSpec, variant: StudySpec, space: Space, where: str)
         "qmc": optuna.samplers.QMCSampler,
         "cmaes": optuna.samplers.CmaEsSampler,
     }
+    n_trials = variant.n_trials or spec.n_trials
+    warning = startup_warning(name, options, n_trials, len(space.grid_names()))
+    if warning:
+        logger.warning("%s: %s", where, warning)
     try:
         if name == "grid":
             return GridSampler(space.grid(), seed=seed, **options)
-        if name == "cmaes":
-            import cmaes  # noqa: F401  (optional package)
+        if name in _NEEDS:
+            importlib.import_module(_NEEDS[name])
         return kinds[name](seed=seed, **options)
     except ImportError as err:
         raise UserError(f"{where}.name: sampler {name!r} needs a package that is not installed ({err.name})") from None
-    except TypeError as err:
+    except (TypeError, ValueError) as err:
         raise UserError(f"{where}: bad option for sampler {name!r}: {err}") from None
+
+
+_NEEDS = {"cmaes": "cmaes", "qmc": "scipy.stats.qmc"}  # samplers' optional packages
 
 
 def _constraints_func(spec: SearchSpec):
@@ -158,22 +155,25 @@ def feasible(spec: SearchSpec, metrics: dict[str, float]) -> bool:
 
 
 def prepare_studies(spec: SearchSpec) -> list[Study]:
-    """Every study's space, statically checked, and its sampler; nothing runs yet."""
+    """Every study's space, statically checked, its metrics and its sampler; nothing runs yet."""
     variants = spec.studies or [StudySpec(name=spec.study_name)]
     out = Path(spec.output_dir)
     studies = []
     for k, variant in enumerate(variants):
-        where = f"studies.{k}" if spec.studies else ""
-        prefix = f"{where}." if where else ""
-        pipeline = _pipeline_dict(variant.pipeline or spec.pipeline, spec.base_dir, f"{prefix}pipeline")
+        prefix = f"studies.{k}." if spec.studies else ""
+        source = variant.pipeline or spec.pipeline
+        base = base_pipeline(source, spec.base_dir, f"{prefix if variant.pipeline else ''}pipeline", spec.recorded)
         entries = variant.space if variant.space is not None else spec.space
-        space = Space(pipeline, entries, where=f"{prefix}space" if variant.space is not None else "space")
+        space = Space(base.spec, entries, where=f"{prefix}space" if variant.space is not None else "space",
+                      source=base.name, recorded=base.recorded)
         space.check()
         sampler = make_sampler(spec, variant, space, f"{prefix}sampler" if variant.sampler else "sampler")
         name = f"{spec.study_name}.{variant.name}" if spec.studies else spec.study_name
-        k = prefix_length(pipeline, space) if spec.cache else None
+        k = prefix_length(base.spec, space) if spec.cache else None
         cache = PrefixCache(out / "cache", k) if k is not None else None
-        studies.append(Study(name, spec, variant, space, out / variant.name if spec.studies else out, sampler, cache=cache))
+        studies.append(Study(name, spec, variant, space, out / variant.name if spec.studies else out, sampler,
+                             cache=cache, recorded=base.recorded))
+    check_metrics(spec, studies)
     return studies
 
 
@@ -194,7 +194,7 @@ def _grid_left(study: Study) -> bool:
     for t in study.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL, TrialState.RUNNING)):
         if "grid_id" in t.system_attrs:
             seen.add(t.system_attrs["grid_id"])
-    return len(seen) < len(study.sampler._all_grids)
+    return len(seen) < grid_size(study.sampler)
 
 
 def _grid_point_taken(study: Study, trial: optuna.Trial) -> bool:
@@ -206,12 +206,12 @@ def _grid_point_taken(study: Study, trial: optuna.Trial) -> bool:
     """
     if not isinstance(study.sampler, optuna.samplers.GridSampler):
         return False
-    grid_id = study.study._storage.get_trial_system_attrs(trial._trial_id).get("grid_id")
-    if grid_id is None:
+    point = grid_id(study.study, trial)
+    if point is None:
         return False
     states = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL)
     return any(
-        t.number != trial.number and t.system_attrs.get("grid_id") == grid_id
+        t.number != trial.number and t.system_attrs.get("grid_id") == point
         and (t.state != TrialState.FAIL or "error" in t.user_attrs)
         for t in study.study.get_trials(deepcopy=False, states=states)
     )
@@ -220,7 +220,8 @@ def _grid_point_taken(study: Study, trial: optuna.Trial) -> bool:
 def run_trial(study: Study, trial: optuna.Trial) -> tuple[TrialState, list[float] | None, float]:
     """Sample, materialize, run; record params, metrics and status as user attributes.
 
-    Returns the state, the objective values and the seconds spent inside the pipeline run."""
+    Returns the state, the objective values and the seconds spent inside the pipeline run. A failure of
+    the tool's own I/O is raised as a :class:`~mase_lite.faults.ToolFault`, not recorded."""
     spec = study.spec
     trial_dir = study.output_dir / "trials" / str(trial.number)
     t0 = time.perf_counter()
@@ -232,7 +233,7 @@ def run_trial(study: Study, trial: optuna.Trial) -> tuple[TrialState, list[float
         pipeline["output_dir"] = str(trial_dir)
         t1 = time.perf_counter()
         try:
-            result = run_pipeline(pipeline, output_dir=trial_dir, cache=study.cache)
+            result = run_pipeline(pipeline, output_dir=trial_dir, cache=study.cache, recorded=study.recorded)
         finally:
             run_seconds = time.perf_counter() - t1
         metrics = flatten_metrics(result.report["metrics"])
@@ -245,6 +246,11 @@ def run_trial(study: Study, trial: optuna.Trial) -> tuple[TrialState, list[float
         trial.set_user_attr("report", str(trial_dir / "report.json"))
         return TrialState.COMPLETE, [float(metrics[o.metric]) for o in spec.objectives], run_seconds
     except Exception as err:  # a trial's own failure: recorded, and the study goes on
+        fault = as_fault(err, trial_dir)
+        if fault is err:  # the storage, unreachable
+            raise
+        if fault is not None:  # the tool's own I/O (a full disk): not the trial's failure
+            raise fault from err
         reason = f"{type(err).__name__}: {err}"
         logger.warning("trial %d failed: %s", trial.number, reason)
         trial.set_user_attr("status", "failed")
@@ -270,7 +276,7 @@ def clear_leftovers(study: Study) -> None:
 
 def optimize(study: Study, deadline: float | None) -> None:
     """This worker's share of ``study``: trials until ``n_trials`` ran to an end in total."""
-    storage = study.study._storage
+    storage = storage_of(study.study)
     done, running, _ = _counts(study.study)
     best = None
     bar = tqdm(total=study.n_trials, initial=min(done, study.n_trials), desc=study.name, unit="trial", disable=None)
@@ -294,8 +300,12 @@ def optimize(study: Study, deadline: float | None) -> None:
                 trial.set_user_attr("status", "duplicate grid point")
                 study.study.tell(trial, state=TrialState.PRUNED)
                 continue
-            with heartbeat_thread(storage, trial._trial_id):
-                state, values, run_seconds = run_trial(study, trial)
+            try:
+                with heartbeat(storage, trial_id(trial)):
+                    state, values, run_seconds = run_trial(study, trial)
+            except ToolFault:
+                _requeue(study, trial)
+                raise
             try:
                 study.study.tell(trial, values, state=state)
             except optuna.exceptions.UpdateFinishedTrialError:
@@ -311,27 +321,77 @@ def optimize(study: Study, deadline: float | None) -> None:
         bar.close()
 
 
+def _requeue(study: Study, trial: optuna.Trial) -> None:
+    """A trial the tool's own I/O failure stopped: failed without an error of its own, with a copy queued
+    to run when the search resumes. Best effort: when the storage cannot take it either, the trial
+    stays running and its silent heartbeat fails and requeues it on resume."""
+    try:
+        study.study.tell(trial, state=TrialState.FAIL)
+        frozen = study.study.get_trials(deepcopy=False)[trial.number]
+        optuna.storages.RetryHeartbeatStaleTrialCallback()(study.study, frozen)
+    except Exception as err:
+        logger.warning("trial %d could not be queued again now (%s); it is on resume", trial.number, err)
+
+
+def _open(study: Study, storage, directions: list[str], where: str) -> None:
+    """Create or load ``study``'s Optuna study, which another search spec must not have made."""
+    try:
+        study.study = optuna.create_study(
+            storage=storage, sampler=study.sampler, study_name=study.name, directions=directions, load_if_exists=True
+        )
+    except ValueError as err:
+        raise UserError(f"study {study.name!r}: {err}") from None
+    if list(study.study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
+        raise UserError(f"study {study.name!r} exists in the storage with other objective directions")
+    adopt(study, made_by(study.spec, study), where)
+
+
+def _all_failed(studies: list[Study]) -> str | None:
+    """When no trial of the search is complete but some failed by their own error: a line per study
+    naming its first error (a study with none complete beside others that have some is only logged)."""
+    lines, complete = [], False
+    for study in studies:
+        ended = [t for t in study.study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE or "error" in t.user_attrs]
+        complete = complete or any(t.state == TrialState.COMPLETE for t in ended)
+        if ended and all(t.state == TrialState.FAIL for t in ended):
+            first = ended[0]
+            lines.append(f"study {study.name!r}: all {len(ended)} trials failed; trial {first.number}: "
+                         f"{short(first.user_attrs['error'], 300)}")
+    for line in lines if complete else []:
+        logger.warning(line)
+    return None if complete else "\n".join(lines) or None
+
+
 def run_search(source: str | Path | dict | SearchSpec) -> SearchResult:
-    """Check the spec and its space, run (or continue) every study, write the results."""
+    """Check the spec, its space and metrics, run (or continue) every study, write the results.
+
+    Raises a ``UserError`` (CLI exit 2) before any trial for anything the spec gets wrong, and after
+    writing the results when every trial failed; a :class:`~mase_lite.faults.ToolFault`
+    when the tool's own I/O fails (the running trial runs again on resume).
+    """
     from mase_lite.search.results import write_results
 
     spec = load_search_spec(source)
     studies = prepare_studies(spec)
+    check_writable(spec.output_dir, "output_dir")
     out = ensure_dir(spec.output_dir, "output_dir")
-    storage = open_storage(spec.storage, out, spec.heartbeat_interval, spec.grace_period)
+    storage = open_storage(spec.storage, out, spec.heartbeat_interval, spec.grace_period, spec.storage_retry)
+    where = _hidden_storage(spec, out)
     directions = [o.direction for o in spec.objectives]
-    deadline = time.time() + spec.timeout if spec.timeout else None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for study in studies:
+        _open(study, storage, directions, where)
+    deadline = time.time() + spec.timeout if spec.timeout else None
+    for study in studies:
         ensure_dir(study.output_dir, "output_dir")
-        try:
-            study.study = optuna.create_study(
-                storage=storage, sampler=study.sampler, study_name=study.name, directions=directions, load_if_exists=True
-            )
-        except ValueError as err:
-            raise UserError(f"study {study.name!r}: {err}") from None
-        if list(study.study.directions) != [optuna.study.StudyDirection[d.upper()] for d in directions]:
-            raise UserError(f"study {study.name!r} exists in the storage with other objective directions")
         optimize(study, deadline)
     report = write_results(spec, studies, out)
+    failed = _all_failed(studies)
+    if failed:
+        raise UserError(f"{failed}\nsee {out / 'search_report.json'}")
     return SearchResult(studies=studies, report=report, output_dir=out)
+
+
+def _hidden_storage(spec: SearchSpec, out: Path) -> str:
+    """The storage as messages name it: the journal file, or the URL without its password."""
+    return str(out / JOURNAL) if spec.storage is None else hidden_url(spec.storage)

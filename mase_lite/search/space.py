@@ -27,6 +27,7 @@ from mase_lite.pipeline.spec import PipelineSpec, check_pipeline, load_spec
 from mase_lite.search.spec import ChoiceParam, ConstParam, FloatParam, IncludeParam, IntParam, LogFloatParam, NodeSelector
 
 PRIMITIVE = (type(None), bool, int, float, str)
+MAX_GRID = 10**6  # points of a grid sampler's grid (Optuna lists them all)
 
 
 class PathError(UserError):
@@ -203,6 +204,19 @@ def candidates(entry) -> list[tuple[str, Any]]:
     return [("low", entry.low), ("high", entry.high)]
 
 
+def grid_count(entry, where: str) -> int:
+    """How many values a grid sampler walks for ``entry`` (counted, not listed)."""
+    if isinstance(entry, ChoiceParam):
+        return len(entry.values)
+    if isinstance(entry, IncludeParam):
+        return 2
+    if isinstance(entry, IntParam) and not entry.log:
+        return (entry.high - entry.low) // entry.step + 1
+    if isinstance(entry, FloatParam) and entry.step is not None:
+        return int(round((entry.high - entry.low) / entry.step)) + 1
+    raise UserError(f"{where}: the grid sampler needs choices, unlogged ints or floats with a step")
+
+
 def grid_values(entry, where: str) -> list[Any]:
     """The values a grid sampler walks for ``entry`` (as Optuna stores them)."""
     if isinstance(entry, ChoiceParam):
@@ -217,13 +231,28 @@ def grid_values(entry, where: str) -> list[Any]:
     raise UserError(f"{where}: the grid sampler needs choices, unlogged ints or floats with a step")
 
 
-class Space:
-    """The entries of a search spec bound to one base pipeline dict."""
+def _well_formed(pipeline: Any) -> bool:
+    """Whether paths can be looked up in ``pipeline``: an object whose steps (if any) are a list of objects."""
+    steps = pipeline.get("steps", []) if isinstance(pipeline, dict) else None
+    return isinstance(steps, list) and all(isinstance(s, dict) for s in steps)
 
-    def __init__(self, pipeline: dict, entries: list, where: str = "space"):
+
+class Space:
+    """The entries of a search spec bound to one base pipeline dict.
+
+    ``source`` names the base pipeline in errors that are its own (not the space's); a ``recorded``
+    pipeline came from a report (see :func:`mase_lite.pipeline.spec.load_spec`).
+    """
+
+    def __init__(self, pipeline: dict, entries: list, where: str = "space", source: str = "pipeline",
+                 recorded: bool = False):
         self.pipeline = pipeline
         self.entries = entries
         self.where = where
+        self.source = source
+        self.recorded = recorded
+        if not _well_formed(pipeline):
+            self._validate(pipeline)  # raises the base pipeline's own error
         self.keys: list[list[str | int]] = []
         self.tied: list[list[tuple[list[str | int], float]]] = []  # (keys, scale) of each entry's `also`
         problems = []
@@ -274,23 +303,56 @@ class Space:
         if problems:
             raise UserError("search space check failed:\n" + "\n".join(problems))
         contexts = [[candidates(e)[0][1] for e in self.entries], [candidates(e)[-1][1] for e in self.entries]]
+        self._check_base(self._filled(contexts[0], nodes))
         for i, entry in enumerate(self.entries):
-            for suffix, value in candidates(entry):
+            for suffix, value in _distinct(candidates(entry)):
                 errors = []
                 for context in contexts:
-                    pipeline = copy.deepcopy(self.pipeline)
-                    for k in self.order():
-                        self._fill(pipeline, k, value if k == i else context[k], nodes.get(k, []))
                     try:
-                        check_pipeline(load_spec(pipeline))
+                        self._validate(self._filled([*context[:i], value, *context[i + 1:]], nodes))
                     except UserError as err:
                         errors.append(str(err))
                     else:
                         break
                 if len(errors) == len(contexts):
-                    problems.append(f"{self.where}.{i}.{suffix} ({entry.path} = {json.dumps(value)}): {errors[0]}")
+                    problems.append(f"{self.where}.{i}.{suffix} ({entry.path} = {_shown(value)}): {errors[0]}")
         if problems:
             raise UserError("search space check failed:\n" + "\n".join(problems))
+
+    def _filled(self, values: list[Any], nodes: dict[int, list[str]]) -> dict:
+        pipeline = copy.deepcopy(self.pipeline)
+        for k in self.order():
+            self._fill(pipeline, k, values[k], nodes.get(k, []))
+        return pipeline
+
+    def _validate(self, pipeline: Any) -> PipelineSpec:
+        spec = load_spec(pipeline, recorded=self.recorded, name=self.source)
+        check_pipeline(spec)
+        return spec
+
+    def _check_base(self, first: dict) -> None:
+        """Blame the base pipeline for an error it has whatever the space sets (first values tried)."""
+        try:
+            self._validate(self.pipeline)
+        except UserError as err:
+            base_error = str(err)
+        else:
+            return
+        try:
+            self._validate(first)
+        except UserError as err:
+            if str(err) == base_error:
+                raise UserError(f"{self.source}: {base_error}") from None
+
+    def valid_pipeline(self) -> PipelineSpec | None:
+        """A pipeline of the space that validates (its first, else last, values), as a spec; ``None`` if neither does."""
+        nodes = {i: self.nodes(e) for i, e in enumerate(self.entries) if e.nodes is not None}
+        for pick in (0, -1):
+            try:
+                return self._validate(self._filled([candidates(e)[pick][1] for e in self.entries], nodes))
+            except UserError:
+                continue
+        return None
 
     def grid_names(self) -> list[str]:
         """Every parameter's name, per-layer entries expanded over the base model."""
@@ -302,15 +364,25 @@ class Space:
         ]
 
     def grid(self) -> dict[str, list[Any]]:
-        """Optuna's GridSampler search space (per-layer entries expanded over the base model)."""
-        space = {}
+        """Optuna's GridSampler search space (per-layer entries expanded over the base model); a grid of
+        more than :data:`MAX_GRID` points is refused before any is listed."""
+        points, space = 1, {}
         for i, entry in enumerate(self.entries):
             if isinstance(entry, ConstParam):
                 continue
             where = f"{self.where}.{i}"
             names = self.nodes(entry) if entry.nodes is not None else [None]
-            for node in names:
-                space[_param_name(entry, node)] = grid_values(entry, where)
+            points *= grid_count(entry, where) ** len(names)
+            if points > MAX_GRID:
+                raise UserError(
+                    f"{where}: the grid would have more than {MAX_GRID} points ({grid_count(entry, where)} values of "
+                    f"this entry{f' for each of {len(names)} nodes' if len(names) > 1 else ''}); use a step, fewer "
+                    "values or another sampler"
+                )
+        for i, entry in enumerate(self.entries):
+            if not isinstance(entry, ConstParam):
+                for node in self.nodes(entry) if entry.nodes is not None else [None]:
+                    space[_param_name(entry, node)] = grid_values(entry, f"{self.where}.{i}")
         return space
 
     def suggest(self, trial) -> dict[str, Any]:
@@ -352,6 +424,23 @@ class Space:
             names = self.nodes(entry, pipeline)
             self._set(pipeline, i, None, {n: values[_param_name(entry, n)] for n in names if _param_name(entry, n) in values})
         return pipeline
+
+
+def _shown(value: Any) -> str:
+    """``value`` as JSON, cut short."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 72 else f"{text[:72]}... ({len(text)} characters)"
+
+
+def _distinct(pairs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``(suffix, value)`` pairs with repeated values left out (each is checked once)."""
+    seen, out = set(), []
+    for suffix, value in pairs:
+        key = json.dumps(value, sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            out.append((suffix, value))
+    return out
 
 
 def scaled(value: Any, scale: float) -> Any:

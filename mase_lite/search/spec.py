@@ -14,19 +14,25 @@ Example::
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, ValidationError, field_validator,
+                      model_validator)
 
-from mase_lite.errors import UserError, format_validation_error
-from mase_lite.pipeline.spec import read_json
+from mase_lite.errors import UserError, format_validation_error, short
+from mase_lite.jsonio import check_value, read_json
+from mase_lite.pipeline.spec import is_report
 
-SAMPLERS = ("grid", "random", "tpe", "nsga2", "qmc", "cmaes")
+MAX_CHOICES = 1000  # candidates of one choice entry: each is checked against the pipeline before the first trial
+Int64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]
+Seed = Annotated[int, Field(ge=0, lt=2**32, description="seed of the sampler's generator")]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class NodeSelector(_Strict):
@@ -40,6 +46,11 @@ class NodeSelector(_Strict):
     def _something(self) -> "NodeSelector":
         if self.op is None and self.regex is None:
             raise ValueError("give 'op', 'regex' or both")
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as err:
+                raise ValueError(f"regex {short(self.regex)} is not a regular expression: {err}") from None
         return self
 
 
@@ -47,7 +58,7 @@ class Tied(_Strict):
     """Another path that receives the entry's value, times ``scale`` (an int value stays an int)."""
 
     path: str = Field(description="like the entry's path; '{node}' stands for the same node")
-    scale: float = Field(1.0, description="factor, e.g. 0.5 for a fraction width half the width")
+    scale: float = Field(1.0, ge=-1e6, le=1e6, description="factor, e.g. 0.5 for a fraction width half the width")
 
 
 class _Param(_Strict):
@@ -72,7 +83,7 @@ class ChoiceParam(_Param):
     """One of ``values`` (any JSON values: numbers, strings, whole configs)."""
 
     type: Literal["choice"]
-    values: list[Any] = Field(min_length=1, description="the candidates")
+    values: list[Any] = Field(min_length=1, max_length=MAX_CHOICES, description="the candidates")
 
 
 class _Range(_Param):
@@ -87,9 +98,9 @@ class _Range(_Param):
 
 class IntParam(_Range):
     type: Literal["int"]
-    low: int
-    high: int
-    step: int = Field(1, ge=1)
+    low: Int64
+    high: Int64
+    step: int = Field(1, ge=1, lt=2**63)
     log: bool = False
 
 
@@ -170,16 +181,83 @@ class PlotSpec(_Strict):
     file: str = Field(pattern=r"^[\w.-]+\.png$", description="file name in output_dir")
 
 
-class SamplerSpec(BaseModel):
-    """An Optuna sampler by name; other keys are that sampler's options."""
-
-    model_config = ConfigDict(extra="allow")
-
-    name: Literal["grid", "random", "tpe", "nsga2", "qmc", "cmaes"] = "tpe"
-    seed: int = 0
+class _Sampler(_Strict):
+    seed: Seed = 0
 
     def options(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
+        """The Optuna sampler's keyword arguments the spec sets (besides the seed)."""
+        return {k: v for k, v in self.model_dump(exclude={"name", "seed"}).items() if v is not None}
+
+
+class GridSamplerSpec(_Sampler):
+    """Every combination of the space's values (choices, unlogged ints, floats with a step)."""
+
+    name: Literal["grid"]
+
+
+class RandomSamplerSpec(_Sampler):
+    name: Literal["random"]
+
+
+class TPESamplerSpec(_Sampler):
+    """Tree-structured Parzen estimator; random for its first ``n_startup_trials`` trials."""
+
+    name: Literal["tpe"] = "tpe"
+    n_startup_trials: int | None = Field(None, ge=0, le=10**6, description="random trials first (Optuna's default: 10)")
+    n_ei_candidates: int | None = Field(None, ge=1, le=10**4)
+    multivariate: bool | None = None
+    group: bool | None = None
+    constant_liar: bool | None = None
+    consider_endpoints: bool | None = None
+    prior_weight: float | None = Field(None, gt=0, le=1e6)
+    warn_independent_sampling: bool | None = None
+
+
+class NSGA2SamplerSpec(_Sampler):
+    """NSGA-II; its first generation (``population_size`` trials) is random."""
+
+    name: Literal["nsga2"]
+    population_size: int | None = Field(None, ge=2, le=10**6, description="trials per generation (Optuna's default: 50)")
+    mutation_prob: float | None = Field(None, ge=0, le=1)
+    crossover_prob: float | None = Field(None, ge=0, le=1)
+    swapping_prob: float | None = Field(None, ge=0, le=1)
+
+
+class QMCSamplerSpec(_Sampler):
+    """Quasi-Monte Carlo points (needs scipy)."""
+
+    name: Literal["qmc"]
+    qmc_type: Literal["sobol", "halton"] | None = None
+    scramble: bool | None = None
+    warn_independent_sampling: bool | None = None
+    warn_asynchronous_seeding: bool | None = None
+
+
+class CmaEsSamplerSpec(_Sampler):
+    """CMA-ES (needs the cmaes package); it learns after each generation of ``popsize`` trials."""
+
+    name: Literal["cmaes"]
+    n_startup_trials: int | None = Field(None, ge=0, le=10**6, description="random trials first (Optuna's default: 1)")
+    sigma0: float | None = Field(None, gt=0, le=1e6)
+    popsize: int | None = Field(None, ge=1, le=10**6, description="trials per generation (default: 4 + 3 ln(parameters))")
+    use_separable_cma: bool | None = None
+    with_margin: bool | None = None
+    lr_adapt: bool | None = None
+    consider_pruned_trials: bool | None = None
+    warn_independent_sampling: bool | None = None
+
+
+def _sampler_name(value: Any) -> Any:
+    """The sampler's name (``tpe`` when none is given), which picks its options' model."""
+    return value.get("name", "tpe") if isinstance(value, dict) else getattr(value, "name", None)
+
+
+_SAMPLER_MODELS = (GridSamplerSpec, RandomSamplerSpec, TPESamplerSpec, NSGA2SamplerSpec, QMCSamplerSpec, CmaEsSamplerSpec)
+SAMPLERS = ("grid", "random", "tpe", "nsga2", "qmc", "cmaes")
+SamplerSpec = Annotated[
+    Union[tuple(Annotated[m, Tag(n)] for n, m in zip(SAMPLERS, _SAMPLER_MODELS))],
+    Discriminator(_sampler_name),
+]
 
 
 class StudySpec(_Strict):
@@ -189,7 +267,7 @@ class StudySpec(_Strict):
     pipeline: str | dict[str, Any] | None = None
     space: list[Param] | None = None
     sampler: SamplerSpec | None = None
-    n_trials: int | None = Field(None, ge=1)
+    n_trials: int | None = Field(None, ge=1, le=10**9)
 
 
 class SearchSpec(_Strict):
@@ -199,22 +277,40 @@ class SearchSpec(_Strict):
     space: list[Param] = Field(default_factory=list, description="what each trial varies")
     objectives: list[Objective] = Field(min_length=1)
     constraints: list[Constraint] = Field(default_factory=list)
-    sampler: SamplerSpec = Field(default_factory=SamplerSpec)
-    n_trials: int = Field(10, ge=1, description="trials that run to an end, in total over every run and worker")
+    sampler: SamplerSpec = Field(default_factory=TPESamplerSpec)
+    n_trials: int = Field(10, ge=1, le=10**9, description="trials that run to an end, in total over every run and worker")
     timeout: float | None = Field(None, gt=0, description="stop starting trials after this many seconds")
-    storage: str | None = Field(None, description="Optuna storage URL (default: a journal file in output_dir)")
+    storage: str | None = Field(None, min_length=1, description="Optuna storage URL (default: a journal file in output_dir)")
     study_name: str = Field("search", pattern=r"^[A-Za-z0-9_][\w.-]*$")
-    output_dir: str = "runs/search"
+    output_dir: str = Field("runs/search", min_length=1)
     studies: list[StudySpec] | None = Field(None, min_length=1, description="several studies run side by side")
     plots: list[PlotSpec] = Field(default_factory=list, description="plots beyond the automatic ones")
     cache: bool = Field(True, description="reuse the state after steps trials share (prefix cache)")
-    heartbeat_interval: int = Field(10, ge=1, description="seconds between a running trial's heartbeats")
-    grace_period: int | None = Field(None, ge=1, description="a trial silent this long is failed and retried (default 3 heartbeats)")
+    heartbeat_interval: int = Field(10, ge=1, le=86400, description="seconds between a running trial's heartbeats")
+    grace_period: int | None = Field(None, ge=1, le=10**7, description="a trial silent this long is failed and retried (default 3 heartbeats)")
+    storage_retry: float = Field(
+        60, ge=0, le=86400, description="seconds an unreachable storage (a restarting database) is retried before the worker stops"
+    )
     _base_dir: Path = PrivateAttr(default_factory=Path)  # where relative pipeline paths are read from
+    _recorded: bool = PrivateAttr(False)  # read from a search_report.json: data, not the user's own spec
 
     @property
     def base_dir(self) -> Path:
         return self._base_dir
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the spec was read from a search report (its pipelines are then data too)."""
+        return self._recorded
+
+    @field_validator("storage")
+    @classmethod
+    def _on_disk(cls, url: str | None) -> str | None:
+        low = (url or "").lower()
+        if low.startswith("sqlite") and (low.rstrip("/") in ("sqlite:", "sqlite:/") or ":memory:" in low or "mode=memory" in low):
+            raise ValueError("an in-memory database ends with its worker and no other worker sees it; give a file "
+                             "(sqlite:///runs/x/study.db) or leave storage out (a journal file in output_dir)")
+        return url
 
     @model_validator(mode="after")
     def _unique_studies(self) -> "SearchSpec":
@@ -225,23 +321,41 @@ class SearchSpec(_Strict):
         return self
 
 
+def _explain(error: dict) -> str | None:
+    """An unknown sampler name gets the list of samplers."""
+    loc = error["loc"]
+    if error["type"] == "union_tag_invalid" and loc and loc[-1] == "sampler":
+        return f"{'.'.join(map(str, loc))}.name: unknown sampler {short(error['ctx']['tag'])}; samplers: {', '.join(SAMPLERS)}"
+    return None
+
+
 def load_search_spec(source: str | Path | dict | SearchSpec) -> SearchSpec:
-    """A validated search spec from a path, a dict or a spec."""
+    """A validated search spec from a path, a dict, a ``search_report.json`` (its recorded spec) or a spec.
+
+    Validated as strict JSON (``true`` is not a number, ``"1"`` not an integer), like pipeline specs.
+    """
     if isinstance(source, SearchSpec):
         return source
     name, base = "<dict>", "."
     if isinstance(source, (str, Path)):
         name, base = str(source), str(Path(source).parent)
         source = read_json(source)
-    if isinstance(source, dict) and "spec" in source and "versions" in source:
+    else:
+        check_value(source, name)
+    recorded = is_report(source) and isinstance(source.get("spec"), dict) and "objectives" in source["spec"]
+    if recorded:
         source = source["spec"]
+    elif is_report(source) or (isinstance(source, dict) and "steps" in source and "objectives" not in source):
+        kind = "a run's report" if is_report(source) else "a pipeline spec (it has steps)"
+        raise UserError(f"{name} is {kind}; run it with `mase-lite run {name}`")
     if not isinstance(source, dict):
         raise UserError(f"search spec {name}: expected a JSON object")
     try:
-        spec = SearchSpec.model_validate(source)
+        spec = SearchSpec.model_validate_json(json.dumps(source, default=str), strict=True)
     except ValidationError as err:
-        raise UserError(f"invalid search spec {name}:\n" + format_validation_error(err, model=SearchSpec)) from None
+        raise UserError(f"invalid search spec {name}:\n" + format_validation_error(err, model=SearchSpec, explain=_explain)) from None
     spec._base_dir = Path(base)
+    spec._recorded = recorded
     return spec
 
 

@@ -1,7 +1,9 @@
 """Study storage: a journal file several processes share (default), or any Optuna URL (PostgreSQL, ...).
 
 Both record a heartbeat per running trial; a trial silent for ``grace_period`` seconds (its worker
-was killed) is failed by the next worker that looks, and a copy of it is queued to run again.
+was killed) is failed by the next worker that looks, and a copy of it is queued to run again. A
+database that goes away (a restart) is retried for ``retry`` seconds; then the worker stops with a
+:class:`~mase_lite.faults.ToolFault` naming the storage.
 
 Example::
 
@@ -11,126 +13,158 @@ Example::
 
 from __future__ import annotations
 
-import json
-import os
+import contextlib
+import functools
+import logging
+import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
-from optuna.exceptions import ExperimentalWarning, UpdateFinishedTrialError
-from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
-from optuna.storages._heartbeat import BaseHeartbeat
-from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
-from optuna.storages.journal._storage import JournalOperation
-from optuna.trial import TrialState
+from optuna.exceptions import ExperimentalWarning
+from optuna.storages import BaseStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 
 from mase_lite.errors import UserError
+from mase_lite.faults import ToolFault
+from mase_lite.search.internals import HEARTBEAT_CALLS, BaseHeartbeat, HeartbeatJournalStorage
+from mase_lite.search.journal import open_journal
+
+logger = logging.getLogger(__name__)
 
 JOURNAL = "study.journal"
 
-# Writes a trial makes while it runs; the journal reaches the disk at the next other write (a trial's end).
-_UNSYNCED = {
-    JournalOperation.SET_TRIAL_PARAM,
-    JournalOperation.SET_TRIAL_USER_ATTR,
-    JournalOperation.SET_TRIAL_SYSTEM_ATTR,
-    JournalOperation.SET_TRIAL_INTERMEDIATE_VALUE,
-}
+
+def _unreachable(err: BaseException) -> BaseException | None:
+    """The error in ``err``'s chain saying the database cannot be reached (refused, closed, restarting), if
+    any; ``None`` when ``err`` is of another kind (a query that is wrong)."""
+    from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+
+    while err is not None:
+        if isinstance(err, (OperationalError, InterfaceError, DisconnectionError)):
+            return err
+        if isinstance(err, DBAPIError) and err.connection_invalidated:
+            return err
+        err = err.__cause__
+    return None
 
 
-class TrialSyncedJournalFileBackend(JournalFileBackend):
-    """Optuna's journal file, forced to disk (fsync) when a study or trial is created or a trial ends,
-    not after each of a running trial's writes (a sampled parameter, an attribute, a heartbeat).
+class RetryingRDBStorage(RDBStorage):
+    """Optuna's RDB storage whose every call is retried while the database is unreachable, for ``retry``
+    seconds; then a :class:`ToolFault` names the storage (its password hidden)."""
 
-    Every write is in the file, visible to every process, as soon as it returns; a machine crash can
-    lose only running trials' last writes, and those trials run again.
-    """
+    retry: float = 60.0
+    shown: str = "the storage"
 
-    def append_logs(self, logs: list[dict]) -> None:
-        text = "\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n"
-        self._lock.acquire()
-        try:
-            with open(self._file_path, "ab") as f:
-                f.write(text.encode("utf-8"))
-                f.flush()
-                if any(log.get("op_code") not in _UNSYNCED for log in logs):
-                    os.fsync(f.fileno())
-        finally:
-            self._lock.release()
-
-
-class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
-    """Optuna's journal storage plus the heartbeat its RDB storage has: a running trial's heartbeat
-    is a system attribute refreshed every ``heartbeat_interval`` seconds."""
-
-    def __init__(self, backend, heartbeat_interval: int, grace_period: int):
-        super().__init__(backend)
-        self.heartbeat_interval = heartbeat_interval
-        self.grace_period = grace_period
-
-    def record_heartbeat(self, trial_id: int) -> None:
-        try:
-            self.set_trial_system_attr(trial_id, "heartbeat", time.time())
-        except UpdateFinishedTrialError:
-            pass  # another worker already failed this trial as stale
-
-    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
-        now = time.time()
-        stale = []
-        for t in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
-            start = t.datetime_start.timestamp() if t.datetime_start else now
-            if now - t.system_attrs.get("heartbeat", start) > self.grace_period:
-                stale.append(t._trial_id)
-        return stale
-
-    def get_heartbeat_interval(self) -> int | None:
-        return self.heartbeat_interval
-
-    def get_heartbeat_stale_trial_callback(self):
-        return RetryHeartbeatStaleTrialCallback()
+    def _retrying(self, call, *args, **kwargs):
+        start, wait = time.monotonic(), 0.25
+        while True:
+            try:
+                return call(self, *args, **kwargs)
+            except Exception as err:
+                cause = _unreachable(err)
+                if cause is None:
+                    raise
+                waited = time.monotonic() - start
+                if waited >= self.retry:
+                    reason = (str(getattr(cause, "orig", None) or cause).strip().splitlines() or [type(cause).__name__])[0]
+                    raise ToolFault(
+                        f"storage: {self.shown} is unreachable ({reason}); retried for {waited:.0f} s. Run the search "
+                        "again when it is back: finished trials are kept, the running one runs again"
+                    ) from None
+                (logger.warning if wait == 0.25 else logger.debug)(
+                    "storage %s unreachable (%s); retrying for up to %.0f s", self.shown, type(cause).__name__, self.retry)
+                time.sleep(min(wait, max(self.retry - waited, 0.01)))
+                wait = min(wait * 2, 5.0)
 
 
-def open_storage(url: str | None, output_dir: Path, heartbeat_interval: int, grace_period: int | None = None):
-    """The study storage for ``url`` (``None``: ``<output_dir>/study.journal``), heartbeat enabled."""
+def _retried(name: str):
+    method = getattr(RDBStorage, name)
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        return self._retrying(method, *args, **kwargs)
+
+    return call
+
+
+for _name in [n for n, v in vars(BaseStorage).items() if callable(v) and not n.startswith("_")] + list(HEARTBEAT_CALLS):
+    setattr(RetryingRDBStorage, _name, _retried(_name))
+
+
+def open_storage(url: str | None, output_dir: Path, heartbeat_interval: int, grace_period: int | None = None,
+                 retry: float = 60.0):
+    """The study storage for ``url`` (``None``: ``<output_dir>/study.journal``, repaired), heartbeat enabled."""
     grace = grace_period or 3 * heartbeat_interval
     warnings.filterwarnings("ignore", category=ExperimentalWarning)
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     if url is None:
-        path = str(Path(output_dir) / JOURNAL)
-        backend = TrialSyncedJournalFileBackend(path, lock_obj=JournalFileOpenLock(path))
-        return HeartbeatJournalStorage(backend, heartbeat_interval, grace)
+        return HeartbeatJournalStorage(open_journal(Path(output_dir) / JOURNAL), heartbeat_interval, grace)
     try:
-        return _rdb(url, heartbeat_interval, grace)
+        return _rdb(url, heartbeat_interval, grace, retry)
     except ImportError as err:
         raise UserError(f"storage: {url.split(':')[0]} needs a driver that is not installed ({err})") from None
     except Exception as err:  # sqlalchemy raises many kinds for a bad URL or an unreachable server
-        raise UserError(f"storage: cannot open {url!r}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
+        raise UserError(f"storage: cannot open {hidden_url(url)}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
 
 
-def _rdb(url: str, heartbeat_interval: int, grace: int, attempts: int = 5) -> RDBStorage:
+def hidden_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL sqlalchemy reads: shown as typed up to the credentials
+        return url.split("@")[-1]
+
+
+def _rdb(url: str, heartbeat_interval: int, grace: int, retry: float, attempts: int = 5) -> RDBStorage:
     """An RDB storage; workers starting together race to create the schema, so a loser retries."""
     from sqlalchemy.exc import IntegrityError, ProgrammingError
 
     for attempt in range(attempts):
         try:
-            return RDBStorage(
+            storage = RetryingRDBStorage(
                 url,
                 engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
                 heartbeat_interval=heartbeat_interval,
                 grace_period=grace,
                 heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(),
             )
+            storage.retry, storage.shown = retry, hidden_url(url)
+            return storage
         except (IntegrityError, ProgrammingError):
             if attempt == attempts - 1:
                 raise
             time.sleep(0.5 * (attempt + 1))
 
 
-def heartbeat_thread(storage, trial_id: int):
-    """A context manager that records ``trial_id``'s heartbeat while the block runs."""
-    from optuna.storages._heartbeat import get_heartbeat_thread
+@contextlib.contextmanager
+def heartbeat(storage, trial_id: int) -> Iterator[None]:
+    """Record ``trial_id``'s heartbeat now and every heartbeat interval while the block runs. A beat that
+    fails in the background is logged; the worker's next call to the storage reports the cause."""
+    interval = storage.get_heartbeat_interval() if isinstance(storage, BaseHeartbeat) else None
+    if not interval:
+        yield
+        return
+    storage.record_heartbeat(trial_id)
+    stop = threading.Event()
 
-    return get_heartbeat_thread(trial_id, storage)
+    def beat() -> None:
+        while not stop.wait(interval):
+            try:
+                storage.record_heartbeat(trial_id)
+            except Exception as err:  # the main thread meets the same storage and stops the search
+                logger.warning("heartbeat of trial %d not recorded: %s", trial_id, err)
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{trial_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def fail_stale(study: optuna.Study) -> None:

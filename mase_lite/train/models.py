@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mase_lite.errors import UserError
 from mase_lite.limits import check_fits, model_bytes
-from mase_lite.trust import call_factory
+from mase_lite.trust import call_factory, trusted
 from mase_lite.train.hub import hub_access, hub_cache_dir
 from mase_lite.train.tasks import TaskName
 from mase_lite.train.validation import validate_section
@@ -206,12 +206,12 @@ def _from_config(spec: ModelSpec, num_labels: int, data_fields: dict[str, Any]) 
     auto = _auto_class(spec.task)
     attention = _attention(auto, config, spec.attn_implementation)
 
-    def build() -> nn.Module:
+    def build(config) -> nn.Module:
         return auto.from_config(config, **attention)
 
-    check_fits("model.hf_config", model_bytes(build, "model.hf_config"), f"a {config.model_type} model of this config")
+    check_fits("model.hf_config", model_bytes(build, config, "model.hf_config"), f"a {config.model_type} model of this config")
     try:
-        return build()
+        return build(config)
     except ValueError as err:
         raise UserError(f"model.hf_config: {config.model_type} cannot build a {spec.task} model: {err}") from None
 
@@ -225,9 +225,10 @@ def _pretrained(spec: ModelSpec, num_labels: int, run_dir: Path | None, data_fie
     auto = _auto_class(spec.task)
     try:
         with hub_access():
-            config = AutoConfig.from_pretrained(spec.pretrained, cache_dir=cache)
+            config = AutoConfig.from_pretrained(spec.pretrained, cache_dir=cache, trust_remote_code=trusted())
             model = auto.from_pretrained(
-                spec.pretrained, cache_dir=cache, **_attention(auto, config, spec.attn_implementation), **extra
+                spec.pretrained, cache_dir=cache, trust_remote_code=trusted(),
+                **_attention(auto, config, spec.attn_implementation), **extra,
             )
     except (OSError, ValueError) as err:
         reason = (str(err).splitlines() or [err.__class__.__name__])[0]

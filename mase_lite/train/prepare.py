@@ -22,6 +22,7 @@ from mase_lite.train.seeding import seed_everything
 from mase_lite.train.splits import SplitData
 from mase_lite.train.tokenizer import load_tokenizer
 from mase_lite.train.validation import validate_section
+from mase_lite.trust import trusted
 
 logger = logging.getLogger(__name__)
 
@@ -64,11 +65,11 @@ def image_hints(model_spec: ModelSpec, run_dir: Path) -> dict[str, Any]:
     cache = None if Path(model_spec.pretrained).is_dir() else hub_cache_dir(model_spec.cache_dir, run_dir)
     with hub_access():
         try:
-            config = AutoConfig.from_pretrained(model_spec.pretrained, cache_dir=cache)
+            config = AutoConfig.from_pretrained(model_spec.pretrained, cache_dir=cache, trust_remote_code=trusted())
         except (OSError, ValueError):
             return hints  # building the model says what is wrong with it
         try:
-            processor = AutoImageProcessor.from_pretrained(model_spec.pretrained, cache_dir=cache)
+            processor = AutoImageProcessor.from_pretrained(model_spec.pretrained, cache_dir=cache, trust_remote_code=trusted())
         except (OSError, ValueError) as err:
             logger.info("no image processor for %s (%s); normalising with the data's statistics", model_spec.pretrained, err)
             processor = None

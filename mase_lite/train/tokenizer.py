@@ -22,6 +22,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedToken
 
 from mase_lite.errors import UserError
 from mase_lite.train.hub import hub_access
+from mase_lite.trust import TRUST_HINT, trusted
 
 logger = logging.getLogger(__name__)
 
@@ -101,13 +102,15 @@ def load_tokenizer(
     online = True
     try:
         if source.is_dir():
-            tokenizer = AutoTokenizer.from_pretrained(str(source))
+            tokenizer = AutoTokenizer.from_pretrained(str(source), trust_remote_code=trusted())
         else:
             with hub_access() as online:
-                tokenizer = AutoTokenizer.from_pretrained(str(name_or_dir), cache_dir=cache_dir)
+                tokenizer = AutoTokenizer.from_pretrained(str(name_or_dir), cache_dir=cache_dir, trust_remote_code=trusted())
     except (OSError, ValueError) as err:
         reason = (str(err).splitlines() or [err.__class__.__name__])[0]
         hint = "the hub is unreachable: give a local directory" if not online else "give a directory holding tokenizer.json or a hub name"
+        if "trust_remote_code" in str(err):
+            reason, hint = "it names custom code, which is not run", TRUST_HINT
         raise UserError(f"{field} = {str(name_or_dir)!r}: could not load its tokenizer ({reason}); {hint}") from None
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:

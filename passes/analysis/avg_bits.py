@@ -34,7 +34,7 @@ def _average(pairs: list[tuple[int, float]]) -> float | None:
     return sum(n * b for n, b in pairs) / total if total else None
 
 
-@register_pass("avg_bits", kind="analysis", params=AvgBitsParams)
+@register_pass("avg_bits", kind="analysis", params=AvgBitsParams, metrics=("weights", "activations"))
 def avg_bits_pass(mg, params: AvgBitsParams):
     """Average stored bits per element of weights and of activations (inputs) of compute ops.
 

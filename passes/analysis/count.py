@@ -45,7 +45,7 @@ def node_macs(node, module, dims: dict[str, int]) -> int:
     return 0
 
 
-@register_pass("count", kind="analysis", params=CountParams)
+@register_pass("count", kind="analysis", params=CountParams, metrics=("parameters", "trainable_parameters", "macs"))
 def count_pass(mg, params: CountParams):
     """Count parameters (total, trainable), nodes per op, and MACs of linear/conv/matmul/sdpa.
 

@@ -25,7 +25,15 @@ class EvaluateParams(PassParams):
     progress: bool = Field(True, description="show a progress bar")
 
 
-@register_pass("evaluate", kind="analysis", params=EvaluateParams, requires=("data",))
+def metric_names(params: EvaluateParams, task: str) -> list[str]:
+    """The metrics evaluation reports for a model of ``task`` (the numbers of ``mase_lite.train.tasks``'s meters)."""
+    if task in ("causal-lm", "seq2seq-lm"):
+        bound = ["perplexity_bound", "perplexity_entropy_rate"] if task == "causal-lm" else []  # a grammar corpus's
+        return ["loss", "perplexity", "accuracy", "tokens", "n", *bound]
+    return ["accuracy", "loss", "n", "per_class.*", *(["top5"] if task == "image-classification" else [])]
+
+
+@register_pass("evaluate", kind="analysis", params=EvaluateParams, requires=("data",), metrics=metric_names)
 def evaluate_pass(mg, params: EvaluateParams, ctx):
     """Accuracy, mean cross-entropy, per-class counts and the confusion matrix on a data split."""
     metrics = evaluate_model(

@@ -36,7 +36,7 @@ class SparsityParams(Selection):
     targets: list[str] = Field(default_factory=lambda: list(PRUNABLE_OPS), description="ops, node names or patterns")
 
 
-@register_pass("sparsity", kind="analysis", params=SparsityParams)
+@register_pass("sparsity", kind="analysis", params=SparsityParams, metrics=("weights", "activations"))
 def sparsity(mg, params: SparsityParams):
     """Report achieved weight and activation sparsity per node, and over all selected weights."""
     nodes = select_nodes(mg, params.by, params.targets, params.allow_empty, modules_only=True)

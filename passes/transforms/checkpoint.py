@@ -23,6 +23,7 @@ from mase_lite.ir.serialize import RECIPE
 from mase_lite.passes.registry import PassError, PassParams, register_pass
 from mase_lite.passes.replay import load_graph
 from mase_lite.train.tokenizer import load_tokenizer, same_vocabulary
+from mase_lite.trust import trusted, trusting
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,8 @@ class LoadParams(PassParams):
     path: str = Field(min_length=1, description="checkpoint directory: relative to the run, else to the working directory")
     tokenizer: bool = Field(True, description="re-tokenize the run's data with the checkpoint's tokenizer when it differs")
     trust_code: bool = Field(
-        False, description="import and call the model factory and classes the checkpoint names even when not registered"
+        False, description="import and call the model factory and classes the checkpoint names even when not registered, "
+        "and its tokenizer's custom code (ignored in a spec recorded in a report)"
     )
 
 
@@ -47,6 +49,8 @@ def _check_replaceable(target: Path) -> None:
 
     A save killed mid-replace is recovered first, so it never makes this save refuse."""
     recover(target)
+    if target.is_symlink():
+        raise PassError(f"path: {target} is a symbolic link; a checkpoint is replaced whole, so name the directory itself")
     if target.exists() and not (target / RECIPE).is_file() and (not target.is_dir() or any(target.iterdir())):
         raise PassError(f"pass 'save': {target} exists and is not a checkpoint; refusing to replace it")
 
@@ -69,9 +73,11 @@ def save_pass(mg, params: SaveParams, ctx):
 
 
 def _find_checkpoint(ctx, path: str) -> Path:
-    """``path`` under the run directory if it is there, else as given (relative to the working directory)."""
-    candidates = [ctx.path(path), Path(path)]
+    """``path`` under the run directory if it is there, else as given (relative to the working directory);
+    a checkpoint a crash left mid-replace is recovered first."""
+    candidates = [Path(ctx.output_dir) / path if ctx.output_dir is not None else Path(path), Path(path)]
     for candidate in candidates:
+        recover(candidate)
         if (candidate / RECIPE).is_file():
             return candidate
     looked = " and ".join(dict.fromkeys(str(c) for c in candidates))
@@ -106,7 +112,8 @@ def load_pass(mg, params: LoadParams, ctx):
     data = ctx.data
     tokenizer_dir = where / TOKENIZER_DIR
     if getattr(data, "tokenizer", None) is not None and params.tokenizer and tokenizer_dir.is_dir():
-        saved = load_tokenizer(tokenizer_dir)
+        with trusting(trusted() or params.trust_code):  # a tokenizer's custom code, as the model's
+            saved = load_tokenizer(tokenizer_dir, field="path")
         if not same_vocabulary(saved, data.tokenizer):
             logger.info("re-tokenizing the run's data with the tokenizer of %s", where)
             data = data.with_tokenizer(saved)

@@ -128,8 +128,10 @@ def test_lab2_impossible_head_count_fails_the_trial_with_its_reason(tmp_path):
     spec.pop("studies")
     spec["space"][1]["values"] = [3]  # num_attention_heads
     spec["space"][2]["values"] = [64]  # hidden_size
-    result = ml.run_search(spec)
-    (trial,) = result.report["studies"][0]["trials"]
+    with pytest.raises(ml.UserError, match=r"study 'lab2_nas': all 1 trials failed; trial 0: "):  # the search fails
+        ml.run_search(spec)
+    report = json.loads((Path(spec["output_dir"]) / "search_report.json").read_text())  # its report is written
+    (trial,) = report["studies"][0]["trials"]
     assert trial["state"] == "FAIL" and trial["metrics"] == {}
     assert "The hidden size (64) is not a multiple of the number of attention heads (3)" in trial["error"]
 

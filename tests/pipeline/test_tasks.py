@@ -10,7 +10,9 @@ import torch
 
 import mase_lite as ml
 from mase_lite.cli import main
-from mase_lite.search.engine import run_search
+from mase_lite.pipeline.spec import load_spec
+from mase_lite.search.engine import flatten_metrics, run_search
+from mase_lite.search.preflight import known, reported_metrics
 
 TINY = {
     "causal-lm": {"hf_config": {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -64,6 +66,8 @@ def test_each_task_trains_quantizes_evaluates_saves_and_loads(task, tmp_path):
         assert 1 < metrics["ptq"]["perplexity_bound"] < metrics["ptq"]["perplexity"]
     if task == "image-classification":
         assert 0 <= metrics["ptq"]["accuracy"] <= metrics["ptq"]["top5"] <= 1
+    declared = reported_metrics(load_spec(pipeline(task, tmp_path / "again")))  # what a search's pre-flight knows
+    assert all(known(name, declared) for name in flatten_metrics(metrics)), sorted(flatten_metrics(metrics))
     # the checkpoint reloads outside the run, with the same outputs
     again = ml.load(tmp_path / "run" / "ckpt")
     batch = result.data.example_batch(2)
@@ -196,7 +200,11 @@ DECODERS_VIT = {"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 1, 
                 "patch_size": 8, "image_size": 16}
 
 
-def test_a_plug_in_dataset_runs_in_a_search_with_the_prefix_cache(tmp_path):
+def test_a_plug_in_dataset_runs_in_a_search_with_the_prefix_cache(tmp_path, monkeypatch):
+    from mase_lite.train import datasets as registry
+
+    registry.get_dataset("synthetic-grammar")  # the built-in datasets are registered
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # the plug-in's is forgotten after the test
     plugin = tmp_path / "my_data.py"
     plugin.write_text(
         "from mase_lite.data import register_dataset\n"

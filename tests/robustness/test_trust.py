@@ -212,3 +212,66 @@ def test_weights_of_the_wrong_dtype_or_all_nan_are_refused(tmp_path):
     save_file({**state, "0.bias": torch.full((4,), float("nan"))}, str(ckpt / "model.safetensors"))
     with pytest.raises(UserError, match=r"tensor '0.bias' holds no finite value \(all NaN or infinite\)"):
         ml.load(ckpt, model=tiny())
+
+
+def test_a_recorded_load_step_trusts_nothing_without_the_users_word(tmp_path, marker, capsys, caplog):
+    ckpt = _checkpoint(tmp_path / "ckpt", model=_subprocess_recipe(marker))
+    spec = {"data": None, "model": {"factory": "tests.robustness.nets:tiny"}, "example_inputs": {"input": {"shape": [2, 4]}},
+            "steps": [{"pass": "load", "params": {"path": str(ckpt), "trust_code": True}}], "output_dir": str(tmp_path / "out")}
+    report = _report(tmp_path, spec)
+    assert main(["--plugin", "tests.robustness.nets", "run", str(report)]) == 2
+    err = capsys.readouterr().err
+    assert "steps.0.params.trust_code is recorded in the report and ignored" in caplog.text
+    assert "model.factory = 'subprocess:run' is not a registered model factory" in err and not marker.exists()
+    assert main(["--trust-code", "run", str(report)]) == 2  # the user's own word: the checkpoint's code runs
+    assert "'subprocess:run' returned CompletedProcess, not an nn.Module" in capsys.readouterr().err and marker.exists()
+
+
+def _search(tmp_path, pipeline, name="search.json"):
+    spec = {"pipeline": pipeline, "space": [{"path": "seed", "type": "choice", "values": [0, 1]}],
+            "objectives": [{"metric": "trial.seconds", "direction": "minimize"}], "sampler": {"name": "grid"},
+            "n_trials": 2, "output_dir": str(tmp_path / "search")}
+    path = tmp_path / name
+    path.write_text(json.dumps(spec))
+    return path
+
+
+@pytest.mark.parametrize("named", ["plugins", "factory"])
+def test_a_search_over_a_report_runs_none_of_its_code(tmp_path, marker, capsys, named):
+    sys.modules.pop("tests.robustness.side_effect", None)
+    base = {"data": None, "example_inputs": {"input": {"shape": [2, 4]}}, "output_dir": str(tmp_path / "out")}
+    code = {"plugins": ["tests.robustness.side_effect"]} if named == "plugins" else {"model": _subprocess_recipe(marker)}
+    report = _report(tmp_path, {**base, "model": {"factory": "tests.robustness.nets:tiny"}, **code})
+    assert main(["search", str(_search(tmp_path, "report.json"))]) == 2
+    expected = ("plugins.0 = 'tests.robustness.side_effect' is recorded in the report, so it is not imported"
+                if named == "plugins" else "model.factory = 'subprocess:run' is not a registered model factory")
+    assert expected in capsys.readouterr().err
+    # a search report recording an inline pipeline that names code is data too
+    search_report = tmp_path / "search_report.json"
+    spec = json.loads(_search(tmp_path, json.loads(report.read_text())["spec"], "inline.json").read_text())
+    search_report.write_text(json.dumps({"spec": spec, "versions": {}, "studies": []}))
+    assert main(["search", str(search_report)]) == 2
+    assert expected in capsys.readouterr().err
+    assert not marker.exists() and "tests.robustness.side_effect" not in sys.modules
+    assert not (tmp_path / "search").exists()
+
+
+def test_a_search_over_a_report_runs_with_the_plugin_named(tmp_path, capsys):
+    _report(tmp_path, {"data": None, "example_inputs": {"input": {"shape": [2, 4]}}, "output_dir": "out",
+                                "model": {"factory": "tests.robustness.nets:tiny"}})
+    assert main(["--plugin", "tests.robustness.nets", "search", str(_search(tmp_path, "report.json"))]) == 0
+    assert sorted(p.name for p in (tmp_path / "search" / "trials").iterdir()) == ["0", "1"]
+
+
+def test_a_tokenizer_naming_custom_code_is_not_run(tmp_path, marker, capsys):
+    from mase_lite.train.tokenizer import load_tokenizer, train_wordpiece
+
+    directory = tmp_path / "ckpt" / "tokenizer"
+    train_wordpiece(["the movie was great", "the plot was dull"], vocab_size=60).save_pretrained(str(directory))
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config.update(tokenizer_class="EvilTokenizer", auto_map={"AutoTokenizer": ["evil.EvilTokenizer", "evil.EvilTokenizer"]})
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    (directory / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    with pytest.raises(UserError, match=r"it names custom code, which is not run\); trust the file's code with --trust-code"):
+        load_tokenizer(directory)  # transformers would otherwise ask "run the custom code? [y/N]" on the terminal
+    assert not marker.exists()

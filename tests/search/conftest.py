@@ -1,7 +1,11 @@
+import glob
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -84,3 +88,55 @@ def start_worker(spec_path: Path) -> subprocess.Popen:
 @pytest.fixture
 def tiny_search(tmp_path):
     return lambda **overrides: search_spec(tmp_path, **overrides)
+
+
+class Postgres:
+    """A throwaway PostgreSQL server on 127.0.0.1, run as the postgres system user (it refuses root)."""
+
+    def __init__(self, bindir: Path, base: Path):
+        self.bindir, self.base = bindir, base
+        self.as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run([*self.as_postgres, self.bindir / "pg_ctl", "-D", self.base / "data", *args], check=True, capture_output=True)
+
+    def init(self) -> None:
+        subprocess.run([*self.as_postgres, self.bindir / "initdb", "-D", self.base / "data", "-A", "trust", "-U", "postgres"],
+                       check=True, capture_output=True)
+
+    def start(self) -> None:
+        opts = f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={self.base} -c fsync=off"
+        self._ctl("-o", opts, "-l", str(self.base / "log"), "-w", "start")
+
+    def stop(self) -> None:
+        self._ctl("-m", "immediate", "-w", "stop")
+
+
+@pytest.fixture
+def postgres():
+    """A started :class:`Postgres`, stopped and removed at the end."""
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not bins:
+        pytest.skip("no PostgreSQL server binaries (Debian package 'postgresql')")
+    pytest.importorskip("psycopg", reason="the psycopg driver is a dev extra")
+    base = Path(tempfile.mkdtemp(prefix="mase_lite_pg_"))
+    if os.geteuid() == 0:
+        shutil.chown(base, "postgres")
+    server = Postgres(Path(bins[-1]).parent, base)
+    server.init()
+    server.start()
+    try:
+        yield server
+    finally:
+        subprocess.run([*server.as_postgres, server.bindir / "pg_ctl", "-D", base / "data", "-m", "immediate", "stop"],
+                       capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres):
+    return postgres.url

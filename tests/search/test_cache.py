@@ -82,7 +82,7 @@ def test_restored_runs_equal_a_run_without_the_cache(tmp_path):
 
     (entry,) = (tmp_path / "cache").iterdir()
     assert entry.name == prefix_key(load_spec(PIPELINE), PREFIX)
-    assert sorted(p.name for p in entry.iterdir()) == ["graph", "rng.safetensors", "state.json"]
+    assert sorted(p.name for p in entry.iterdir()) == ["checksums.json", "graph", "rng.safetensors", "state.json"]
     assert sorted(p.name for p in (entry / "graph").iterdir()) == ["model.safetensors", "recipe.json"]
 
 

@@ -2,13 +2,8 @@
 journal file and on a real PostgreSQL server; two at once from the start on PostgreSQL."""
 
 import copy
-import glob
 import os
-import shutil
 import signal
-import socket
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -74,36 +69,6 @@ def test_killed_worker_is_resumed_by_two_workers(tmp_path, tiny_search, storage,
     assert states.pop("PRUNED", 0) == len(duplicates) and all(not t["metrics"] for t in duplicates)
     assert states == {"COMPLETE": 3, "FAIL": 1}
     assert not list(trials_dir.glob(".*"))  # the killed run's staging directory and lock file are gone
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def postgres_url():
-    """A throwaway PostgreSQL server on 127.0.0.1, run as the postgres system user; stopped at the end."""
-    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if not bins:
-        pytest.skip("no PostgreSQL server binaries (Debian package 'postgresql')")
-    pytest.importorskip("psycopg", reason="the psycopg driver is a dev extra")
-    bindir = Path(bins[-1]).parent
-    base = Path(tempfile.mkdtemp(prefix="mase_lite_pg_"))
-    as_postgres = []
-    if os.geteuid() == 0:  # the server refuses to run as root
-        shutil.chown(base, "postgres")
-        as_postgres = ["runuser", "-u", "postgres", "--"]
-    data, port = base / "data", _free_port()
-    subprocess.run([*as_postgres, bindir / "initdb", "-D", data, "-A", "trust", "-U", "postgres"], check=True, capture_output=True)
-    opts = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={base} -c fsync=off"
-    subprocess.run([*as_postgres, bindir / "pg_ctl", "-D", data, "-o", opts, "-l", base / "log", "-w", "start"], check=True, capture_output=True)
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run([*as_postgres, bindir / "pg_ctl", "-D", data, "-m", "immediate", "stop"], capture_output=True)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_two_workers_on_postgresql(tmp_path, tiny_search, postgres_url):

@@ -1,0 +1,63 @@
+"""Failures of the tool's own I/O (a full disk, a failing device, an unreachable storage): not the
+user's spec and not a trial's own failure. The CLI reports one line and exits 2; a search stops,
+and the trial that was running runs again when the search is resumed.
+
+>>> import errno
+>>> fault = as_fault(OSError(errno.ENOSPC, "No space left on device", "/tmp/x/report.json"))
+>>> str(fault).startswith("/tmp/x/report.json: No space left on device (")
+True
+>>> as_fault(ValueError("a trial's own error")) is None
+True
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+from mase_lite.errors import UserError
+
+# errno values of I/O that failed for reasons outside the run: retrying later (after freeing space) succeeds
+FAULT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS}
+# how libraries that do not raise OSError (safetensors, torch's writers) word the same failures
+_FAULT_TEXTS = {
+    "No space left on device": errno.ENOSPC, "os error 28": errno.ENOSPC, "StorageFull": errno.ENOSPC,
+    "Disk quota exceeded": errno.EDQUOT, "Input/output error": errno.EIO, "Read-only file system": errno.EROFS,
+}
+
+
+class ToolFault(UserError):
+    """The tool's own I/O failed; rerun when the cause is fixed (a search resumes where it stopped)."""
+
+
+def free_space(path: str | Path) -> str:
+    """Free space on the file system holding ``path`` (its nearest existing ancestor), e.g. ``'12.0 MB free on /tmp'``."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return "free space unknown"
+    return f"{free / 1e6:.1f} MB free on {path}"
+
+
+def as_fault(err: BaseException, where: str | Path | None = None) -> ToolFault | None:
+    """A :class:`ToolFault` naming the path and the free space when ``err`` (or an error it came from)
+    is a full disk, a failing device or a read-only file system; ``None`` otherwise. ``where`` is
+    named when the error does not say which file."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, ToolFault):
+            return err
+        code = err.errno if isinstance(err, OSError) else None
+        if code is None:
+            code = next((c for text, c in _FAULT_TEXTS.items() if text in str(err)), None)
+        if code in FAULT_ERRNOS:
+            path = getattr(err, "filename", None) or where or "."
+            return ToolFault(f"{path}: {os.strerror(code)} ({free_space(path)})")
+        err = err.__cause__ or err.__context__
+    return None
