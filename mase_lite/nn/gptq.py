@@ -56,20 +56,22 @@ def probe_params(fmt: NumberFormat, params: Any) -> Any:
     return params
 
 
-def _inverse_factor(h: Tensor, damp: float) -> Tensor:
-    """The upper Cholesky factor of the damped Hessian's inverse; ``h`` is consumed (damped in place), and
-    each intermediate is released as soon as the next exists (a 5632-wide float64 Hessian is 254 MB)."""
+def _inverse_factor(hessians: list[Tensor], damp: float) -> Tensor:
+    """The upper Cholesky factor of the damped Hessian's inverse. The Hessian comes in a list the function
+    empties, so it and each intermediate are released as soon as the next exists (a 5632-wide float64
+    Hessian is 254 MB)."""
+    h = hessians.pop()
     h.diagonal().add_(damp * h.diagonal().mean())
     try:
-        lower = torch.linalg.cholesky(h)
+        factor = torch.linalg.cholesky(h)
     except torch.linalg.LinAlgError:
         raise UserError(
             f"gptq: the damped Hessian is not positive definite (damp {damp}); raise damp or the calibration data"
         ) from None
     del h
-    inverse = torch.cholesky_inverse(lower)
-    del lower
-    return torch.linalg.cholesky(inverse, upper=True).contiguous()  # rows are read one by one
+    factor = torch.cholesky_inverse(factor)
+    factor = torch.linalg.cholesky(factor, upper=True)
+    return factor if factor.is_contiguous() else factor.contiguous()  # rows are read one by one
 
 
 def gptq(weight: Tensor, hessian: Tensor, fmt: Mapping[str, Any], *, block_size: int = 128, act_order: bool = False,
@@ -93,8 +95,9 @@ def gptq(weight: Tensor, hessian: Tensor, fmt: Mapping[str, Any], *, block_size:
     order = torch.argsort(h.diagonal(), descending=True, stable=True) if act_order else torch.arange(columns)
     if act_order:
         h = h.index_select(0, order).index_select(1, order)
-    u = _inverse_factor(h, damp)
+    hessians = [h]
     del h
+    u = _inverse_factor(hessians, damp)
     size = number_format.group(params, columns)
     column_params = probe_params(number_format, params)
     position = torch.empty_like(order)

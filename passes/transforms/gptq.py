@@ -46,7 +46,9 @@ class GPTQParams(Selection):
     damp: float = Field(0.01, gt=0, description="added to the Hessian's diagonal, as a fraction of its mean")
     block_size: int = Field(128, ge=1, description="columns per lazy batch update")
     act_order: bool = Field(False, description="quantize columns in order of decreasing Hessian diagonal")
-    precision: Literal["float64", "float32"] = Field("float64", description="dtype of the Hessian and the updates")
+    precision: Literal["float32", "float64"] = Field(
+        "float32", description="dtype of the Hessians and the updates (float64: twice the memory, for small models)"
+    )
 
 
 class _Stop(Exception):
