@@ -47,17 +47,29 @@ class TensorRecord:
 
     def update(self, x: torch.Tensor) -> None:
         x = x.detach().float()
-        finite = x[torch.isfinite(x)]
-        if finite.numel():
-            lo, hi = torch.aminmax(finite)
-            self.min, self.max = min(self.min, lo.item()), max(self.max, hi.item())
+        if not x.numel():
+            return
+        lo, hi = torch.aminmax(x)
+        finite = bool(torch.isfinite(lo) & torch.isfinite(hi))  # one reduction tells whether every value is
+        if not finite:
+            kept = x[torch.isfinite(x)]
+            lo, hi = torch.aminmax(kept) if kept.numel() else (lo.new_tensor(self.min), hi.new_tensor(self.max))
+        self.min, self.max = min(self.min, lo.item()), max(self.max, hi.item())
         flat = x.reshape(-1)
-        if flat.numel() > self.per_batch:
-            flat = flat[torch.randperm(flat.numel(), generator=self.generator)[: self.per_batch].to(flat.device)]
+        if flat.numel() > self.per_batch:  # a uniform draw of positions, not a permutation of all of them
+            picks = torch.randint(flat.numel(), (self.per_batch,), generator=self.generator)
+            flat = flat[picks.to(flat.device)]
         self.samples.append(flat.cpu())
-        if x.dim() >= 1:
-            channels = x.abs().nan_to_num(0.0, posinf=0.0).reshape(-1, x.shape[-1]).amax(0).cpu()
-            self.channels = channels if self.channels is None else torch.maximum(self.channels, channels)
+        if x.dim() == 0:
+            return
+        rows = x.reshape(-1, x.shape[-1])
+        if finite:
+            low, high = torch.aminmax(rows, dim=0)
+            channels = torch.maximum(low.abs(), high.abs())
+        else:  # NaN and ±Inf count as nothing
+            channels = torch.where(torch.isfinite(rows), rows.abs(), 0.0).amax(0)
+        channels = channels.cpu()
+        self.channels = channels if self.channels is None else torch.maximum(self.channels, channels)
 
     def result(self) -> dict[str, Any]:
         return {"min": self.min, "max": self.max, "absmax": max(abs(self.min), abs(self.max)),

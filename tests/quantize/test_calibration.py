@@ -75,6 +75,23 @@ def test_calibrate_records_ranges_samples_and_channel_magnitudes_by_hand():
     assert mg.nodes[1].meta["mase"]["calibration"]["data_in"]["absmax"] == inputs.abs().max().item()
 
 
+def test_non_finite_values_count_for_nothing_and_samples_are_drawn_per_batch():
+    from mase_lite.passes.analysis.calibrate import TensorRecord
+
+    record = TensorRecord(per_batch=5, generator=torch.Generator().manual_seed(0))
+    record.update(torch.tensor([[1.0, -2.0, 0.5], [float("nan"), float("inf"), float("-inf")]]))
+    record.update(torch.tensor([[0.25, 3.0, -0.75]]))
+    record.update(torch.tensor([[float("nan")] * 3]))  # nothing finite: the range stays
+    result = record.result()
+    assert (result["min"], result["max"], result["absmax"]) == (-2.0, 3.0, 3.0)
+    assert result["channel_absmax"].tolist() == [1.0, 3.0, 0.75]
+    assert result["samples"].numel() == 5 + 3 + 3  # a batch larger than its share gives exactly that share
+    batch = torch.arange(30.0).reshape(10, 3)
+    record.update(batch)
+    drawn = record.result()["samples"][-5:]
+    assert all(v in batch for v in drawn)
+
+
 def test_quantize_fills_auto_from_weights_and_calibrated_activations():
     mg, model = graph()
     data = Data()
