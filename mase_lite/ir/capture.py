@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import logging
 import operator
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from torch.export import Dim
 
 from mase_lite.errors import UserError
+from mase_lite.ir.capture_cache import CACHE, LogRecorder, Template, architecture_key, copy_graph, replay
 from mase_lite.ir.inputs import sequence_dims
 from mase_lite.ir.modules import ScaledDotProductAttention
 from mase_lite.ir.ops import is_leaf_class
@@ -470,6 +472,24 @@ def _attr(obj: Any, qualname: str) -> Any:
     return obj
 
 
+def graph_module(model: nn.Module, graph: fx.Graph, extras: dict[str, Any], specs: dict[str, Any]) -> MaseGraphModule:
+    """A GraphModule over ``graph`` whose module tree is ``model``'s own; ``extras`` are the graph's
+    targets that are not the model's, ``specs`` the exported module's pytree input/output specs."""
+    attrs = {
+        node.target: extras[node.target] if node.target in extras else _attr(model, node.target)
+        for node in graph.nodes
+        if node.op in ("get_attr", "call_module")
+    }
+    gm = MaseGraphModule(attrs, graph, class_name=type(model).__name__)
+    for name, child in model.named_children():
+        setattr(gm, name, child)
+    for name, value in list(model.named_parameters(recurse=False)) + list(model.named_buffers(recurse=False)):
+        setattr(gm, name, value)
+    for attr, spec in specs.items():
+        setattr(gm, attr, spec)
+    return gm
+
+
 def build_graph_module(model: nn.Module, exported: fx.GraphModule) -> MaseGraphModule:
     """A GraphModule over ``exported.graph`` whose module tree is ``model``'s own.
 
@@ -481,12 +501,11 @@ def build_graph_module(model: nn.Module, exported: fx.GraphModule) -> MaseGraphM
     for node in list(graph.nodes):
         if node.op == "get_attr" and not node.users:
             graph.erase_node(node)
-    attrs: dict[str, Any] = {}
     lifted: dict[str, Any] = {}
     for node in graph.nodes:
         if node.op in ("get_attr", "call_module"):
             try:
-                attrs[node.target] = _attr(model, node.target)
+                _attr(model, node.target)
             except AttributeError:
                 value = _attr(exported, node.target)
                 flat = re.sub(r"\W", "_", node.target)
@@ -494,15 +513,8 @@ def build_graph_module(model: nn.Module, exported: fx.GraphModule) -> MaseGraphM
                     flat += "_"
                 lifted[flat] = value
                 node.target = flat
-    gm = MaseGraphModule({**attrs, **lifted}, graph, class_name=type(model).__name__)
-    for name, child in model.named_children():
-        setattr(gm, name, child)
-    for name, value in list(model.named_parameters(recurse=False)) + list(model.named_buffers(recurse=False)):
-        setattr(gm, name, value)
-    for attr in ("_in_spec", "_out_spec"):
-        if hasattr(exported, attr):
-            setattr(gm, attr, getattr(exported, attr))
-    return gm
+    specs = {attr: getattr(exported, attr) for attr in ("_in_spec", "_out_spec") if hasattr(exported, attr)}
+    return graph_module(model, graph, lifted, specs)
 
 
 # aten ops that draw random numbers (dropout is handled on its own).
@@ -584,14 +596,21 @@ def _kept_state(*modules: nn.Module) -> Iterator[None]:
         torch.set_rng_state(rng)
 
 
+def _seed() -> None:
+    """Seed the generators a forward can draw from (``torch.manual_seed`` also wakes every backend: slower)."""
+    torch.default_generator.manual_seed(0)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(0)
+
+
 def compare_with_model(gm: nn.Module, model: nn.Module, inputs: dict[str, Any], train: bool = False) -> str | None:
     """Run graph and model on ``inputs`` (in train mode under one seed) and say how they differ."""
     with _kept_state(gm, model), torch.no_grad(), caches_off(model):
         gm.train(train)
         model.train(train)
-        torch.manual_seed(0)
+        _seed()
         expected = model(**inputs)
-        torch.manual_seed(0)
+        _seed()
         got = gm(**inputs)
         return first_difference(expected, got)
 
@@ -643,21 +662,90 @@ def _export_recorded(model, example_inputs, dynamic_shapes, plan, preserve):
     return ep
 
 
+def _template(model: nn.Module, gm: MaseGraphModule, limits: list[str], records: list) -> Template:
+    """``gm``'s graph and its own modules and constants, copied, without the model's weights."""
+    extras = {}
+    for node in gm.graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            try:
+                _attr(model, node.target)
+            except AttributeError:
+                extras[node.target] = copy.deepcopy(_attr(gm, node.target))
+    specs = {attr: getattr(gm, attr) for attr in ("_in_spec", "_out_spec") if hasattr(gm, attr)}
+    return Template(copy_graph(gm.graph), extras, specs, list(limits), records)
+
+
+def _from_template(
+    model: nn.Module, template: Template, example_inputs: dict[str, Any], verify: bool
+) -> MaseGraphModule | None:
+    """The stored graph bound to ``model``, checked as a fresh capture is; ``None`` when the check fails."""
+    extras = {k: copy.deepcopy(v) for k, v in template.extras.items()}
+    try:
+        gm = graph_module(model, copy_graph(template.graph), extras, template.specs)
+        problem = compare_with_model(gm, model, example_inputs)
+        if problem is None and verify and not template.train_limits:
+            problem = compare_with_model(gm, model, example_inputs, train=True)
+    except Exception as err:  # a size or attribute the stored graph does not fit: capture afresh
+        problem = f"{type(err).__name__}: {err}"
+    if problem is not None:
+        logger.info("the stored graph of %s does not fit this model (%s): capturing afresh", type(model).__name__, problem)
+        return None
+    replay(template.records)
+    if template.train_limits:
+        gm.register_forward_pre_hook(TrainModeLimit(list(template.train_limits)), with_kwargs=True)
+    gm.train_limits = list(template.train_limits)
+    gm.train(model.training)
+    return gm
+
+
 def capture(
     model: nn.Module,
     example_inputs: dict[str, Any],
     dynamic_shapes: dict[str, Any] | None = None,
     leaf_modules: tuple[type, ...] = (),
     verify: bool = False,
-) -> tuple[MaseGraphModule, torch.export.ExportedProgram]:
+    cache: bool = True,
+) -> MaseGraphModule:
     """Export ``model`` on keyword ``example_inputs`` and raise it to module level.
 
     The graph in eval mode is the model's eval, bit for bit (checked on the example inputs).
     Train mode keeps dropout and drop-path as module nodes; where the model's train mode cannot
     be a graph (layerdrop: control flow on a random number), the graph refuses train mode with
     the reason. ``verify`` also checks train mode against the model under the same seed.
+    With ``cache``, a model whose architecture was captured before in the process reuses that
+    graph (:mod:`mase_lite.ir.capture_cache`), bound to its own weights and checked the same way.
     """
     leaf_modules = tuple(leaf_modules)
+    key = architecture_key(model, example_inputs, dynamic_shapes, leaf_modules) if cache else None
+    template = CACHE.get(key) if key is not None else None
+    if template is not None:
+        gm = _from_template(model, template, example_inputs, verify)
+        if gm is not None:
+            return gm
+    recorder = LogRecorder()
+    ir_logger = logging.getLogger("mase_lite.ir")
+    ir_logger.addHandler(recorder)
+    try:
+        gm, limits = _capture(model, example_inputs, dynamic_shapes, leaf_modules, verify)
+    finally:
+        ir_logger.removeHandler(recorder)
+    if key is not None:  # also under the key of the model as the capture left it (a forward may set config fields)
+        template = _template(model, gm, limits, recorder.records)
+        for k in {key, architecture_key(model, example_inputs, dynamic_shapes, leaf_modules)}:
+            CACHE.put(k, template)
+    gm.train_limits = limits
+    gm.train(model.training)
+    return gm
+
+
+def _capture(
+    model: nn.Module,
+    example_inputs: dict[str, Any],
+    dynamic_shapes: dict[str, Any] | None,
+    leaf_modules: tuple[type, ...],
+    verify: bool,
+) -> tuple[MaseGraphModule, list[str]]:
+    """The export, raise and checks of :func:`capture`: the graph and why its train mode is refused, if so."""
     plan = LeafPlan(model, leaf_modules)
     preserve = tuple(name for name, m in model.named_modules() if name and leaf_modules and isinstance(m, leaf_modules))
     modules = dict(model.named_modules())
@@ -692,6 +780,4 @@ def capture(
         problem = compare_with_model(gm, model, example_inputs, train=True)
         if problem is not None:
             raise CaptureError(f"the captured graph of {type(model).__name__} does not match the model in train mode: {problem}")
-    gm.train_limits = limits
-    gm.train(model.training)
-    return gm, ep
+    return gm, limits

@@ -120,7 +120,7 @@ class MaseGraph:
         # results of analysis passes by the fact they provide (per node also in node.meta["mase"][fact])
         self.analyses: dict[str, Any] = {}
         self.model: MaseGraphModule
-        self.model, _ = capture(model, example_inputs, dynamic_shapes, self.leaf_modules, verify=verify)
+        self.model = capture(model, example_inputs, dynamic_shapes, self.leaf_modules, verify=verify)
         self.input_names = tuple(example_inputs)
         self.model.register_forward_pre_hook(_InputCheck(self.input_names), with_kwargs=True)
         self.symbol_names = meta_mod.symbol_names(self.model.graph, sequence_dims(example_inputs))
