@@ -29,6 +29,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.export import Dim
+from torch.overrides import TorchFunctionMode
 
 from mase_lite.errors import UserError
 from mase_lite.ir.capture_cache import CACHE, LogRecorder, Template, architecture_key, copy_graph, replay
@@ -125,50 +126,38 @@ def caches_off(model: nn.Module) -> Iterator[None]:
 
 
 TRAIN_DROPOUT = "mase_train_dropout_p"
+_DROPOUT = inspect.signature(F.dropout)
 
 
-class DropoutRecorder:
+class DropoutRecorder(TorchFunctionMode):
     """Traces functional dropout and SDPA as in eval mode, recording train mode's probabilities.
 
     Tracing dropout is costly (its random mask is traced with symbolic shapes), so during export
     they run with dropout off; the probability each call would use in train mode is recorded in
-    call order and attached to the matching nodes by :meth:`annotate`.
+    call order and attached to the matching nodes by :meth:`annotate`. A torch-function mode sees
+    only the calls of the thread that entered it: ``torch.nn.functional`` itself is never changed.
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self.dropout: list[float] = []
         self.sdpa: list[float] = []
-        self._depth = 0
 
-    def _record(self, into: list[float], p: float, call):
-        """Record ``p`` for the outermost call only: torch-function modes re-enter these functions."""
-        if self._depth == 0:
-            into.append(p)
-        self._depth += 1
-        try:
-            return call()
-        finally:
-            self._depth -= 1
-
-    @contextlib.contextmanager
-    def patch(self) -> Iterator[None]:
-        dropout, sdpa = F.dropout, F.scaled_dot_product_attention
-
-        def recorded_dropout(input, p=0.5, training=True, inplace=False):
-            return self._record(self.dropout, float(p) if training else 0.0, lambda: dropout(input, p, False, inplace))
-
-        def recorded_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-            return self._record(
-                self.sdpa,
-                float(dropout_p),
-                lambda: sdpa(query, key, value, attn_mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa),
-            )
-
-        F.dropout, F.scaled_dot_product_attention = recorded_dropout, recorded_sdpa
-        try:
-            yield
-        finally:
-            F.dropout, F.scaled_dot_product_attention = dropout, sdpa
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is F.dropout:
+            call = _DROPOUT.bind(*args, **kwargs)
+            call.apply_defaults()
+            self.dropout.append(float(call.arguments["p"]) if call.arguments["training"] else 0.0)
+            call.arguments["training"] = False
+            args, kwargs = call.args, call.kwargs
+        elif func is F.scaled_dot_product_attention:
+            self.sdpa.append(float(args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)))
+            if len(args) > 4:
+                args = args[:4] + (0.0,) + args[5:]
+            else:
+                kwargs["dropout_p"] = 0.0
+        return func(*args, **kwargs)
 
     def annotate(self, graph: fx.Graph) -> bool:
         """Attach the recorded probabilities to the nodes; False when the calls do not match them."""
@@ -654,7 +643,7 @@ def _raise_to_modules(model: nn.Module, ep: torch.export.ExportedProgram, plan: 
 def _export_recorded(model, example_inputs, dynamic_shapes, plan, preserve):
     """Export in the train/eval split, recording functional dropout (traced again with it when they do not match)."""
     recorder = DropoutRecorder()
-    with recorder.patch():
+    with recorder:
         ep = export_model(model, example_inputs, dynamic_shapes, plan, preserve)
     if not recorder.annotate(ep.graph_module.graph):
         logger.debug("functional dropout calls do not match the graph: tracing dropout instead")
