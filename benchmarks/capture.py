@@ -21,7 +21,7 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from mase_lite import MaseGraph
-from mase_lite.ir.capture import caches_off, default_dynamic_shapes
+from mase_lite.ir.export import caches_off, default_dynamic_shapes
 from mase_lite.ir.capture_cache import CACHE
 from mase_lite.ir.inputs import hf_example_inputs
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the zoo lives in tests/

@@ -140,27 +140,33 @@ class Template:
 
 
 class CaptureCache:
-    """Templates by :func:`architecture_key`, least recently used dropped beyond ``size``."""
+    """Templates by :func:`architecture_key`, least recently used dropped beyond ``size``; ``hits`` counts
+    the captures that reused one, ``misses`` those that exported (a template whose check failed included)."""
 
     def __init__(self, size: int = 32):
         self.size = size
         self.hits = 0
         self.misses = 0
         self._templates: OrderedDict[tuple, Template] = OrderedDict()
-        self._lock = threading.Lock()
+        self._mutex = threading.Lock()
 
     def get(self, key: tuple) -> Template | None:
-        with self._lock:
+        with self._mutex:
             template = self._templates.get(key)
-            if template is None:
-                self.misses += 1
-                return None
-            self._templates.move_to_end(key)
-            self.hits += 1
+            if template is not None:
+                self._templates.move_to_end(key)
             return template
 
+    def count(self, hit: bool) -> None:
+        """Count a capture that reused a template (``hit``) or exported."""
+        with self._mutex:
+            if hit:
+                self.hits += 1
+            else:
+                self.misses += 1
+
     def put(self, key: tuple, template: Template) -> None:
-        with self._lock:
+        with self._mutex:
             self._templates[key] = template
             self._templates.move_to_end(key)
             while len(self._templates) > self.size:
@@ -168,7 +174,7 @@ class CaptureCache:
 
     def clear(self) -> None:
         """Forget every template (and the hit and miss counts)."""
-        with self._lock:
+        with self._mutex:
             self._templates.clear()
             self.hits = self.misses = 0
 

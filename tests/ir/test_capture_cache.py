@@ -125,8 +125,10 @@ class Scaled(nn.Module):
 def test_a_hit_whose_check_fails_is_captured_afresh(caplog):
     MaseGraph(Scaled(2.0), example_inputs={"x": torch.randn(3, 4)})
     model = Scaled(3.0)
+    before = counts()
     with caplog.at_level(logging.INFO, logger="mase_lite.ir"):
         mg = MaseGraph(model, example_inputs={"x": torch.randn(3, 4)})
+    assert counts() == (before[0], before[1] + 1)
     assert "the stored graph of Scaled does not fit this model (output 0 differs" in caplog.text
     x = torch.randn(5, 4)
     with torch.no_grad():
@@ -159,7 +161,8 @@ def test_transforming_the_first_graph_leaves_the_stored_one_intact():
 
 def test_cache_false_captures_afresh():
     MaseGraph(bert(0), hf_input_names=NAMES)
-    from mase_lite.ir.capture import capture, default_dynamic_shapes
+    from mase_lite.ir.capture import capture
+    from mase_lite.ir.export import default_dynamic_shapes
     from mase_lite.ir.inputs import hf_example_inputs
 
     model = bert(1)
