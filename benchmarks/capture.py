@@ -1,6 +1,6 @@
 """Capture time (export + raise + eval check + metadata) against plain torch.export of the same models.
 
-Run: python benchmarks/capture.py [--repeats 3] [--zoo-only | --recapture-only]
+Run: python benchmarks/capture.py [--repeats 3] [--zoo-only | --recapture-only] [--threads N]
 Each figure is the median of --repeats runs after one warm-up run; both paths use the same
 dynamic shapes and non-strict export (with use_cache off, as capture does), measured in the same
 process. First over the test zoo (tests/zoo/models.py: tiny configs, median ratio), then BERT
@@ -104,7 +104,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--zoo-only", action="store_true")
     parser.add_argument("--recapture-only", action="store_true")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats} after warm-up")
     if args.recapture_only:
         recapture(args.repeats)
