@@ -172,3 +172,25 @@ def test_cache_false_captures_afresh():
     assert counts() == before
     with torch.no_grad():
         assert same(model(**batch(2, 5)), gm(**batch(2, 5)))
+
+
+def test_a_hit_on_an_eval_only_graph_refuses_train_mode_and_warns_as_the_first_capture(caplog):
+    from tests.ir.test_capture_causes import LayerDrop
+
+    from mase_lite.ir.capture import CaptureError
+
+    torch.manual_seed(0)
+    first, second = LayerDrop().eval(), LayerDrop().eval()
+    with caplog.at_level(logging.WARNING, logger="mase_lite.ir"):
+        mg1 = MaseGraph(first, example_inputs={"x": torch.randn(3, 8)})
+        before = counts()
+        mg2 = MaseGraph(second, example_inputs={"x": torch.randn(3, 8)})
+    assert counts() == (before[0] + 1, before[1])
+    assert caplog.text.count("LayerDrop: capturing its eval mode only") == 2
+    assert mg2.model.train_limits == mg1.model.train_limits and len(mg2.model.train_limits) == 1
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        assert torch.equal(mg2.model(x=x), second(x))
+    mg2.model.train()
+    with pytest.raises(CaptureError, match="this graph follows the model in eval mode only"):
+        mg2.model(x=x)
