@@ -17,11 +17,7 @@ from mase_lite.ir.export import CaptureError
 from mase_lite.ir.modules import ScaledDotProductAttention
 
 _ATEN = torch.ops.aten
-
-
-TRAIN_DROPOUT = "mase_train_dropout_p"
-
-
+TRAIN_DROPOUT = "mase_train_dropout_p"  # node meta: the dropout probability a call uses in train mode
 _DROPOUT = inspect.signature(F.dropout)
 
 
