@@ -19,7 +19,7 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from mase_lite import MaseGraph
-from mase_lite.ir.draw import DrawOptions, build
+from mase_lite.viz.draw import DrawOptions, build
 
 VIEWS = {
     "full": {},

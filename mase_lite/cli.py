@@ -52,7 +52,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 
 def _cmd_draw(args: argparse.Namespace) -> int:
-    from mase_lite.ir.draw import options, render
+    from mase_lite.viz.draw import options, render
     from mase_lite.ir.graph import MaseGraph
     from mase_lite.jsonio import read_json
     from mase_lite.train.models import ModelSpec, build_model

@@ -25,6 +25,16 @@ def _isolated_trust():
     trust._plugin_modules.update(plugins)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_capture_cache():
+    """Graphs one test captured are not reused by the next (within a test they are)."""
+    from mase_lite.ir.capture_cache import CACHE
+
+    CACHE.clear()
+    yield
+    CACHE.clear()
+
+
 def tiny_bert_config(**overrides):
     from transformers import BertConfig
 

@@ -14,11 +14,26 @@ FORBIDDEN = {
     "mase_lite.numerics": ("mase_lite.ir", "mase_lite.nn", "mase_lite.passes", "mase_lite.pipeline", "mase_lite.search"),
     "mase_lite.kernels": ("mase_lite.ir", "mase_lite.passes", "mase_lite.pipeline", "mase_lite.search", "mase_lite.codegen"),
     "mase_lite.nn": ("mase_lite.ir", "mase_lite.passes", "mase_lite.pipeline", "mase_lite.search"),
-    "mase_lite.ir": ("mase_lite.passes", "mase_lite.pipeline", "mase_lite.search", "mase_lite.train", "mase_lite.codegen", "mase_lite.bench"),
+    "mase_lite.ir": (
+        "mase_lite.viz", "mase_lite.nn", "mase_lite.trust", "mase_lite.checkpoint", "mase_lite.passes",
+        "mase_lite.pipeline", "mase_lite.search", "mase_lite.train", "mase_lite.codegen", "mase_lite.bench",
+    ),
+    "mase_lite.viz": (
+        "mase_lite.nn", "mase_lite.trust", "mase_lite.passes", "mase_lite.pipeline", "mase_lite.search",
+        "mase_lite.train", "mase_lite.codegen", "mase_lite.bench",
+    ),
     "mase_lite.train": ("mase_lite.passes", "mase_lite.pipeline", "mase_lite.search"),
     "mase_lite.codegen": ("mase_lite.pipeline", "mase_lite.search"),
     "mase_lite.passes": ("mase_lite.pipeline", "mase_lite.search", "mase_lite.bench"),
     "mase_lite.pipeline": ("mase_lite.search", "mase_lite.bench"),
+}
+
+
+# The public API's conveniences on MaseGraph (module, method, what it imports when called): the IR uses none of it.
+FACADES = {
+    ("mase_lite.ir.graph", "draw", "mase_lite.viz.draw"),
+    ("mase_lite.ir.graph", "to_networkx", "mase_lite.viz.nx"),
+    ("mase_lite.ir.graph", "load", "mase_lite.checkpoint"),
 }
 
 
@@ -34,17 +49,23 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(name: str, path: Path) -> set[str]:
+    """The mase_lite modules (and names) ``name`` imports, but the facade imports of :data:`FACADES`."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    scope = {id(inner): fn.name for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef) for inner in ast.walk(fn)}
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
+        found = set()
         if isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
+            found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-            out.add(base)
-            out.update(f"{base}.{alias.name}" for alias in node.names)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+        facade = {m for m in found if (name, scope.get(id(node)), m.rpartition(".")[0]) in FACADES or (name, scope.get(id(node)), m) in FACADES}
+        out.update(found - facade)
     return {m for m in out if m.startswith("mase_lite")}
 
 
@@ -62,6 +83,13 @@ def test_no_layer_imports_a_layer_above_it(layer):
         if any(imported == f or imported.startswith(f + ".") for f in FORBIDDEN[layer])
     )
     assert bad == []
+
+
+def test_the_facades_exist_and_import_only_what_they_name():
+    for module, function, imported in FACADES:
+        tree = ast.parse(MODULES[module].read_text())
+        (fn,) = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == function]
+        assert imported in [n.module for n in ast.walk(fn) if isinstance(n, ast.ImportFrom)]
 
 
 def test_the_ir_has_no_import_cycle():

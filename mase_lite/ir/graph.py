@@ -21,7 +21,8 @@ import torch.nn as nn
 
 from mase_lite.errors import UserError
 from mase_lite.ir import meta as meta_mod
-from mase_lite.ir.capture import MaseGraphModule, capture, default_dynamic_shapes, dynamic_dims
+from mase_lite.ir.capture import MaseGraphModule, capture
+from mase_lite.ir.export import default_dynamic_shapes, dynamic_dims
 from mase_lite.ir.inputs import forward_parameters, hf_example_inputs, sequence_dims
 
 
@@ -120,7 +121,7 @@ class MaseGraph:
         # results of analysis passes by the fact they provide (per node also in node.meta["mase"][fact])
         self.analyses: dict[str, Any] = {}
         self.model: MaseGraphModule
-        self.model, _ = capture(model, example_inputs, dynamic_shapes, self.leaf_modules, verify=verify)
+        self.model = capture(model, example_inputs, dynamic_shapes, self.leaf_modules, verify=verify)
         self.input_names = tuple(example_inputs)
         self.model.register_forward_pre_hook(_InputCheck(self.input_names), with_kwargs=True)
         self.symbol_names = meta_mod.symbol_names(self.model.graph, sequence_dims(example_inputs))
@@ -188,13 +189,13 @@ class MaseGraph:
     def draw(self, path: str | Path, **options: Any) -> Path:
         """Render the graph to ``path`` (.svg/.png/.pdf/.dot; .graphml/.json write the networkx graph);
         ``options`` are the draw pass's params: ``depth``, ``fold_repeats``, ``color_by``, ``timeout``."""
-        from mase_lite.ir.draw import draw
+        from mase_lite.viz.draw import draw
 
         return draw(self, path, **options)
 
     def to_networkx(self):
         """The graph as a ``networkx.DiGraph`` keyed by node name, node metadata as attributes."""
-        from mase_lite.ir.nx import to_networkx
+        from mase_lite.viz.nx import to_networkx
 
         return to_networkx(self)
 
@@ -216,7 +217,8 @@ class MaseGraph:
         The IR knows no pass: ``replay(mg, transforms)`` re-applies the structural transforms the graph
         went through; :func:`mase_lite.load` passes one that runs them through the pass registry.
         """
-        from mase_lite.ir.serialize import load_weights, read_checkpoint
+        from mase_lite.checkpoint import read_checkpoint
+        from mase_lite.ir.serialize import load_weights
 
         recipe, model, capture_args = read_checkpoint(directory, model)
         mg = cls(model, **capture_args)

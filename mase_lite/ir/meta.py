@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -41,6 +42,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+@functools.lru_cache(maxsize=4096)
+def _expr_text(expr: Any) -> str:
+    """A shape expression as text (sympy's printer is slow, and a graph repeats few expressions)."""
+    return str(expr)
+
+
 def _dim(d: Any, names: dict[str, str]) -> int | str:
     if isinstance(d, int):
         return d
@@ -48,7 +55,7 @@ def _dim(d: Any, names: dict[str, str]) -> int | str:
         expr = d.node.expr
         if expr.is_number:
             return int(expr)
-        text = str(expr)
+        text = _expr_text(expr)
         for sym, name in sorted(names.items(), key=lambda kv: -len(kv[0])):
             text = text.replace(sym, name)
         return text

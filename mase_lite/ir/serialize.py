@@ -2,6 +2,7 @@
 
 The recipe says how to rebuild the model (HF class and config, or a factory), which inputs it
 was captured with, and which structural transforms to replay before the weights are loaded.
+Rebuilding a model from it, and what a recipe may name, is :mod:`mase_lite.checkpoint`'s job.
 
 Example::
 
@@ -23,11 +24,9 @@ import torch.nn as nn
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
 from mase_lite.errors import UserError, format_validation_error
-from mase_lite.ir.capture import dynamic_shapes_of
 from mase_lite.jsonio import read_json
-from mase_lite.files import check_regular, follow_umask, recover, staged_directory
-from mase_lite.limits import check_fits, model_bytes
-from mase_lite.trust import TRUST_HINT, call_factory, qualname, resolve_factory, resolve_leaf_module, trusted
+from mase_lite.files import follow_umask, staged_directory
+from mase_lite.limits import check_fits
 
 RECIPE = "recipe.json"
 WEIGHTS = "model.safetensors"
@@ -92,7 +91,7 @@ class Recipe(BaseModel):
     transforms: list[TransformRecipe] = Field(default_factory=list)
 
 
-def _validate(kind: Any, data: Any, where: str) -> Any:
+def validate(kind: Any, data: Any, where: str) -> Any:
     try:
         return TypeAdapter(kind).validate_python(data)
     except ValidationError as err:
@@ -109,57 +108,6 @@ def model_recipe(model: nn.Module) -> dict[str, Any] | None:
             "attn_implementation": getattr(config, "_attn_implementation", None),
         }
     return None
-
-
-def build_from_recipe(recipe: dict[str, Any] | FactoryRecipe | HFRecipe) -> nn.Module:
-    """A freshly initialised model from a recipe written by :func:`model_recipe` or a factory.
-
-    A factory is called only when registered or trusted (see :mod:`mase_lite.trust`); a transformers
-    class only when transformers' auto registry lists it for the config's model type.
-    """
-    if isinstance(recipe, dict):
-        recipe = _validate(ModelRecipe, recipe, "model")
-    if isinstance(recipe, FactoryRecipe):
-        return call_factory(resolve_factory(recipe.factory, "model.factory"), recipe.factory, recipe.kwargs)
-    cls, config = _hf_class_and_config(recipe)
-    kwargs = {"attn_implementation": recipe.attn_implementation} if recipe.attn_implementation else {}
-    check_fits("model.hf_config", model_bytes(lambda c: cls._from_config(c, **kwargs), config, "model.hf_config"), "the model")
-    return cls._from_config(config, **kwargs)
-
-
-def _registered_hf_classes(model_type: str) -> set[str]:
-    """Model class names transformers' auto mappings list for ``model_type``."""
-    from transformers.models.auto import modeling_auto
-
-    names: set[str] = set()
-    for attr in dir(modeling_auto):
-        mapping = getattr(modeling_auto, attr)
-        if attr.endswith("_MAPPING_NAMES") and isinstance(mapping, dict):
-            found = mapping.get(model_type)
-            names.update([found] if isinstance(found, str) else list(found or ()))
-    return names
-
-
-def _hf_class_and_config(recipe: HFRecipe) -> tuple[type, Any]:
-    import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    model_type = recipe.hf_config.get("model_type")
-    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
-        raise UserError(f"model.hf_config.model_type = {model_type!r} is not a model type transformers knows")
-    if recipe.hf_class not in _registered_hf_classes(model_type) and not trusted():
-        raise UserError(
-            f"model.hf_class = {recipe.hf_class!r} is not a {model_type} model class in transformers' auto "
-            f"registry, so it is not looked up; {TRUST_HINT} to load it anyway"
-        )
-    cls = getattr(transformers, recipe.hf_class, None)
-    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
-        raise UserError(f"model.hf_class: transformers has no model class {recipe.hf_class!r}")
-    try:
-        config = CONFIG_MAPPING[model_type].from_dict(recipe.hf_config)
-    except Exception as err:  # the config's own field checks (ValueError, TypeError, huggingface_hub's strict dataclasses)
-        raise UserError(f"model.hf_config: not a valid {model_type} config: {err}") from None
-    return cls, config
 
 
 def example_inputs_from_specs(specs: dict[str, dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -189,7 +137,7 @@ def save(mg, directory: str | Path) -> Path:
         "hf_input_names": mg.hf_input_names,
         "input_specs": mg.input_specs,
         "dynamic_dims": mg.dynamic_dims,
-        "leaf_modules": [qualname(c) for c in mg.leaf_modules],
+        "leaf_modules": [f"{c.__module__}:{c.__qualname__}" for c in mg.leaf_modules],
         "transforms": mg.history,
     }
     state = {k: v.detach().to("cpu") for k, v in mg.model.state_dict().items()}
@@ -213,7 +161,7 @@ def _drop_aliases(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return unique
 
 
-def _read_recipe(directory: Path) -> Recipe:
+def read_recipe(directory: Path) -> Recipe:
     path = directory / RECIPE
     if not path.is_file():
         raise UserError(f"{directory} is not a saved MaseGraph: {RECIPE} is missing")
@@ -222,7 +170,7 @@ def _read_recipe(directory: Path) -> Recipe:
         raise UserError(f"{path}: expected a JSON object, got {type(recipe).__name__}")
     if recipe.get("format") != FORMAT_VERSION:
         raise UserError(f"{path}: unsupported format {recipe.get('format')!r} (expected {FORMAT_VERSION})")
-    return _validate(Recipe, recipe, str(path))
+    return validate(Recipe, recipe, str(path))
 
 
 def _load_weights(model: nn.Module, path: Path) -> None:
@@ -261,37 +209,6 @@ def _tied_names(model: nn.Module) -> set[str]:
     for name, t in model.state_dict(keep_vars=True).items():
         names.setdefault(id(t), []).append(name)
     return {n for group in names.values() if len(group) > 1 for n in group}
-
-
-def read_checkpoint(directory: str | Path, model: nn.Module | None = None) -> tuple[dict[str, Any], nn.Module, dict[str, Any]]:
-    """The recipe saved in ``directory``, the model to capture (rebuilt unless given) and the capture's arguments.
-
-    Nothing the recipe names is imported or called unless registered or trusted (:mod:`mase_lite.trust`):
-    leaf-module classes are looked up among the model's own modules.
-    """
-    directory = Path(directory)
-    recover(directory)
-    check_regular(directory, "a saved graph")
-    parsed = _read_recipe(directory)
-    if model is None:
-        if parsed.model is None:
-            raise UserError(
-                f"{directory}: no recipe to rebuild the model was saved; pass the model: MaseGraph.load(dir, model=...)"
-            )
-        model = build_from_recipe(parsed.model)
-    model.eval()
-    known = {qualname(type(m)): type(m) for m in model.modules()}
-    found = (resolve_leaf_module(q, f"leaf_modules.{i}", known) for i, q in enumerate(parsed.leaf_modules))
-    leaf = tuple(cls for cls in found if cls is not None)
-    recipe = parsed.model_dump(mode="json", by_alias=True)
-    if parsed.hf_input_names is not None:
-        inputs: dict[str, Any] = {"hf_input_names": parsed.hf_input_names}
-        names = parsed.hf_input_names
-    else:
-        inputs = {"example_inputs": example_inputs_from_specs(recipe["input_specs"])}
-        names = list(inputs["example_inputs"])
-    dynamic = dynamic_shapes_of(parsed.dynamic_dims, names) if parsed.dynamic_dims is not None else None
-    return recipe, model, {**inputs, "leaf_modules": leaf, "dynamic_shapes": dynamic, "recipe": recipe["model"]}
 
 
 def load_weights(mg, directory: str | Path) -> None:

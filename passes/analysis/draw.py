@@ -8,12 +8,12 @@ Example::
 
 from __future__ import annotations
 
-from mase_lite.ir.draw import DrawOptions, render
+from mase_lite.viz.draw import DrawOptions, render
 from mase_lite.passes.registry import PassParams, register_pass
 
 
 class DrawParams(PassParams, DrawOptions):
-    """The options of :class:`mase_lite.ir.draw.DrawOptions`; ``path`` is relative to the run."""
+    """The options of :class:`mase_lite.viz.draw.DrawOptions`; ``path`` is relative to the run."""
 
 
 @register_pass("draw", kind="analysis", params=DrawParams)

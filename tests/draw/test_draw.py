@@ -8,7 +8,8 @@ import torch
 
 import mase_lite as ml
 from mase_lite import MaseGraph, UserError
-from mase_lite.ir.draw import DrawOptions, build
+from mase_lite.viz.draw import DrawOptions, build
+from mase_lite.viz.nx import scope
 from tests.draw.models import Blocks
 from tests.ir.models import TwiceMLP
 
@@ -60,7 +61,7 @@ def test_full_drawing_has_a_box_per_shown_node_in_nested_module_clusters(bert_gr
     assert d.boxes == len(shown_names(bert_graph)) and set(d.node_ids) == set(shown_names(bert_graph))
     assert "sym_size_int_10" not in d.node_ids and "bert_embeddings_position_ids" not in d.node_ids
     src = d.graph.source
-    assert len(re.findall(r'subgraph "?cluster_', src)) == len({p for n in bert_graph.nodes for p, _ in ml.ir.nx.scope(n, bert_graph.modules)})
+    assert len(re.findall(r'subgraph "?cluster_', src)) == len({p for n in bert_graph.nodes for p, _ in scope(n, bert_graph.modules)})
     assert d.labels["cluster_bert.encoder.layer.1.attention.self"] == "self (BertSelfAttention)"
     query = d.labels[d.node_ids["bert_encoder_layer_0_attention_self_query"]]
     assert query == "bert_encoder_layer_0_attention_self_query\nlinear (Linear)\nbatch×seq×128 float32"

@@ -53,7 +53,7 @@ def test_drop_path_is_a_node_following_the_mode_and_lifted_constant_survives():
 
 def test_leaf_subclass_with_own_forward_is_traced_through(caplog):
     model = seeded(MaskedTokenNet)
-    with caplog.at_level(logging.INFO, logger="mase_lite.ir.capture"):
+    with caplog.at_level(logging.INFO, logger="mase_lite.ir"):
         mg = MaseGraph(model, example_inputs={"input_ids": torch.randint(0, 99, (3, 13)), "attention_mask": torch.ones(3, 13, dtype=torch.long)})
     assert "pos (PositionEmbedding) subclasses a leaf class with its own forward: traced through" in caplog.text
     assert [n.target for n in mg.nodes if n.op == "call_module"] == ["tok", "drop", "fc"]

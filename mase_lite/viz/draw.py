@@ -4,7 +4,7 @@ folded repeats, colours by op type, number format, sparsity or a profile statist
 Every box and cluster has a tooltip with its metadata (SVG viewers show it on hover).
 Shape-symbol nodes (``sym_size``), assertions and parameter reads are left out: they add no
 information and can fan out to dozens of edges. ``dot`` runs with a timeout. A ``.graphml``
-or ``.json`` path writes the networkx graph (:mod:`mase_lite.ir.nx`) instead of a picture.
+or ``.json`` path writes the networkx graph (:mod:`mase_lite.viz.nx`) instead of a picture.
 
 Example::
 
@@ -41,15 +41,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mase_lite.errors import UserError, ensure_dir, format_validation_error
 from mase_lite.files import staged_file
-from mase_lite.ir.nx import to_networkx, write_graph
+from mase_lite.viz.nx import to_networkx, write_graph
 
 logger = logging.getLogger(__name__)
 
 PICTURES = ("svg", "png", "pdf")
 FORMATS = (*PICTURES, "dot", "graphml", "json")
-PROFILE_STATS = tuple(
-    f"{operand}.{stat}" for operand in ("data_out", "weight") for stat in ("min", "max", "mean", "variance", "abs_mean")
-)
 ColorBy = Literal[
     "type", "format", "sparsity",
     "data_out.min", "data_out.max", "data_out.mean", "data_out.variance", "data_out.abs_mean",

@@ -29,9 +29,9 @@ from typing import Any
 import networkx as nx
 import torch
 import torch.fx as fx
+from torch.nn.utils import parametrize
 
 from mase_lite.ir.meta import module_class
-from mase_lite.nn.pruning import weight_mask_of
 
 _OPERANDS = (("args", "data_in"), ("results", "data_out"))
 
@@ -45,6 +45,17 @@ def scope(node: fx.Node, modules: dict[str, torch.nn.Module]) -> list[tuple[str,
         if path and path != own and path in modules:
             out.append((path, cls.rsplit(".", 1)[-1] if isinstance(cls, str) else type(modules[path]).__name__))
     return out
+
+
+def weight_keep_mask(module: torch.nn.Module) -> torch.Tensor | None:
+    """The boolean keep-mask of a parametrisation on ``module.weight`` (a pruning mask), if there is one."""
+    if not parametrize.is_parametrized(module, "weight"):
+        return None
+    for p in module.parametrizations["weight"]:
+        mask = getattr(p, "mask", None)
+        if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
+            return mask
+    return None
 
 
 def _format_name(fmt: Any) -> str:
@@ -89,9 +100,8 @@ def node_attributes(node: fx.Node, modules: dict[str, torch.nn.Module]) -> dict[
     formats = quantized_formats(meta)
     if formats:
         attrs["format"] = formats
-    mask = weight_mask_of(module) if module is not None else None
-    if mask is not None:
-        keep = mask.mask
+    keep = weight_keep_mask(module) if module is not None else None
+    if keep is not None:
         attrs["sparsity"] = 1.0 - float(keep.count_nonzero()) / max(keep.numel(), 1)
     if meta.get("profile"):
         attrs["profile"] = meta["profile"]
