@@ -60,7 +60,7 @@ def _is_default(value: Any, default: Any) -> bool:
     return type(value) is type(default) and value == default
 
 
-def _torch_arguments(module: nn.Module, cls: type) -> list[str] | None:
+def torch_arguments(module: nn.Module, cls: type) -> list[str] | None:
     """Constructor arguments of a torch.nn module read back from its attributes; None if one is missing."""
     parts: list[str] = []
     keyword = False
@@ -103,7 +103,7 @@ def constructor_source(module: nn.Module) -> str:
     cls = module_class(module)
     if cls.__module__ == QUANTIZED_MODULE:
         float_cls = next(base for base in cls.__mro__ if base.__module__.startswith("torch.nn"))
-        args = _torch_arguments(module, float_cls)
+        args = torch_arguments(module, float_cls)
         config = _literal(quant_config_literal(module.quant_config))
         if args is not None and config is not None:
             return f"{cls.__name__}({', '.join([*args, f'config={config}'])})"
@@ -114,7 +114,7 @@ def constructor_source(module: nn.Module) -> str:
     elif cls.__name__ == "GELUActivation" and getattr(module, "act", None) is F.gelu:
         return "nn.GELU()"
     elif cls.__module__.startswith("torch.nn.modules") and getattr(nn, cls.__name__, None) is cls:
-        args = _torch_arguments(module, cls)
+        args = torch_arguments(module, cls)
         if args is not None:
             return f"nn.{cls.__name__}({', '.join(args)})"
     raise CodegenError(f"{cls.__module__}.{cls.__name__}")
