@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 import torch.nn as nn
+import torch.utils._pytree as pytree
 
 from mase_lite.codegen.leaves import LeafSource, empty_source, leaf_source, parameter_source
 from mase_lite.codegen.modules import CodegenError, module_class
@@ -110,6 +111,18 @@ class Emitted:
             candidate, i = f"{name}_{i}", i + 1
         self.classes[candidate] = source_of(candidate)
         return candidate
+
+
+def _leaves(tree) -> list:
+    return pytree.tree_leaves(tree, is_leaf=lambda x: isinstance(x, fx.Node))
+
+
+def _alias(item) -> bool:
+    """A slice over the whole of every dimension: the value itself."""
+    if isinstance(item, Call) or item.target is not torch.ops.aten.slice.Tensor:
+        return False
+    dim, start, end, step = (list(item.args[1:]) + [0, None, None, 1][len(item.args) - 1:])[:4]
+    return start in (0, None) and (end is None or (isinstance(end, int) and end >= 2**63 - 1)) and step == 1
 
 
 class ClassBuilder:
@@ -318,47 +331,69 @@ class ClassBuilder:
         return f"    def forward(self, {', '.join(params)}):\n" + "\n".join(f"        {line}" for line in lines)
 
     def body(self, call: Call, owner: str, names: dict[fx.Node, str], local: _Names) -> tuple[list[str], Printer]:
-        """The statements of ``call``'s forward, given the names of its inputs."""
+        """The statements of ``call``'s forward, given the names of its inputs.
+
+        A value used once, by the very next statement, is written into that statement
+        (``self.dropout(self.dense(x))``): the order of the calls stays the graph's.
+        """
         inline: dict[fx.Node, str] = {}
         tensors = [p for n, p in names.items() if isinstance(n.meta.get("val"), torch.Tensor)]
         printer = Printer(names, inline, (lambda: f"{tensors[0]}.device") if tensors else None)
-        lines = []
+        kept = set(self.io(call)[1])
+        lines: list[str] = []
+        pending: tuple[list[fx.Node], str, str] | None = None  # (values, name base, expression)
+
+        def flush() -> None:
+            values, base, expression = pending
+            for v in values:
+                names[v] = local.fresh(base)
+            lines.append(f"{', '.join(names[v] for v in values)} = {expression}")
+
         for item in call.items:
             used = self.io(item)[0] if isinstance(item, Call) else item.all_input_nodes
             for a in used:
-                if a.op == "get_attr" and a not in names:
+                if a.op == "get_attr" and a not in names and a not in inline:
                     ref = self._tensor_ref(a, owner)
                     if ref is None:
                         raise _Unreachable
                     inline[a] = ref
-            if isinstance(item, Call):
-                lines.append(self._call_line(item, owner, names, local, printer))
-            else:
-                lines.append(self._node_line(item, owner, names, local, printer))
+            if pending is not None:
+                if self._folds(pending, item, kept):
+                    inline[pending[0][0]] = pending[2]
+                else:
+                    flush()
+            pending = self._call_statement(item, owner, printer) if isinstance(item, Call) \
+                else self._node_statement(item, owner, printer)
+            if _alias(item):
+                inline[item] = printer.arg(item.args[0])
+                pending = None
+        if pending is not None:
+            flush()
         return lines, printer
 
-    def _call_line(self, call: Call, owner: str, names, local: _Names, printer: Printer) -> str:
+    def _folds(self, pending: tuple[list[fx.Node], str, str], item, kept: set[fx.Node]) -> bool:
+        values, _, expression = pending
+        if len(values) != 1 or values[0] in kept or len(values[0].users) != 1 or len(expression) > 70 or _alias(item):
+            return False
+        value = values[0]
+        if isinstance(item, Call):
+            return value in self.io(item)[0]
+        return next(iter(value.users)) is item and [a for a in _leaves((item.args, item.kwargs)) if a is value] == [value]
+
+    def _call_statement(self, call: Call, owner: str, printer: Printer) -> tuple[list[fx.Node], str, str]:
         inputs, outputs = self.io(call)
         ref = self._module_ref(call.fqn, owner)
         base = ref[len("self."):].replace("[", "_").replace("]", "").replace(".", "_")
-        for o in outputs:
-            names[o] = local.fresh(base)
-        args = ", ".join(printer.arg(i) for i in inputs)
-        return f"{', '.join(names[o] for o in outputs)} = {ref}({args})"
+        return outputs, base, f"{ref}({', '.join(printer.arg(i) for i in inputs)})"
 
-    def _node_line(self, node: fx.Node, owner: str, names, local: _Names, printer: Printer) -> str:
+    def _node_statement(self, node: fx.Node, owner: str, printer: Printer) -> tuple[list[fx.Node], str, str]:
         if node.op == "call_module":
             if node.target not in self.paths:
                 expression = self._functional_module(node, printer)
-                base = "attn_output" if "scaled_dot" in expression else "dropout"
-            else:
-                expression = printer.call(self._module_ref(node.target, owner), node.args, node.kwargs)
-                base = node.target.rsplit(".", 1)[-1]
-        else:
-            expression = printer.expression(node)
-            base = _base_name(node)
-        names[node] = local.fresh(base)
-        return f"{names[node]} = {expression}"
+                return [node], ("attn_output" if "scaled_dot" in expression else "dropout"), expression
+            expression = printer.call(self._module_ref(node.target, owner), node.args, node.kwargs)
+            return [node], node.target.rsplit(".", 1)[-1], expression
+        return [node], _base_name(node), printer.expression(node)
 
     def _functional_module(self, node: fx.Node, printer: Printer) -> str:
         """Modules capture added where the model called a function: the function, following ``self.training``."""

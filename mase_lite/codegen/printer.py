@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import ast
 import math
 import operator
 from typing import Any, Callable
@@ -89,6 +90,12 @@ def literal(value: Any, device: Callable[[], str] | None = None) -> str:
     raise CodegenError(f"codegen cannot print the constant {value!r} ({type(value).__name__})")
 
 
+def is_operation(expression: str) -> bool:
+    """Whether ``expression`` needs parentheses to be an operand (``a + b``, ``-x``, ``p if c else q``)."""
+    body = ast.parse(expression, mode="eval").body
+    return isinstance(body, (ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.IfExp))
+
+
 class Printer:
     """Renders nodes with the local names given in ``names``; ``inline`` holds expressions (``self.weight``)."""
 
@@ -112,6 +119,13 @@ class Printer:
             return "{" + ", ".join(f"{k!r}: {self.arg(v)}" for k, v in a.items()) + "}"
         return literal(a, self.device)
 
+    def operand(self, a: Any) -> str:
+        """``a`` where an operator or a method call applies to it: a folded operator expression in parentheses."""
+        text = self.arg(a)
+        if isinstance(a, fx.Node) and a in self.inline and is_operation(text):
+            return f"({text})"
+        return text
+
     def call(self, fn: str, args: tuple, kwargs: dict) -> str:
         parts = [self.arg(a) for a in args]
         parts += [f"{k}={self.arg(v)}" for k, v in kwargs.items()
@@ -120,8 +134,8 @@ class Printer:
 
     def _index(self, base: fx.Node, dim: int, item: str, rank: int | None) -> str:
         if dim < 0:
-            return f"{self.arg(base)}[..., {item}{', :' * (-dim - 1)}]"
-        return f"{self.arg(base)}[{':, ' * dim}{item}]"
+            return f"{self.operand(base)}[..., {item}{', :' * (-dim - 1)}]"
+        return f"{self.operand(base)}[{':, ' * dim}{item}]"
 
     def _slice(self, start: Any, end: Any, step: Any) -> str:
         start_s = "" if start in (None, 0) else self.arg(start)
@@ -132,7 +146,7 @@ class Printer:
     def expression(self, node: fx.Node) -> str:
         """The right-hand side for ``node`` (a call_function or call_method)."""
         if node.op == "call_method":
-            return self.call(f"{self.arg(node.args[0])}.{node.target}", node.args[1:], node.kwargs)
+            return self.call(f"{self.operand(node.args[0])}.{node.target}", node.args[1:], node.kwargs)
         target = node.target
         if isinstance(target, torch._ops.OpOverload):
             return self._aten(node, target)
@@ -141,16 +155,16 @@ class Printer:
     def _python(self, node: fx.Node, target: Any) -> str:
         args, kwargs = node.args, node.kwargs
         if target in _OPERATORS and len(args) == 2 and not kwargs:
-            return f"{self.arg(args[0])} {_OPERATORS[target]} {self.arg(args[1])}"
+            return f"{self.operand(args[0])} {_OPERATORS[target]} {self.operand(args[1])}"
         if target in _UNARY and len(args) == 1:
-            return f"{_UNARY[target]}{self.arg(args[0])}"
+            return f"{_UNARY[target]}{self.operand(args[0])}"
         if target is operator.getitem:
             index = args[1]
             if isinstance(index, tuple):
-                return f"{self.arg(args[0])}[{', '.join(self._item(i) for i in index)}]"
-            return f"{self.arg(args[0])}[{self._item(index)}]"
+                return f"{self.operand(args[0])}[{', '.join(self._item(i) for i in index)}]"
+            return f"{self.operand(args[0])}[{self._item(index)}]"
         if target is getattr:
-            return f"{self.arg(args[0])}.{args[1]}"
+            return f"{self.operand(args[0])}.{args[1]}"
         name = _NAMES.get(id(target))
         if name is None:
             module = getattr(target, "__module__", None) or ""
@@ -175,7 +189,7 @@ class Printer:
         name, args, kwargs = op._opname, list(node.args), dict(node.kwargs)
         schema = op._schema.arguments
         if name == "sym_size":
-            return f"{self.arg(args[0])}.size({self.arg(args[1])})"
+            return f"{self.operand(args[0])}.size({self.arg(args[1])})"
         if name == "slice":
             dim, start, end, step = (args[1:] + [0, None, None, 1][len(args) - 1:])[:4]
             return self._index(args[0], dim, self._slice(start, end, step), None)
@@ -183,7 +197,7 @@ class Printer:
             return self._index(args[0], args[1], self.arg(args[2]), None)
         if name == "index" and len(args) == 2:
             items = ", ".join(":" if i is None else self.arg(i) for i in args[1])
-            return f"{self.arg(args[0])}[{items}]"
+            return f"{self.operand(args[0])}[{items}]"
         if name == "embedding":
             padding = args[2] if len(args) > 2 else -1
             return self.call("F.embedding", (args[1], args[0]), {"padding_idx": padding} if padding != -1 else {})
@@ -197,33 +211,33 @@ class Printer:
             return self.call("F.cross_entropy", tuple(args[:2]), extra)
         if name in ("_to_copy", "to"):
             kwargs.pop("layout", None)
-            return self.call(f"{self.arg(args[0])}.to", tuple(args[1:]), kwargs)
+            return self.call(f"{self.operand(args[0])}.to", tuple(args[1:]), kwargs)
         if name in ("lift_fresh_copy", "alias"):
-            return f"{self.arg(args[0])}.clone()" if name == "lift_fresh_copy" else self.arg(args[0])
+            return f"{self.operand(args[0])}.clone()" if name == "lift_fresh_copy" else self.arg(args[0])
         if name == "_softmax" and len(args) == 3 and args[2] is False:
-            return f"{self.arg(args[0])}.softmax({self.arg(args[1])})"
+            return f"{self.operand(args[0])}.softmax({self.arg(args[1])})"
         if name == "dropout":
             return self.call("F.dropout", (args[0],), {"p": args[1], "training": args[2]})
         if name in _BINARY and len(args) == 2 and not kwargs and (isinstance(args[0], fx.Node) or isinstance(args[1], fx.Node)):
             a, b = args
             if isinstance(a, fx.Node):
-                return f"{self.arg(a)} {_BINARY[name]} {self.arg(b)}"
-            return f"{self.arg(a)} {_BINARY[name]} {self.arg(b)}" if name not in ("pow",) else self.call("torch.pow", (a, b), {})
+                return f"{self.operand(a)} {_BINARY[name]} {self.operand(b)}"
+            return f"{self.operand(a)} {_BINARY[name]} {self.operand(b)}" if name not in ("pow",) else self.call("torch.pow", (a, b), {})
         if name == "rsub" and len(args) == 2 and not kwargs:
-            return f"{self.arg(args[1])} - {self.arg(args[0])}"
+            return f"{self.operand(args[1])} - {self.operand(args[0])}"
         if name in _UNARY and len(args) == 1 and not kwargs:
-            return f"{_UNARY[name]}{self.arg(args[0])}"
+            return f"{_UNARY[name]}{self.operand(args[0])}"
         is_self = bool(schema) and schema[0].name == "self" and isinstance(args[0] if args else None, fx.Node)
         if name.endswith("_") and is_self:  # in-place: the method keeps the mutation
-            return self.call(f"{self.arg(args[0])}.{name}", tuple(args[1:]), kwargs)
+            return self.call(f"{self.operand(args[0])}.{name}", tuple(args[1:]), kwargs)
         if name in ("layer_norm", "group_norm") and len(args) == 6:
             args = args[:5]  # cudnn_enable: not an argument of the functional form
         if name in _FUNCTIONAL:
             return self.call(f"F.{name}", tuple(args), kwargs)
         if is_self and name in _METHODS and hasattr(torch.Tensor, name):
-            return self.call(f"{self.arg(args[0])}.{name}", tuple(args[1:]), kwargs)
+            return self.call(f"{self.operand(args[0])}.{name}", tuple(args[1:]), kwargs)
         if hasattr(torch, name) and not name.startswith("_"):
             return self.call(f"torch.{name}", tuple(args), kwargs)
         if is_self and hasattr(torch.Tensor, name):
-            return self.call(f"{self.arg(args[0])}.{name}", tuple(args[1:]), kwargs)
+            return self.call(f"{self.operand(args[0])}.{name}", tuple(args[1:]), kwargs)
         return self.call(f"torch.ops.aten.{name}.{op._overloadname}", tuple(args), kwargs)
