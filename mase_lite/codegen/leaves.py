@@ -122,6 +122,9 @@ def leaf_source(module: nn.Module, name: str) -> LeafSource:
 def _recreated(module: nn.Module, name: str) -> LeafSource:
     """A class of the module's own name whose forward is its eval-mode forward traced by torch.fx."""
     cls = type(module)
+    if cls.__module__ == "mase_lite.nn.lora":
+        raise CodegenError(f"codegen cannot express module {name!r}: a LoRA layer ({cls.__name__}); "
+                           "merge it first with the lora_merge pass")
     if hasattr(cls, "mase_op") or any(True for _ in module.children()):
         raise CodegenError(f"codegen cannot express module {name!r}: a {cls.__module__}.{cls.__name__}, which the "
                            "emitted code cannot build (torch.nn layers, transformers layers without submodules, "

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.nn.utils import parametrize
 
 from mase_lite.errors import UserError
@@ -111,8 +110,6 @@ def constructor_source(module: nn.Module) -> str:
         config = _literal(quant_config_literal(module.quant_config))
         if config is not None:
             return f"{cls.__name__}(config={config})"
-    elif cls.__name__ == "GELUActivation" and getattr(module, "act", None) is F.gelu:
-        return "nn.GELU()"
     elif cls.__module__.startswith("torch.nn.modules") and getattr(nn, cls.__name__, None) is cls:
         args = torch_arguments(module, cls)
         if args is not None:
@@ -139,7 +136,7 @@ def check_constructor(module: nn.Module, source: str) -> str | None:
     original, copy = state_tensors(module), rebuilt.state_dict()
     if {k: tuple(v.shape) for k, v in original.items()} != {k: tuple(v.shape) for k, v in copy.items()}:
         return f"{source} holds tensors {sorted(copy)}, the graph's module {sorted(original)}"
-    if type(module).__name__.startswith("Parametrized") or module_class(module).__name__ == "GELUActivation":
+    if type(module).__name__.startswith("Parametrized"):
         return None
     if repr(rebuilt) != repr(module):
         return f"{source} prints as {rebuilt!r}, the graph's module as {module!r}"
