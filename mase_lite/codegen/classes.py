@@ -9,6 +9,7 @@ leaf it cannot reach through ``self``) is inlined into its caller.
 
 from __future__ import annotations
 
+import ast
 import keyword
 import re
 from collections import defaultdict
@@ -26,6 +27,7 @@ from mase_lite.codegen.scopes import Call, call_tree, containers
 from mase_lite.ir.modules import ScaledDotProductAttention
 
 _RESERVED = {"self", "torch", "nn", "F", "math", "float", "super", "input", "range", "len", "type", "max", "min", "sum", "abs", "all", "any"}
+_LINE = 90  # longest right-hand side a folded value may make
 _RENAMED = {"slice": "sliced", "and": "both", "or": "either", "sym_size": "size", "scaled_dot_product_attention": "attn_output"}
 
 
@@ -117,6 +119,31 @@ def _leaves(tree) -> list:
     return pytree.tree_leaves(tree, is_leaf=lambda x: isinstance(x, fx.Node))
 
 
+def _wrapped(target: str, expression: str) -> list[str]:
+    """``target = f(a, b)``, one argument a line when it runs past 100 characters."""
+    tree = ast.parse(expression, mode="eval").body
+    if len(target) + len(expression) <= 100 or not isinstance(tree, ast.Call) or any(k.arg is None for k in tree.keywords):
+        return [target + expression]
+    args = [ast.unparse(a) for a in tree.args] + [f"{k.arg}={ast.unparse(k.value)}" for k in tree.keywords]
+    return [f"{target}{ast.unparse(tree.func)}(", *(f"    {a}," for a in args), ")"]
+
+
+def _sizes(inputs: list[fx.Node]) -> dict[fx.Node, tuple[fx.Node, int]]:
+    """Sizes among a call's inputs that a tensor input has as a dimension: (that tensor, the dim)."""
+    found = {}
+    tensors = [n for n in inputs if isinstance(n.meta.get("val"), torch.Tensor)]
+    for node in inputs:
+        value = node.meta.get("val")
+        if not isinstance(value, torch.SymInt):
+            continue
+        for tensor in tensors:
+            dims = [str(d) for d in tensor.meta["val"].shape]
+            if str(value) in dims:
+                found[node] = (tensor, dims.index(str(value)))
+                break
+    return found
+
+
 def _alias(item) -> bool:
     """A slice over the whole of every dimension: the value itself."""
     if isinstance(item, Call) or item.target is not torch.ops.aten.slice.Tensor:
@@ -145,6 +172,8 @@ class ClassBuilder:
             self.calls[call.fqn].append(call)
         self.out = Emitted()
         self._io: dict[Call, tuple[list[fx.Node], list[fx.Node]]] = {}
+        self._sizes: dict[Call, dict[fx.Node, tuple[fx.Node, int]]] = {}
+        self.class_of: dict[str, str] = {}
 
     def _walk(self, prefix: str, module: nn.Module, keep: list[str] | None) -> None:
         names = list(module._modules) if keep is None else [k for k in keep if k in module._modules]
@@ -270,8 +299,9 @@ class ClassBuilder:
         forward = self._module_forward(path)
         body = "\n".join(f"        {line}" for line in ["super().__init__()", *init])
         name = module_class(module).__name__
-        return self.out.define(name, lambda n: f"class {n}(nn.Module):\n    def __init__(self) -> None:\n{body}"
-                                               + (f"\n\n{forward}" if forward else ""))
+        self.class_of[path] = self.out.define(name, lambda n: f"class {n}(nn.Module):\n    def __init__(self) -> None:\n"
+                                              f"{body}" + (f"\n\n{forward}" if forward else ""))
+        return self.class_of[path]
 
     def _module_forward(self, path: str) -> str | None:
         calls = [c for p in self.aliases[id(self.paths[path])] for c in self.calls.get(p, [])]
@@ -295,12 +325,13 @@ class ClassBuilder:
             members = list(call.nodes())
             inside = set(members)
             inputs: list[fx.Node] = []
-            for node in members:
-                for a in node.all_input_nodes:
+            for item in call.items:  # a sub-call's inputs, less the sizes it reads off its own tensors
+                for a in self.io(item)[0] if isinstance(item, Call) else item.all_input_nodes:
                     if a not in inside and a not in inputs and not (a.op == "get_attr" and self._tensor_ref(a, call.fqn)):
                         inputs.append(a)
             outputs = [n for n in members if any(u not in inside for u in n.users)]
-            self._io[call] = (inputs, outputs)
+            self._sizes[call] = _sizes(inputs)
+            self._io[call] = ([n for n in inputs if n not in self._sizes[call]], outputs)
         return self._io[call]
 
     def _tensor_ref(self, node: fx.Node, owner: str) -> str | None:
@@ -326,8 +357,13 @@ class ClassBuilder:
         inputs, outputs = self.io(call)
         local = _Names()
         params = [local.fresh(_param_base(n)) for n in inputs]
-        lines, printer = self.body(call, owner, dict(zip(inputs, params)), local)
-        lines.append(f"return {', '.join(printer.arg(o) for o in outputs)}")
+        names = dict(zip(inputs, params))
+        sizes = []
+        for size, (tensor, dim) in self._sizes[call].items():
+            names[size] = local.fresh("size")
+            sizes.append(f"{names[size]} = {names[tensor]}.size({dim})")
+        lines, printer = self.body(call, owner, names, local)
+        lines = sizes + lines + [f"return {', '.join(printer.arg(o) for o in outputs)}"]
         return f"    def forward(self, {', '.join(params)}):\n" + "\n".join(f"        {line}" for line in lines)
 
     def body(self, call: Call, owner: str, names: dict[fx.Node, str], local: _Names) -> tuple[list[str], Printer]:
@@ -347,9 +383,15 @@ class ClassBuilder:
             values, base, expression = pending
             for v in values:
                 names[v] = local.fresh(base)
-            lines.append(f"{', '.join(names[v] for v in values)} = {expression}")
+            lines.extend(_wrapped(f"{', '.join(names[v] for v in values)} = ", expression))
 
-        for item in call.items:
+        for item in self._loops(call.items):
+            if isinstance(item, list):  # blocks of one ModuleList, each feeding the next
+                if pending is not None:
+                    flush()
+                pending = None
+                lines.extend(self._loop_lines(item, owner, names, local, printer))
+                continue
             used = self.io(item)[0] if isinstance(item, Call) else item.all_input_nodes
             for a in used:
                 if a.op == "get_attr" and a not in names and a not in inline:
@@ -357,19 +399,67 @@ class ClassBuilder:
                     if ref is None:
                         raise _Unreachable
                     inline[a] = ref
+            statement = self._call_statement if isinstance(item, Call) else self._node_statement
+            if pending is not None and self._folds(pending, item, kept):
+                inline[pending[0][0]] = pending[2]
+                folded = statement(item, owner, printer)
+                if len(folded[2]) <= _LINE:
+                    pending = folded
+                    continue
+                del inline[pending[0][0]]
             if pending is not None:
-                if self._folds(pending, item, kept):
-                    inline[pending[0][0]] = pending[2]
-                else:
-                    flush()
-            pending = self._call_statement(item, owner, printer) if isinstance(item, Call) \
-                else self._node_statement(item, owner, printer)
+                flush()
+            pending = statement(item, owner, printer)
             if _alias(item):
                 inline[item] = printer.arg(item.args[0])
                 pending = None
         if pending is not None:
             flush()
         return lines, printer
+
+    def _loops(self, items: list) -> list:
+        """``items`` with each run of chained calls of one ModuleList's blocks (one class) as a list."""
+        out: list = []
+        for item in items:
+            run = out[-1] if out and isinstance(out[-1], list) else [out[-1]] if out and isinstance(out[-1], Call) else None
+            if isinstance(item, Call) and run is not None and self._chains(run[-1], item):
+                out[-1] = run + [item]
+            else:
+                out.append(item)
+        return out
+
+    def _chains(self, prev: Call, call: Call) -> bool:
+        """Whether ``call`` is the next block after ``prev`` and takes its only output first, the rest alike."""
+        container, _, index = prev.fqn.rpartition(".")
+        if call.fqn != f"{container}.{int(index) + 1 if index.isdigit() else ''}" or container not in self.containers:
+            return False
+        if not isinstance(self.paths.get(container), nn.ModuleList) or \
+                self.class_of.get(prev.fqn, "?") != self.class_of.get(call.fqn):
+            return False
+        (p_in, p_out), (c_in, c_out) = self.io(prev), self.io(call)
+        inside = set(call.nodes())
+        return (len(p_out) == len(c_out) == 1 and c_in[:1] == p_out and p_in[1:] == c_in[1:]
+                and all(u in inside for u in p_out[0].users))
+
+    def _loop_lines(self, run: list[Call], owner: str, names, local: _Names, printer: Printer) -> list[str]:
+        container = run[0].fqn.rpartition(".")[0]
+        blocks = self._module_ref(container, owner)
+        first, last = int(run[0].fqn.rpartition(".")[2]), int(run[-1].fqn.rpartition(".")[2])
+        if (first, last + 1) != (0, len(self.paths[container])):
+            blocks += f"[{first}:{last + 1}]"
+        inputs = self.io(run[0])[0]
+        seed, inside = inputs[0], set(run[0].nodes())
+        lines = []
+        if seed in names and seed not in printer.inline and all(u in inside for u in seed.users):
+            state = names[seed]  # the first block's input is needed nowhere else: the loop carries it
+        else:
+            state = local.fresh("hidden_states")
+            lines.append(f"{state} = {printer.arg(seed)}")
+        block = local.fresh("block")
+        rest = "".join(f", {printer.arg(i)}" for i in inputs[1:])
+        lines += [f"for {block} in {blocks}:", f"    {state} = {block}({state}{rest})"]
+        names[self.io(run[-1])[1][0]] = state
+        return lines
 
     def _folds(self, pending: tuple[list[fx.Node], str, str], item, kept: set[fx.Node]) -> bool:
         values, _, expression = pending
