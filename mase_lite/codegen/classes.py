@@ -385,7 +385,11 @@ class ClassBuilder:
                 names[v] = local.fresh(base)
             lines.extend(_wrapped(f"{', '.join(names[v] for v in values)} = ", expression))
 
+        needed = {a for item in call.items for a in (self.io(item)[0] if isinstance(item, Call) else item.all_input_nodes)}
         for item in self._loops(call.items):
+            if isinstance(item, fx.Node) and item not in needed and item not in kept and item.op == "call_function" \
+                    and not item.is_impure():
+                continue  # a size every sub-call reads off its own tensors
             if isinstance(item, list):  # blocks of one ModuleList, each feeding the next
                 if pending is not None:
                     flush()
