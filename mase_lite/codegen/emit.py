@@ -28,7 +28,8 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from safetensors.torch import save_file
 
-from mase_lite.codegen.classes import ClassBuilder, Emitted, _Names
+from mase_lite.codegen.classes import ClassBuilder, Emitted
+from mase_lite.codegen.forwards import Names
 from mase_lite.codegen.modules import CodegenError
 from mase_lite.files import staged_directory
 
@@ -116,14 +117,15 @@ def emit(mg, class_name: str | None = None) -> tuple[str, Emitted, str]:
     builder = ClassBuilder(gm, graph, mg.source_model)
     init = builder.build()
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    local = _Names()
+    local = Names()
     local.used |= {n.name for n in placeholders}
     lines, printer = builder.body(builder.root, "", {n: n.name for n in placeholders}, local)
     output = _Output(getattr(gm, "_out_spec", None))
     result = next(n for n in graph.nodes if n.op == "output").args[0]
     leaves = list(result) if isinstance(result, (tuple, list)) else [result]
     lines.append(f"return {output.render([printer.arg(a) for a in leaves])}")
-    forward = f"    def forward(self, {', '.join(n.name for n in placeholders)}):\n" + "\n".join(f"        {ln}" for ln in lines)
+    signature = f"    def forward(self, {', '.join(n.name for n in placeholders)}):"
+    forward = "\n".join([signature, *(f"        {ln}" for ln in lines)])
     return _model_source(mg, class_name, builder.out, output, init, forward), builder.out, class_name
 
 

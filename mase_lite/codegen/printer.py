@@ -218,11 +218,8 @@ class Printer:
             return f"{self.operand(args[0])}.softmax({self.arg(args[1])})"
         if name == "dropout":
             return self.call("F.dropout", (args[0],), {"p": args[1], "training": args[2]})
-        if name in _BINARY and len(args) == 2 and not kwargs and (isinstance(args[0], fx.Node) or isinstance(args[1], fx.Node)):
-            a, b = args
-            if isinstance(a, fx.Node):
-                return f"{self.operand(a)} {_BINARY[name]} {self.operand(b)}"
-            return f"{self.operand(a)} {_BINARY[name]} {self.operand(b)}" if name not in ("pow",) else self.call("torch.pow", (a, b), {})
+        if name in _BINARY and len(args) == 2 and not kwargs and any(isinstance(a, fx.Node) for a in args):
+            return f"{self.operand(args[0])} {_BINARY[name]} {self.operand(args[1])}"
         if name == "rsub" and len(args) == 2 and not kwargs:
             return f"{self.operand(args[1])} - {self.operand(args[0])}"
         if name in _UNARY and len(args) == 1 and not kwargs:

@@ -2,12 +2,12 @@
 
 Every node records the stack of modules it ran in (``meta["nn_module_stack"]``). Consecutive nodes
 under one call key form a :class:`Call` of that module; a module whose calls are not contiguous,
-or whose calls would need different code, is inlined into its parent (see ``emit``).
+or whose calls would need different code, is inlined into its parent (see ``classes``).
 
 Example::
 
-    root = call_tree(graph, modules)
-    [c.fqn for c in root.calls()]          # ['bert', 'bert.embeddings', ...]
+    root = call_tree(graph, containers(model))
+    [c.fqn for c in root.calls()]          # ['bert', 'bert.embeddings', 'bert.encoder', ...]
 """
 
 from __future__ import annotations
