@@ -84,9 +84,11 @@ def _base_name(node: fx.Node) -> str:
 
 
 def _param_base(node: fx.Node) -> str:
-    if node.op == "placeholder":
-        return node.name
+    """A parameter's name from its value: a model input keeps its name unless it is a float tensor, which
+    a block's first call may take where the next ones take the previous block's output."""
     val = node.meta.get("val")
+    if node.op == "placeholder" and not (isinstance(val, torch.Tensor) and val.dtype.is_floating_point):
+        return node.name
     if isinstance(val, torch.SymInt):
         return "size"
     if isinstance(val, torch.Tensor):
@@ -208,19 +210,20 @@ class ForwardWriter:
             if isinstance(item, fx.Node) and item not in needed and item not in kept and item.op == "call_function" \
                     and not item.is_impure():
                 continue  # a size every sub-call reads off its own tensors
-            if isinstance(item, list):  # blocks of one ModuleList, each feeding the next
-                if pending is not None:
-                    flush()
-                pending = None
-                lines.extend(self._loop_lines(item, owner, names, local, printer))
-                continue
-            used = self.io(item)[0] if isinstance(item, Call) else item.all_input_nodes
+            used = [a for c in item for a in self.io(c)[0]] if isinstance(item, list) \
+                else self.io(item)[0] if isinstance(item, Call) else item.all_input_nodes
             for a in used:
                 if a.op == "get_attr" and a not in names and a not in inline:
                     ref = self._tensor_ref(a, owner)
                     if ref is None:
                         raise Unreachable
                     inline[a] = ref
+            if isinstance(item, list):  # blocks of one ModuleList, each feeding the next
+                if pending is not None:
+                    flush()
+                pending = None
+                lines.extend(self._loop_lines(item, owner, names, local, printer))
+                continue
             statement = self._call_statement if isinstance(item, Call) else self._node_statement
             if pending is not None and self._folds(pending, item, kept):
                 inline[pending[0][0]] = pending[2]

@@ -276,3 +276,42 @@ def test_package_name_must_be_an_identifier(tmp_path):
     mg = ml.MaseGraph(MLP(), example_inputs={"x": torch.randn(4, 64)})
     with pytest.raises(CodegenError, match=r"package name 'my-model' is not a Python identifier"):
         ml.passes.codegen(mg, {"path": str(tmp_path / "my-model")})
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x, scale):
+        return self.norm(x + self.fc(x) * scale)
+
+
+class Stack(nn.Module):
+    """Three identical blocks, each given the stack's own buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+        self.register_buffer("scale", torch.tensor(0.5))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x, self.scale)
+        return x
+
+
+def test_identical_blocks_are_one_class_run_as_a_loop(tmp_path):
+    torch.manual_seed(0)
+    stack = Stack().eval()
+    mg = ml.MaseGraph(stack, example_inputs={"x": torch.randn(2, 5, 8)})
+    package, _, source = emit_and_import(mg, tmp_path)
+    assert source.count("class Block(nn.Module):") == 1
+    assert "self.blocks = nn.ModuleList([Block() for _ in range(3)])" in source
+    assert "    for block in self.blocks:\n            x = block(x, self.scale)\n" in source
+    model = package.load("cpu")
+    assert list(model.state_dict()) == list(stack.state_dict())
+    x = torch.randn(4, 3, 8)
+    with torch.no_grad():
+        assert torch.equal(model(x), mg.model.eval()(x=x))
