@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.nn.utils import parametrize
 
 from mase_lite.errors import UserError
@@ -60,7 +59,7 @@ def _is_default(value: Any, default: Any) -> bool:
     return type(value) is type(default) and value == default
 
 
-def _torch_arguments(module: nn.Module, cls: type) -> list[str] | None:
+def torch_arguments(module: nn.Module, cls: type) -> list[str] | None:
     """Constructor arguments of a torch.nn module read back from its attributes; None if one is missing."""
     parts: list[str] = []
     keyword = False
@@ -103,7 +102,7 @@ def constructor_source(module: nn.Module) -> str:
     cls = module_class(module)
     if cls.__module__ == QUANTIZED_MODULE:
         float_cls = next(base for base in cls.__mro__ if base.__module__.startswith("torch.nn"))
-        args = _torch_arguments(module, float_cls)
+        args = torch_arguments(module, float_cls)
         config = _literal(quant_config_literal(module.quant_config))
         if args is not None and config is not None:
             return f"{cls.__name__}({', '.join([*args, f'config={config}'])})"
@@ -111,10 +110,8 @@ def constructor_source(module: nn.Module) -> str:
         config = _literal(quant_config_literal(module.quant_config))
         if config is not None:
             return f"{cls.__name__}(config={config})"
-    elif cls.__name__ == "GELUActivation" and getattr(module, "act", None) is F.gelu:
-        return "nn.GELU()"
     elif cls.__module__.startswith("torch.nn.modules") and getattr(nn, cls.__name__, None) is cls:
-        args = _torch_arguments(module, cls)
+        args = torch_arguments(module, cls)
         if args is not None:
             return f"nn.{cls.__name__}({', '.join(args)})"
     raise CodegenError(f"{cls.__module__}.{cls.__name__}")
@@ -139,7 +136,7 @@ def check_constructor(module: nn.Module, source: str) -> str | None:
     original, copy = state_tensors(module), rebuilt.state_dict()
     if {k: tuple(v.shape) for k, v in original.items()} != {k: tuple(v.shape) for k, v in copy.items()}:
         return f"{source} holds tensors {sorted(copy)}, the graph's module {sorted(original)}"
-    if type(module).__name__.startswith("Parametrized") or module_class(module).__name__ == "GELUActivation":
+    if type(module).__name__.startswith("Parametrized"):
         return None
     if repr(rebuilt) != repr(module):
         return f"{source} prints as {rebuilt!r}, the graph's module as {module!r}"
