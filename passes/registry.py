@@ -31,7 +31,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from mase_lite.errors import UserError, format_validation_error
+from mase_lite.errors import Scope, UserError, validation_problems
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,15 @@ class PassInfo:
         return self.doc.strip().splitlines()[0] if self.doc.strip() else ""
 
     def validate(self, params: BaseModel | dict | None) -> BaseModel:
-        """Turn a dict (or None) into this pass's frozen params model; the input is not touched."""
+        """Turn a dict (or None) into this pass's frozen params model; the input is not touched. A bad
+        value is a :class:`PassError` located at the field (``pass 'quantize' params.rules.x``)."""
+        try:
+            return self.parse(params)
+        except PassError as err:
+            raise err.within(f"pass '{self.name}' params") from None
+
+    def parse(self, params: BaseModel | dict | None) -> BaseModel:
+        """:meth:`validate`, its errors located relative to the params (the caller says whose they are)."""
         if params is None:
             params = {}
         if isinstance(params, self.params):
@@ -97,13 +105,23 @@ class PassInfo:
         if isinstance(params, BaseModel):
             params = params.model_dump()
         if not isinstance(params, dict):
-            raise PassError(f"pass '{self.name}': params must be a JSON object, got {type(params).__name__}")
+            raise PassError(f"must be a JSON object, got {type(params).__name__}")
         try:
             return self.params.model_validate(params)
         except ValidationError as err:
-            raise PassError(
-                format_validation_error(err, prefix=f"pass '{self.name}' params", model=self.params)
-            ) from None
+            raise PassError(problems=validation_problems(err, model=self.params)) from None
+
+    def field_path(self, location: tuple) -> tuple | None:
+        """``location`` as a path into this pass's params when it starts with one of their fields (or with
+        ``<pass name>.<field>``, how a helper the pass shares names it); ``None`` when it does not."""
+        if not location or not isinstance(location[0], str) or isinstance(location[0], Scope):
+            return None
+        head, *rest = location[0].split(".")
+        if head == self.name and rest:
+            location = (".".join(rest), *location[1:])
+            head = rest[0]
+        fields = {key for name, f in self.params.model_fields.items() for key in (name, f.alias) if key}
+        return location if head.split("[")[0] in fields else None
 
     def metric_names(self, params: BaseModel, task: str) -> set[str] | None:
         """The keys this pass may report under ``info["metrics"]`` (``"per_class.*"``: any key below

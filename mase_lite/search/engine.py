@@ -24,7 +24,7 @@ import optuna
 from optuna.trial import TrialState
 from tqdm import tqdm
 
-from mase_lite.errors import UserError, ensure_dir, short
+from mase_lite.errors import UserError, describe, ensure_dir, short
 from mase_lite.faults import ToolFault, as_fault
 from mase_lite.files import check_writable
 from mase_lite.pipeline.runner import json_safe, run_pipeline
@@ -251,7 +251,7 @@ def run_trial(study: Study, trial: optuna.Trial) -> tuple[TrialState, list[float
             raise
         if fault is not None:  # the tool's own I/O (a full disk): not the trial's failure
             raise fault from err
-        reason = f"{type(err).__name__}: {err}"
+        reason = f"{type(err).__name__}: {describe(err)}"
         logger.warning("trial %d failed: %s", trial.number, reason)
         trial.set_user_attr("status", "failed")
         trial.set_user_attr("error", reason[:2000])
