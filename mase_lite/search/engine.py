@@ -145,15 +145,6 @@ def _constraints_func(spec: SearchSpec):
     return constraints
 
 
-def feasible(spec: SearchSpec, metrics: dict[str, float]) -> bool:
-    """Whether ``metrics`` satisfy every constraint of the spec."""
-    for c in spec.constraints:
-        value = metrics.get(c.metric)
-        if value is None or (c.max is not None and value > c.max) or (c.min is not None and value < c.min):
-            return False
-    return True
-
-
 def prepare_studies(spec: SearchSpec) -> list[Study]:
     """Every study's space, statically checked, its metrics and its sampler; nothing runs yet."""
     variants = spec.studies or [StudySpec(name=spec.study_name)]
@@ -369,7 +360,6 @@ def run_search(source: str | Path | dict | SearchSpec) -> SearchResult:
     writing the results when every trial failed; a :class:`~mase_lite.faults.ToolFault`
     when the tool's own I/O fails (the running trial runs again on resume).
     """
-    from mase_lite.search.results import write_results
 
     spec = load_search_spec(source)
     studies = prepare_studies(spec)
@@ -385,6 +375,8 @@ def run_search(source: str | Path | dict | SearchSpec) -> SearchResult:
     for study in studies:
         ensure_dir(study.output_dir, "output_dir")
         optimize(study, deadline)
+    from mase_lite.search.results import write_results  # matplotlib, imported when there are results to plot
+
     report = write_results(spec, studies, out)
     failed = _all_failed(studies)
     if failed:

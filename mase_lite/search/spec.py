@@ -260,6 +260,10 @@ class Constraint(_Strict):
             raise ValueError("give 'max', 'min' or both")
         return self
 
+    def holds(self, value: float | None) -> bool:
+        """Whether a trial's ``value`` of the metric lies within the bound (a missing value does not)."""
+        return value is not None and (self.max is None or value <= self.max) and (self.min is None or value >= self.min)
+
 
 class PlotSpec(_Strict):
     """A plot of trial results: ``y`` metrics against ``x`` (a parameter or a metric), one curve per study
@@ -401,6 +405,10 @@ class SearchSpec(_Strict):
     def recorded(self) -> bool:
         """Whether the spec was read from a search report (its pipelines are then data too)."""
         return self._recorded
+
+    def feasible(self, metrics: dict[str, float]) -> bool:
+        """Whether a trial's ``metrics`` satisfy every constraint."""
+        return all(c.holds(metrics.get(c.metric)) for c in self.constraints)
 
     @field_validator("storage")
     @classmethod
