@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import pkgutil
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -189,6 +190,12 @@ def register_pass(
         )
     if invalidates is None:
         invalidates = (ALL_FACTS,) if kind == "transform" else ()
+    taken = _package_attribute(name)
+    if taken is not None:
+        raise PassError(
+            f"pass '{name}': the name is taken by {taken} (ml.passes.{name} would reach it, not the pass); "
+            "choose another name"
+        )
 
     def decorate(fn: Callable) -> PassInfo:
         module = getattr(fn, "__module__", "")
@@ -213,6 +220,15 @@ def register_pass(
         return info
 
     return decorate
+
+
+def _package_attribute(name: str) -> str | None:
+    """What ``mase_lite.passes.<name>`` is when it is not a pass: an attribute or a submodule of the package."""
+    import mase_lite.passes as package
+
+    if name in {m.name for m in pkgutil.iter_modules(package.__path__)}:
+        return f"the module mase_lite.passes.{name}"
+    return f"mase_lite.passes.{name}" if name in vars(package) else None
 
 
 def _load_entry_points() -> None:
