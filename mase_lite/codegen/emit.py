@@ -278,7 +278,7 @@ def emit(mg, class_name: str | None = None) -> tuple[str, dict[str, torch.Tensor
             raise CodegenError(f"codegen cannot express node {node.name!r}: method call {node.target!r}")
     _retarget_devices(graph)
     output = _Output(getattr(gm, "_out_spec", None))
-    graph._codegen = _ModelCodeGen(output)
+    graph.set_codegen(_ModelCodeGen(output))
     code = graph.python_code(root_module="self")
     body = code.src.strip("\n").replace("torch._C._nn.scaled_dot_product_attention(", "F.scaled_dot_product_attention(")
     return _model_source(mg, class_name, out, output, body, _import_lines(code.globals, body)), out.state, class_name

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, ValidationError, field_validator,
                       model_validator)
@@ -355,12 +355,12 @@ def _sampler_name(value: Any) -> Any:
     return value.get("name", "tpe") if isinstance(value, dict) else getattr(value, "name", None)
 
 
-_SAMPLER_MODELS = (GridSamplerSpec, RandomSamplerSpec, TPESamplerSpec, NSGA2SamplerSpec, QMCSamplerSpec, CmaEsSamplerSpec)
-SAMPLERS = ("grid", "random", "tpe", "nsga2", "qmc", "cmaes")
-SamplerSpec = Annotated[
-    Union[tuple(Annotated[m, Tag(n)] for n, m in zip(SAMPLERS, _SAMPLER_MODELS))],
-    Discriminator(_sampler_name),
-]
+# sampler name (each model's `name` literal) -> the model of its options
+_SAMPLERS = {
+    get_args(m.model_fields["name"].annotation)[0]: m
+    for m in (GridSamplerSpec, RandomSamplerSpec, TPESamplerSpec, NSGA2SamplerSpec, QMCSamplerSpec, CmaEsSamplerSpec)
+}
+SamplerSpec = Annotated[Union[tuple(Annotated[m, Tag(n)] for n, m in _SAMPLERS.items())], Discriminator(_sampler_name)]
 
 
 class StudySpec(_Strict):
@@ -432,7 +432,7 @@ def _explain(error: dict) -> UserError | None:
     """An unknown sampler name gets the list of samplers."""
     loc = error["loc"]
     if error["type"] == "union_tag_invalid" and loc and loc[-1] == "sampler":
-        return UserError(f"unknown sampler {short(error['ctx']['tag'])}; samplers: {', '.join(SAMPLERS)}", location=(*loc, "name"))
+        return UserError(f"unknown sampler {short(error['ctx']['tag'])}; samplers: {', '.join(_SAMPLERS)}", location=(*loc, "name"))
     return None
 
 
