@@ -13,13 +13,13 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from mase_lite import MaseGraph
+from mase_lite.bench import timing
 from mase_lite.ir.capture import _no_cache, default_dynamic_shapes
 from mase_lite.ir.inputs import hf_example_inputs
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the zoo lives in tests/
@@ -34,13 +34,7 @@ SHAPES = {
 
 
 def median_seconds(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return timing.median_seconds(fn, torch.device("cpu"), warmup=1, repeats=repeats)
 
 
 def plain_export(model, inputs, dyn):
