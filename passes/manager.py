@@ -206,26 +206,26 @@ def check_requirements(
         raise MissingRequirement(f"{label} needs {need!r}, which {lacking}; {hint}", need)
 
 
-def _scope(where: str | None) -> tuple:
-    return (where,) if where else ()
-
-
 def _located(err: UserError, run: PassRun) -> UserError:
     """``err`` located at the pass: at the field of its params it names (``steps.1.params.rules.x``,
     ``pass 'quantize' params.rules.x``), else at the pass (``steps.1 (quantize)``, ``pass 'quantize'``)."""
     field = run.info.field_path(err.location)
-    where = _scope(run.where)
-    if field is not None:
-        err.location = field
-        return err.within(*where, "params") if where else err.within(f"pass '{run.info.name}' params")
-    return err.within(*where, Scope(f"({run.info.name})")) if where else err.within(Scope(f"pass '{run.info.name}'"))
+    if field is None:
+        return err.within(run.where, Scope(f"({run.info.name})")) if run.where else err.within(Scope(f"pass '{run.info.name}'"))
+    err.location = field
+    return _in_params(err, run.info, run.where)
+
+
+def _in_params(err: UserError, info: PassInfo, where: str | None) -> UserError:
+    """``err``, located in a pass's params, located at the step (``steps.1.params``) or the pass."""
+    return err.within(where, "params") if where else err.within(f"pass '{info.name}' params")
 
 
 def _validated(info: PassInfo, params: BaseModel | dict | None, where: str | None) -> BaseModel:
     try:
         return frozen_copy(info.parse(params))
     except PassError as err:
-        raise (err.within(*_scope(where), "params") if where else err.within(f"pass '{info.name}' params")) from None
+        raise _in_params(err, info, where) from None
 
 
 def run_pass(info: PassInfo, mg, params: BaseModel | dict | None, context: PassContext, where: str | None = None):
