@@ -20,7 +20,7 @@ From a pipeline, a search trial or ``ml.passes.<name>(mg, ...)``, a call:
 >>> ml.passes.profile(mg, {"num_batches": 1})
 Traceback (most recent call last):
 ...
-mase_lite.passes.registry.PassError: pass 'profile' needs 'data', which this call lacks: give it data (ml.passes.profile(mg, params, data=...)) or run it in a pipeline with a `data` section
+mase_lite.passes.manager.MissingRequirement: pass 'profile' needs 'data', which this call lacks: give it data (ml.passes.profile(mg, params, data=...)) or run it in a pipeline with a `data` section
 """
 
 from __future__ import annotations
