@@ -101,7 +101,7 @@ class _Param(_Strict):
 
     def candidates(self) -> list[tuple[tuple[str | int, ...], Any]]:
         """``(location in the entry, value)`` of the values a static check tries: the first and the last matter."""
-        return [(("low",), self.low), (("high",), self.high)]
+        raise NotImplementedError
 
     @property
     def fixed(self) -> bool:
@@ -147,6 +147,9 @@ class _Range(_Param):
         if self.low > self.high:
             raise ValueError(f"low ({self.low}) is above high ({self.high})")
         return self
+
+    def candidates(self) -> list[tuple[tuple[str | int, ...], Any]]:
+        return [(("low",), self.low), (("high",), self.high)]
 
     @property
     def fixed(self) -> bool:
