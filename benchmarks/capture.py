@@ -14,13 +14,13 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from mase_lite import MaseGraph
+from mase_lite.bench import timing
 from mase_lite.ir.export import caches_off, default_dynamic_shapes
 from mase_lite.ir.capture_cache import CACHE
 from mase_lite.ir.inputs import hf_example_inputs
@@ -36,16 +36,8 @@ SHAPES = {
 
 
 def median_seconds(fn, repeats: int, setup=lambda: None) -> float:
-    """Median wall time of ``fn()`` over ``repeats`` runs after a warm-up; ``setup()`` runs untimed before each."""
-    setup()
-    fn()
-    times = []
-    for _ in range(repeats):
-        setup()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median seconds of ``fn()`` after a warm-up; ``setup()`` (emptying the capture cache: microseconds) runs first each time."""
+    return timing.median_seconds(lambda: (setup(), fn()), torch.device("cpu"), warmup=1, repeats=repeats)
 
 
 def plain_export(model, inputs, dyn):

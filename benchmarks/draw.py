@@ -10,15 +10,14 @@ ratio is against the full drawing measured in the same run. ``to_networkx`` is t
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from mase_lite import MaseGraph
+from mase_lite.bench import timing
 from mase_lite.viz.draw import DrawOptions, build
 
 VIEWS = {
@@ -30,13 +29,7 @@ VIEWS = {
 
 
 def median_s(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return timing.median_seconds(fn, torch.device("cpu"), warmup=1, repeats=repeats)
 
 
 def main() -> None:

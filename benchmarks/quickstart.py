@@ -10,24 +10,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+import torch
+
+from mase_lite.bench import timing
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def timed(cmd: list[str], repeats: int) -> float:
-    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    run = lambda: subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)  # noqa: E731
+    return timing.median_seconds(run, torch.device("cpu"), warmup=1, repeats=repeats)
 
 
 def main() -> None:

@@ -48,4 +48,9 @@ def run_search(source):
     return run(source)
 
 
-__all__ = ["MaseGraph", "UserError", "passes", "run_pipeline", "run_search", "__version__"]
+__all__ = ["MaseGraph", "UserError", "load", "passes", "run_pipeline", "run_search", "__version__"]
+
+
+def __dir__() -> list[str]:
+    """The public names, those loaded on first use included (``dir(ml)``, completion)."""
+    return sorted(set(globals()) | set(__all__))

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from mase_lite import __version__
-from mase_lite.errors import UserError
+from mase_lite.errors import UserError, describe, shown_paths
 from mase_lite.faults import as_fault
 from mase_lite.plugins import import_plugins
 from mase_lite.trust import set_trust_code
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         import_plugins(args.plugin)
         return args.fn(args)
     except UserError as err:
-        print(f"mase-lite: error: {err}", file=sys.stderr)
+        print(f"mase-lite: error: {describe(err)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `mase-lite schema | head`: the reader is gone, nothing to report
         sys.stderr.close()
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         fault = as_fault(err)
         if fault is None and not isinstance(err, PermissionError):
             raise
-        print(f"mase-lite: error: {fault or f'{err.filename}: {err.strerror}'}", file=sys.stderr)
+        print(f"mase-lite: error: {shown_paths(str(fault) if fault else f'{err.filename}: {err.strerror}', err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

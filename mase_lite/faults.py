@@ -17,7 +17,7 @@ import os
 import shutil
 from pathlib import Path
 
-from mase_lite.errors import UserError
+from mase_lite.errors import UserError, show_paths_as
 
 # errno values of I/O that failed for reasons outside the run: retrying later (after freeing space) succeeds
 FAULT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS}
@@ -48,16 +48,22 @@ def as_fault(err: BaseException, where: str | Path | None = None) -> ToolFault |
     """A :class:`ToolFault` naming the path and the free space when ``err`` (or an error it came from)
     is a full disk, a failing device or a read-only file system; ``None`` otherwise. ``where`` is
     named when the error does not say which file."""
-    seen: set[int] = set()
+    raised, seen = err, set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
         if isinstance(err, ToolFault):
-            return err
+            return _shown_as(err, raised)
         code = err.errno if isinstance(err, OSError) else None
         if code is None:
             code = next((c for text, c in _FAULT_TEXTS.items() if text in str(err)), None)
         if code in FAULT_ERRNOS:
             path = getattr(err, "filename", None) or where or "."
-            return ToolFault(f"{path}: {os.strerror(code)} ({free_space(path)})")
+            return _shown_as(ToolFault(f"{path}: {os.strerror(code)} ({free_space(path)})"), raised)
         err = err.__cause__ or err.__context__
     return None
+
+
+def _shown_as(fault: ToolFault, raised: BaseException) -> ToolFault:
+    """``fault`` showing paths as the error it was found in does (a run's staging directory as its own)."""
+    show_paths_as(fault, getattr(raised, "path_aliases", {}))
+    return fault

@@ -152,4 +152,4 @@ def check_writable(directory: str | Path, field: str) -> None:
     while not path.exists() and path != path.parent:
         path = path.parent
     if path.is_dir() and (not os.access(path, os.W_OK | os.X_OK) or os.statvfs(path).f_flag & os.ST_RDONLY):
-        raise UserError(f"{field}: {path} is read-only for this process; choose a directory you can write")
+        raise UserError(f"{path} is read-only for this process; choose a directory you can write", location=(field,))

@@ -57,7 +57,7 @@ def check_fits(field: str, estimate: float, what: str) -> None:
     """Raise a ``UserError`` naming ``field`` when ``estimate`` bytes exceed the memory this process may take."""
     available = memory_bytes()
     if estimate > available:
-        raise UserError(f"{field}: {what} would need about {_gb(estimate)}, more than the {_gb(available)} of memory available")
+        raise UserError(f"{what} would need about {_gb(estimate)}, more than the {_gb(available)} of memory available", location=(field,))
 
 
 MODULE_BYTES = 50_000  # a module's Python objects and its share of a captured graph (~47 KB measured, BERT layers)
@@ -109,9 +109,9 @@ def _measure(build: Callable[[Any], object], config: Any, field: str) -> int:
     except UserError:
         raise
     except Exception as err:  # the model's own constructor rejects the values: report it as the user's input
-        raise UserError(f"{field}: the model cannot be built from these values ({type(err).__name__}: {err})") from None
+        raise UserError(f"the model cannot be built from these values ({type(err).__name__}: {err})", location=(field,)) from None
     if not isinstance(model, torch.nn.Module):
-        raise UserError(f"{field}: the build gave {type(model).__name__}, not an nn.Module")
+        raise UserError(f"the build gave {type(model).__name__}, not an nn.Module", location=(field,))
     tensors = [*model.parameters(), *model.buffers()]
     return sum(t.numel() * t.element_size() for t in tensors) + MODULE_BYTES * sum(1 for _ in model.modules())
 

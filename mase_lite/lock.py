@@ -48,8 +48,9 @@ class DirectoryLock:
                 owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
                 os.close(fd)
                 raise UserError(
-                    f"{self.field}: {self.directory} is in use by another run (pid {owner}); "
-                    f"wait for it to finish or choose another {self.field}"
+                    f"{self.directory} is in use by another run (pid {owner}); "
+                    f"wait for it to finish or choose another {self.field}",
+                    location=(self.field,),
                 ) from None
             try:
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino

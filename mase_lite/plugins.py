@@ -23,11 +23,11 @@ def import_plugins(plugins: list[str], base: Path | None = None) -> None:
     """Import each plug-in: a module name (``my_pkg.passes``) or a ``.py`` file (relative to ``base``)."""
     for i, plugin in enumerate(plugins):
         if not isinstance(plugin, str) or not plugin:
-            raise UserError(f"plugins.{i}: expected a module name or a .py file, got {plugin!r}")
+            raise UserError(f"expected a module name or a .py file, got {plugin!r}", location=("plugins", i))
         if plugin.endswith(".py"):
             path = Path(plugin) if Path(plugin).is_absolute() or base is None else base / plugin
             if not path.is_file():
-                raise UserError(f"plugins.{i}: no such file: {path}")
+                raise UserError(f"no such file: {path}", location=("plugins", i))
             name = f"mase_lite_plugin_{path.stem}_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
             name_plugin(str(path.resolve()))
             name_plugin(name)
@@ -40,10 +40,10 @@ def import_plugins(plugins: list[str], base: Path | None = None) -> None:
                 spec.loader.exec_module(module)
             except Exception as err:
                 del sys.modules[name]
-                raise UserError(f"plugins.{i}: importing {path} failed: {type(err).__name__}: {err}") from None
+                raise UserError(f"importing {path} failed: {type(err).__name__}: {err}", location=("plugins", i)) from None
         else:
             try:
                 importlib.import_module(plugin)
             except ImportError as err:
-                raise UserError(f"plugins.{i}: cannot import module {plugin!r}: {err}") from None
+                raise UserError(f"cannot import module {plugin!r}: {err}", location=("plugins", i)) from None
             name_plugin(plugin)

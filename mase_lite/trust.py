@@ -137,7 +137,7 @@ def _allowed(name: str, registered: dict[str, Any], group: str) -> Any:
 
 def _check_name(name: Any, field: str) -> str:
     if not isinstance(name, str) or not QUALNAME.match(name):
-        raise UserError(f"{field}: expected 'package.module:attribute', got {name!r}")
+        raise UserError(f"expected 'package.module:attribute', got {name!r}", location=(field,))
     return name
 
 

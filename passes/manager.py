@@ -20,7 +20,7 @@ From a pipeline, a search trial or ``ml.passes.<name>(mg, ...)``, a call:
 >>> ml.passes.profile(mg, {"num_batches": 1})
 Traceback (most recent call last):
 ...
-mase_lite.passes.registry.PassError: pass 'profile' needs 'data', which this call lacks: give it data (ml.passes.profile(mg, params, data=...)) or run it in a pipeline with a `data` section
+mase_lite.passes.manager.MissingRequirement: pass 'profile' needs 'data', which this call lacks: give it data (ml.passes.profile(mg, params, data=...)) or run it in a pipeline with a `data` section
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from mase_lite.errors import UserError
+from mase_lite.errors import Scope, UserError
 from mase_lite.passes.registry import PassError, PassInfo, providers_of
 
 logger = logging.getLogger(__name__)
@@ -120,8 +119,9 @@ class PassContext:
         resolved = path if path.is_absolute() else Path(self.output_dir) / path
         if self.confined and not Path(os.path.realpath(resolved)).is_relative_to(os.path.realpath(self.output_dir)):
             raise PassError(
-                f"{field}: {str(path)!r} lies outside the run's output_dir; a run reproduced from a report "
-                "writes only inside its output_dir"
+                f"{str(path)!r} lies outside the run's output_dir; a run reproduced from a report writes only "
+                "inside its output_dir",
+                location=(field,),
             )
         return resolved
 
@@ -180,53 +180,52 @@ def instrument(*instruments: PassInstrument) -> Iterator[None]:
             _GLOBAL_INSTRUMENTS.remove(inst)
 
 
+class MissingRequirement(PassError):
+    """A pass needs a fact (``fact``) that the graph or the call lacks."""
+
+    def __init__(self, message: str, fact: str):
+        super().__init__(message)
+        self.fact = fact
+
+
 def check_requirements(
     info: PassInfo, available: set[str], label: str, lacking: str = "the graph does not hold (or a transform since invalidated)"
 ) -> None:
-    """Raise a :class:`PassError` naming what ``info`` needs beyond ``available`` and who provides it."""
+    """Raise a :class:`MissingRequirement` naming what ``info`` needs beyond ``available`` and who provides it."""
     for need in info.requires:
         if need in available:
             continue
         if need == "data":
-            raise PassError(
+            raise MissingRequirement(
                 f"{label} needs 'data', which this call lacks: give it data "
-                f"(ml.passes.{info.name}(mg, params, data=...)) or run it in a pipeline with a `data` section"
+                f"(ml.passes.{info.name}(mg, params, data=...)) or run it in a pipeline with a `data` section",
+                need,
             )
         providers = providers_of(need)
         hint = f"run one of: {', '.join(providers)} before it" if providers else "no registered pass provides it"
-        raise PassError(f"{label} needs {need!r}, which {lacking}; {hint}")
+        raise MissingRequirement(f"{label} needs {need!r}, which {lacking}; {hint}", need)
 
 
-_PATH_HEAD = re.compile(r"^([A-Za-z_][\w]*)(?:[.\[][^\s:]*)?: ")
+def _located(err: UserError, run: PassRun) -> UserError:
+    """``err`` located at the pass: at the field of its params it names (``steps.1.params.rules.x``,
+    ``pass 'quantize' params.rules.x``), else at the pass (``steps.1 (quantize)``, ``pass 'quantize'``)."""
+    field = run.info.field_path(err.location)
+    if field is None:
+        return err.within(run.where, Scope(f"({run.info.name})")) if run.where else err.within(Scope(f"pass '{run.info.name}'"))
+    err.location = field
+    return _in_params(err, run.info, run.where)
 
 
-def _located(message: str, run: PassRun) -> str:
-    """``message`` prefixed with where it happened: the step's params path, or the pass's name."""
-    name = re.escape(run.info.name)
-    message = re.sub(rf"^(?:pass '{name}'(?: params)?[:.]?\s*|{name}\.(?=\w+: ))", "", message)
-    head = _PATH_HEAD.match(message)
-    if head and head.group(1) in run.info.params.model_fields:
-        prefix = f"{run.where}.params" if run.where else f"pass '{run.info.name}' params"
-        return f"{prefix}.{message}"
-    return f"{run.label}: {message}"
-
-
-def _relabelled(err: UserError, run: PassRun) -> UserError:
-    """The same kind of error, its message located at the pass (and step)."""
-    message = _located(str(err), run)
-    try:
-        return type(err)(message)
-    except TypeError:  # an error class with its own constructor
-        return PassError(message)
+def _in_params(err: UserError, info: PassInfo, where: str | None) -> UserError:
+    """``err``, located in a pass's params, located at the step (``steps.1.params``) or the pass."""
+    return err.within(where, "params") if where else err.within(f"pass '{info.name}' params")
 
 
 def _validated(info: PassInfo, params: BaseModel | dict | None, where: str | None) -> BaseModel:
     try:
-        return frozen_copy(info.validate(params))
+        return frozen_copy(info.parse(params))
     except PassError as err:
-        if where is None:
-            raise
-        raise PassError(str(err).replace(f"pass '{info.name}' params", f"{where}.params")) from None
+        raise _in_params(err, info, where) from None
 
 
 def run_pass(info: PassInfo, mg, params: BaseModel | dict | None, context: PassContext, where: str | None = None):
@@ -252,7 +251,7 @@ def run_pass(info: PassInfo, mg, params: BaseModel | dict | None, context: PassC
         for inst in instruments:
             inst.on_error(run, err)
         if isinstance(err, UserError):
-            raise _relabelled(err, run) from None
+            raise _located(err, run) from None
         err.add_note(f"while running {run.label}")
         raise
     if info.replay:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import pkgutil
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -31,7 +32,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from mase_lite.errors import UserError, format_validation_error
+from mase_lite.errors import Scope, UserError, validation_problems
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,15 @@ class PassInfo:
         return self.doc.strip().splitlines()[0] if self.doc.strip() else ""
 
     def validate(self, params: BaseModel | dict | None) -> BaseModel:
-        """Turn a dict (or None) into this pass's frozen params model; the input is not touched."""
+        """Turn a dict (or None) into this pass's frozen params model; the input is not touched. A bad
+        value is a :class:`PassError` located at the field (``pass 'quantize' params.rules.x``)."""
+        try:
+            return self.parse(params)
+        except PassError as err:
+            raise err.within(f"pass '{self.name}' params") from None
+
+    def parse(self, params: BaseModel | dict | None) -> BaseModel:
+        """:meth:`validate`, its errors located relative to the params (the caller says whose they are)."""
         if params is None:
             params = {}
         if isinstance(params, self.params):
@@ -97,13 +106,23 @@ class PassInfo:
         if isinstance(params, BaseModel):
             params = params.model_dump()
         if not isinstance(params, dict):
-            raise PassError(f"pass '{self.name}': params must be a JSON object, got {type(params).__name__}")
+            raise PassError(f"must be a JSON object, got {type(params).__name__}")
         try:
             return self.params.model_validate(params)
         except ValidationError as err:
-            raise PassError(
-                format_validation_error(err, prefix=f"pass '{self.name}' params", model=self.params)
-            ) from None
+            raise PassError(problems=validation_problems(err, model=self.params)) from None
+
+    def field_path(self, location: tuple) -> tuple | None:
+        """``location`` as a path into this pass's params when it starts with one of their fields (or with
+        ``<pass name>.<field>``, how a helper the pass shares names it); ``None`` when it does not."""
+        if not location or not isinstance(location[0], str) or isinstance(location[0], Scope):
+            return None
+        head, *rest = location[0].split(".")
+        if head == self.name and rest:
+            location = (".".join(rest), *location[1:])
+            head = rest[0]
+        fields = {key for name, f in self.params.model_fields.items() for key in (name, f.alias) if key}
+        return location if head.split("[")[0] in fields else None
 
     def metric_names(self, params: BaseModel, task: str) -> set[str] | None:
         """The keys this pass may report under ``info["metrics"]`` (``"per_class.*"``: any key below
@@ -171,6 +190,12 @@ def register_pass(
         )
     if invalidates is None:
         invalidates = (ALL_FACTS,) if kind == "transform" else ()
+    taken = _package_attribute(name)
+    if taken is not None:
+        raise PassError(
+            f"pass '{name}': the name is taken by {taken} (ml.passes.{name} would reach it, not the pass); "
+            "choose another name"
+        )
 
     def decorate(fn: Callable) -> PassInfo:
         module = getattr(fn, "__module__", "")
@@ -195,6 +220,15 @@ def register_pass(
         return info
 
     return decorate
+
+
+def _package_attribute(name: str) -> str | None:
+    """What ``mase_lite.passes.<name>`` is when it is not a pass: an attribute or a submodule of the package."""
+    import mase_lite.passes as package
+
+    if name in {m.name for m in pkgutil.iter_modules(package.__path__)}:
+        return f"the module mase_lite.passes.{name}"
+    return f"mase_lite.passes.{name}" if name in vars(package) else None
 
 
 def _load_entry_points() -> None:

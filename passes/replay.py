@@ -37,11 +37,12 @@ def replay_transforms(mg, transforms: list[dict[str, Any]]):
         except PassError:
             module = step.get("module") or "an unknown module"
             raise UserError(
-                f"transforms.{i}: this graph was saved after pass {name!r} from {module}, which is not registered "
-                "here; install the package that provides it, or name the module with --plugin (or `plugins` in the spec)"
+                f"this graph was saved after pass {name!r} from {module}, which is not registered here; install "
+                "the package that provides it, or name the module with --plugin (or `plugins` in the spec)",
+                location=("transforms", i),
             ) from None
         if not info.replay:
-            raise UserError(f"transforms.{i}: pass {name!r} is not a structural transform and is never replayed")
+            raise UserError(f"pass {name!r} is not a structural transform and is never replayed", location=("transforms", i))
         mg, _ = run_pass(info, mg, step.get("params", {}), PassContext(), where=f"transforms.{i}")
     return mg
 

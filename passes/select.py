@@ -88,7 +88,7 @@ def select_nodes(
             try:
                 re.compile(t)
             except re.error as err:
-                raise PassError(f"targets: {t!r} is not a valid regex ({err})") from None
+                raise PassError(f"{t!r} is not a valid regex ({err})", location=("targets",)) from None
     candidates = [n for n in mg.model.graph.nodes if not modules_only or n.op == "call_module"]
     chosen = [n for n in candidates if any(node_matches(n, by, t) for t in targets)]
     if not chosen:

@@ -1,4 +1,6 @@
-"""Honest timing: warm-up excluded, calls interleaved, medians; CUDA timed with events and synchronisation.
+"""Honest timing, the one harness of ``mase-lite bench`` and ``benchmarks/``: ``torch.utils.benchmark``
+timers (the device synchronised around each timed call, the torch threads of the run), warm-up
+excluded, calls interleaved, medians.
 
 Example::
 
@@ -12,10 +14,10 @@ Example::
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 
 import torch
+from torch.utils import benchmark
 
 
 def synchronize(device: torch.device) -> None:
@@ -24,18 +26,9 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_call(fn: Callable[[], object], device: torch.device) -> float:
-    """Seconds one call takes: CUDA events on the current stream on a GPU, wall time on CPU."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize(device)
-        return start.elapsed_time(end) / 1e3
-    start_time = time.perf_counter()
-    fn()
-    return time.perf_counter() - start_time
+def timer(fn: Callable[[], object]) -> benchmark.Timer:
+    """A ``torch.utils.benchmark`` timer of ``fn()`` with the run's torch threads (its default is one)."""
+    return benchmark.Timer("fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
 
 
 def paired_seconds(fns: Sequence[Callable[[], object]], device: torch.device, warmup: int,
@@ -45,10 +38,11 @@ def paired_seconds(fns: Sequence[Callable[[], object]], device: torch.device, wa
         for fn in fns:
             fn()
     synchronize(device)
+    timers = [timer(fn) for fn in fns]
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        for fn, out in zip(fns, times):
-            out.append(timed_call(fn, device))
+        for t, out in zip(timers, times):
+            out.append(t.timeit(1).median)
     return times
 
 

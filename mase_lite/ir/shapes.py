@@ -59,7 +59,7 @@ def check_dims(dims: dict[str, int], mg, field: str = "dims") -> None:
     used = graph_symbols(mg)
     unknown = sorted(set(dims) - used)
     if unknown:
-        raise UserError(f"{field}: unknown dim(s) {', '.join(unknown)}; this graph's symbolic dims: {', '.join(sorted(used)) or 'none'}")
+        raise UserError(f"unknown dim(s) {', '.join(unknown)}; this graph's symbolic dims: {', '.join(sorted(used)) or 'none'}", location=(field,))
     bad = {k: v for k, v in dims.items() if v < 1}
     if bad:
-        raise UserError(f"{field}: dim values must be at least 1, got {bad}")
+        raise UserError(f"dim values must be at least 1, got {bad}", location=(field,))

@@ -49,9 +49,9 @@ class LoRALinear(nn.Module):
         if not isinstance(base, nn.Linear):
             raise UserError(f"LoRA wraps nn.Linear modules, got {type(base).__name__}")
         if rank < 1:
-            raise UserError(f"rank: {rank!r} must be a positive integer")
+            raise UserError(f"{rank!r} must be a positive integer", location=("rank",))
         if not 0.0 <= dropout < 1.0:
-            raise UserError(f"dropout: {dropout!r} must be in [0, 1)")
+            raise UserError(f"{dropout!r} must be in [0, 1)", location=("dropout",))
         self.base = base
         self.base_trainable = {name: p.requires_grad for name, p in _own_parameters(base).items()}
         self.base.requires_grad_(False)

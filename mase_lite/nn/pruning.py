@@ -47,7 +47,7 @@ PRUNER_ATTR = "_mase_activation_pruner"
 def prune_count(n: int, sparsity: float) -> int:
     """How many of ``n`` elements a ``sparsity`` prunes: ``round(sparsity * n)``, ties to even."""
     if not 0.0 <= sparsity <= 1.0:
-        raise UserError(f"sparsity: {sparsity!r} is outside the allowed range [0, 1]")
+        raise UserError(f"{sparsity!r} is outside the allowed range [0, 1]", location=("sparsity",))
     return min(n, round(sparsity * n))
 
 

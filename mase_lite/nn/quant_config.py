@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import PydanticCustomError
 from torch import Tensor
 
-from mase_lite.errors import UserError, format_validation_error
+from mase_lite.errors import UserError, validation_problems
 from mase_lite.numerics import FormatParams, NumberFormat, apply_format, get_format
 from mase_lite.numerics.registry import format_names
 from mase_lite.numerics.ste import SteKind
@@ -193,7 +193,7 @@ def _from_flat(config: Mapping[str, Any]) -> dict[str, Any]:
     if name is None:
         return {}
     if not isinstance(name, str) or name not in _FORMAT_MODELS:
-        raise PydanticCustomError("format_name", _unknown_format(name))
+        raise PydanticCustomError("format_name", _unknown_format(name).replace("{", "{{").replace("}", "}}"))
     known = set(_FORMAT_MODELS[name].model_fields) - {"name"}
     prefixes = sorted(_OPERAND_FIELDS[1:], key=len, reverse=True)
     shared: dict[str, Any] = {}
@@ -226,16 +226,18 @@ def _from_flat(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _unknown_format(name: Any) -> str:
-    return f"unknown format {name!r}; known formats: {', '.join(format_names())}".replace("{", "{{").replace("}", "}}")
+    return f"unknown format {name!r}; known formats: {', '.join(format_names())}"
 
 
-def _explain(error: dict) -> str | None:
+def _explain(error: dict) -> QuantConfigError | None:
     """Format-name errors in words: the unknown name and the known formats."""
-    where = ".".join(str(p) for p in error["loc"])
     if error["type"] == "union_tag_invalid":
-        return f"{where}: {_unknown_format(error['ctx']['tag'])}"
+        return QuantConfigError(_unknown_format(error["ctx"]["tag"]), location=error["loc"])
     if error["type"] == "union_tag_not_found":
-        return f"{where}: give the format's name as 'name' (or 'format'); known formats: {', '.join(format_names())}"
+        return QuantConfigError(
+            f"give the format's name as 'name' (or 'format'); known formats: {', '.join(format_names())}",
+            location=error["loc"],
+        )
     return None
 
 
@@ -258,7 +260,7 @@ def resolve(spec: BaseModel, operands: tuple[str, ...] = LAYER_OPERANDS, where: 
     accepted = ("inputs",) + operands + (tuple(_FUNCTION_ALIASES) if operands == FUNCTION_OPERANDS else ())
     wrong = [o for o in given if o not in accepted]
     if wrong:
-        raise QuantConfigError(f"{where}.{wrong[0]}: not an operand here; allowed keys: {', '.join(accepted + ('storage',))}")
+        raise QuantConfigError(f"not an operand here; allowed keys: {', '.join(accepted + ('storage',))}", location=(where, wrong[0]))
     chosen: dict[str, OperandFormat | None] = {}
     for operand in sorted(given, key=_precedence):
         value = getattr(spec, operand)
@@ -273,7 +275,7 @@ def resolve(spec: BaseModel, operands: tuple[str, ...] = LAYER_OPERANDS, where: 
 def _operand(value: BaseModel, operand: str, where: str) -> OperandFormat:
     fmt = get_format(value.name)
     if fmt.operands is not None and operand not in fmt.operands:
-        raise QuantConfigError(f"{where}: format '{fmt.name}' is usable for {', '.join(sorted(fmt.operands))} only, not {operand}")
+        raise QuantConfigError(f"format '{fmt.name}' is usable for {', '.join(sorted(fmt.operands))} only, not {operand}", location=(where,))
     params = fmt.params.model_construct(**{k: getattr(value, k) for k in fmt.params.model_fields})
     return OperandFormat(fmt, params, value.ste)
 
@@ -283,11 +285,11 @@ def _finish(specs: dict[str, OperandFormat], storage: str, operands: tuple[str, 
         weight = specs.get("weight")
         is_mxint8 = weight is not None and weight.format.name == "mxint" and weight.params.element_width == 8
         if operands != LAYER_OPERANDS or not is_mxint8:
-            raise QuantConfigError(f"{where}.storage: 'packed' needs a layer weight in format mxint with element_width 8")
+            raise QuantConfigError("'packed' needs a layer weight in format mxint with element_width 8", location=(where, "storage"))
         others = sorted(set(specs) - {"weight"})
         if others:
             raise QuantConfigError(
-                f"{where}.storage: 'packed' quantizes the weight only; remove the config of {', '.join(others)}"
+                f"'packed' quantizes the weight only; remove the config of {', '.join(others)}", location=(where, "storage")
             )
     return QuantConfig(specs, storage)
 
@@ -297,17 +299,11 @@ def validate_spec(config: Any, where: str = "config") -> BaseModel | None:
     if config is None or isinstance(config, QuantSpec):
         return config
     if not isinstance(config, Mapping):
-        raise QuantConfigError(f"{where}: a quantization config must be an object, got {type(config).__name__}")
+        raise QuantConfigError(f"a quantization config must be an object, got {type(config).__name__}", location=(where,))
     try:
         return QuantSpec.model_validate(config)
     except ValidationError as err:
-        raise QuantConfigError(
-            format_validation_error(err, prefix=where, model=QuantSpec, explain=lambda e: _prefixed(_explain(e), where))
-        ) from None
-
-
-def _prefixed(line: str | None, where: str) -> str | None:
-    return None if line is None else f"{where}.{line}".replace(f"{where}.: ", f"{where}: ")
+        raise QuantConfigError(problems=validation_problems(err, model=QuantSpec, explain=_explain), location=(where,)) from None
 
 
 def parse_quant_config(

@@ -25,7 +25,7 @@ from mase_lite.nn.quantized import OperandQuantizer
 def _parsed(config: Mapping[str, Any] | QuantConfig) -> QuantConfig:
     parsed = parse_quant_config(config, FUNCTION_OPERANDS)
     if parsed is None:
-        raise QuantConfigError("config: this config quantizes nothing ({'name': null})")
+        raise QuantConfigError("this config quantizes nothing ({'name': null})", location=("config",))
     return parsed
 
 

@@ -117,9 +117,9 @@ class QuantizedLayer:
 def _config(config: Mapping[str, Any] | QuantConfig) -> QuantConfig:
     parsed = parse_quant_config(config, LAYER_OPERANDS)
     if parsed is None:
-        raise QuantConfigError("config: this config quantizes nothing ({'name': null}); keep the float module instead")
+        raise QuantConfigError("this config quantizes nothing ({'name': null}); keep the float module instead", location=("config",))
     if parsed.storage != "fake":
-        raise QuantConfigError(f"config.storage: {parsed.storage!r} makes a packed module; use quantize_module")
+        raise QuantConfigError(f"{parsed.storage!r} makes a packed module; use quantize_module", location=("config", "storage"))
     return parsed
 
 
@@ -256,7 +256,7 @@ def quantize_module(module: nn.Module, config: Mapping[str, Any] | QuantConfig) 
     """
     parsed = parse_quant_config(config, LAYER_OPERANDS)
     if parsed is None:
-        raise QuantConfigError("config: this config quantizes nothing ({'name': null})")
+        raise QuantConfigError("this config quantizes nothing ({'name': null})", location=("config",))
     if parsed.storage == "packed":
         if not isinstance(module, nn.Linear):
             raise QuantConfigError(f"storage 'packed' is available for Linear only, not {type(module).__name__}")

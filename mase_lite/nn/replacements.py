@@ -63,7 +63,7 @@ def _place_like(new: nn.Module, old: nn.Module) -> nn.Module:
 def build_replacement(name: str, old: nn.Module, params: dict | None = None) -> nn.Module:
     """Build replacement ``name`` for ``old`` with ``params``; clear errors for unknown names or keys."""
     if name not in _REPLACEMENTS:
-        raise UserError(f"with.module: unknown replacement '{name}'; registered: {', '.join(replacement_names())}")
+        raise UserError(f"unknown replacement '{name}'; registered: {', '.join(replacement_names())}", location=("with", "module"))
     fn = _REPLACEMENTS[name]
     params = dict(params or {})
     try:
@@ -94,7 +94,7 @@ def linear(old: nn.Module, out_features: int | None = None, bias: bool | None = 
     in_features = _features(old, "linear", "in_features")
     out = out_features if out_features is not None else _features(old, "linear", "out_features")
     if out < 1:
-        raise UserError(f"with.params.out_features: {out!r} must be a positive integer")
+        raise UserError(f"{out!r} must be a positive integer", location=("with", "params", "out_features"))
     has_bias = bias if bias is not None else getattr(old, "bias", None) is not None
     return nn.Linear(in_features, out, bias=has_bias)
 
@@ -106,7 +106,7 @@ def low_rank_linear(old: nn.Module, rank: int) -> nn.Module:
         raise UserError(f"replacement 'low_rank_linear' needs an nn.Linear, got {type(old).__name__}")
     full_rank = min(old.in_features, old.out_features)
     if not 1 <= rank <= full_rank:
-        raise UserError(f"with.params.rank: {rank!r} must be in [1, {full_rank}] for a {old.out_features}x{old.in_features} Linear")
+        raise UserError(f"{rank!r} must be in [1, {full_rank}] for a {old.out_features}x{old.in_features} Linear", location=("with", "params", "rank"))
     with torch.no_grad():
         u, s, vh = torch.linalg.svd(old.weight.detach().to(torch.float64), full_matrices=False)
         root = s[:rank].sqrt()
@@ -133,5 +133,5 @@ _ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
 def activation(old: nn.Module, name: str) -> nn.Module:
     """An elementwise activation by name (relu, gelu, silu, tanh, sigmoid, identity)."""
     if name not in _ACTIVATIONS:
-        raise UserError(f"with.params.name: unknown activation {name!r}; allowed: {', '.join(sorted(_ACTIVATIONS))}")
+        raise UserError(f"unknown activation {name!r}; allowed: {', '.join(sorted(_ACTIVATIONS))}", location=("with", "params", "name"))
     return _ACTIVATIONS[name]()

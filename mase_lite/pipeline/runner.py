@@ -24,7 +24,7 @@ from typing import Any, Callable, Protocol
 import torch
 from tqdm import tqdm
 
-from mase_lite.errors import UserError, ensure_dir
+from mase_lite.errors import UserError, describe, ensure_dir, show_paths_as
 from mase_lite.files import check_writable, staged_directory, staged_file
 from mase_lite.lock import DirectoryLock
 from mase_lite.ir.graph import MaseGraph
@@ -152,9 +152,9 @@ def _check_stageable(out: Path) -> None:
     """A run is staged beside its directory and replaces it whole: the directory must not hold the
     process's working directory, and its name must leave room for the staging directory's."""
     if Path.cwd().is_relative_to(Path(os.path.abspath(out))):
-        raise UserError(f"output_dir: {str(out)!r} is or contains the current directory; choose a directory inside it")
+        raise UserError(f"{str(out)!r} is or contains the current directory; choose a directory inside it", location=("output_dir",))
     if len(os.fsencode(out.name)) > _MAX_NAME:
-        raise UserError(f"output_dir: the name {out.name[:40]!r}... is longer than {_MAX_NAME} bytes; choose a shorter one")
+        raise UserError(f"the name {out.name[:40]!r}... is longer than {_MAX_NAME} bytes; choose a shorter one", location=("output_dir",))
 
 
 def _check_replaceable(out: Path) -> None:
@@ -236,14 +236,12 @@ def _run_steps(spec: PipelineSpec, ctx: PassContext, report: dict[str, Any], ins
     return mg
 
 
-def _record_failure(report: dict[str, Any], err: BaseException, final: Callable[[Any], Any]) -> None:
-    """The error in ``report`` (a traceback too, unless the user caused it), and in ``err`` itself,
-    with paths under the run's final directory."""
-    err.args = final(err.args)
-    if isinstance(err, OSError) and isinstance(err.filename, str):
-        err.filename = final(err.filename)
+def _record_failure(report: dict[str, Any], err: BaseException, final: Callable[[Any], Any], aliases: dict[str, str]) -> None:
+    """The error in ``report`` (a traceback too, unless the user caused it); ``err`` and the report name
+    paths under the run's final directory (``aliases``: staging directory -> final one) when shown."""
+    show_paths_as(err, aliases)
     report["status"] = "failed"
-    report["error"] = f"{type(err).__name__}: {err}"
+    report["error"] = f"{type(err).__name__}: {describe(err)}"
     if not isinstance(err, UserError):
         report["traceback"] = final(traceback.format_exc())
 
@@ -300,7 +298,7 @@ def run_pipeline(
                 report["status"] = "ok"
             except BaseException as err:  # the failed run's directory replaces the old one too
                 failure = err
-                _record_failure(report, err, final)
+                _record_failure(report, err, final, {str(staging): str(out)})
             finally:
                 report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
                 write_json_atomic(staging / REPORT, report)

@@ -21,10 +21,10 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 
-from mase_lite.errors import UserError, format_validation_error
+from mase_lite.errors import UserError, validation_problems
 from mase_lite.plugins import import_plugins
-from mase_lite.passes.manager import BASE_FACTS, check_requirements
-from mase_lite.passes.registry import PassError, all_passes, get_pass, pass_names
+from mase_lite.passes.manager import BASE_FACTS, MissingRequirement, check_requirements
+from mase_lite.passes.registry import all_passes, get_pass, pass_names
 from mase_lite.train.data import DataSpec, check_task_fields
 from mase_lite.train.devices import DEVICE_PATTERN, resolve_device
 from mase_lite.train.models import ModelSpec, check_head
@@ -124,18 +124,18 @@ def pipeline_model(names: list[str] | None = None) -> type[BaseModel]:
 PipelineSpec = _PipelineBase
 
 
-def _explain(error: dict) -> str | None:
+def _explain(error: dict) -> UserError | None:
     """An unknown pass gets a did-you-mean and the list of passes instead of a union-tag error."""
     loc = error["loc"]
     if error["type"] == "union_tag_invalid" and len(loc) == 2 and loc[0] == "steps":
         return _unknown_pass(loc[1], error["ctx"]["tag"], pass_names())
     if error["type"] == "union_tag_not_found" and len(loc) == 2 and loc[0] == "steps":
-        return f"steps.{loc[1]}.pass: required; registered passes: {', '.join(pass_names())}"
+        return UserError(f"required; registered passes: {', '.join(pass_names())}", location=("steps", loc[1], "pass"))
     return None
 
 
 def spec_error(err: ValidationError, source: str, model: type[BaseModel]) -> UserError:
-    return UserError(f"invalid pipeline spec {source}:\n" + format_validation_error(err, model=model, explain=_explain))
+    return UserError(f"invalid pipeline spec {source}:", problems=validation_problems(err, model=model, explain=_explain))
 
 
 def is_report(source: Any) -> bool:
@@ -193,10 +193,10 @@ def _named_passes(source: Any) -> list[str]:
     return [s["pass"] for s in steps if isinstance(s, dict) and isinstance(s.get("pass"), str)]
 
 
-def _unknown_pass(index: int, name: str, known: list[str]) -> str:
+def _unknown_pass(index: int, name: str, known: list[str]) -> UserError:
     close = difflib.get_close_matches(name, known, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return f"steps.{index}.pass: unknown pass {name!r}{hint}; registered passes: {', '.join(known)}"
+    return UserError(f"unknown pass {name!r}{hint}; registered passes: {', '.join(known)}", location=("steps", index, "pass"))
 
 
 def check_pipeline(spec: PipelineSpec) -> None:
@@ -210,20 +210,19 @@ def check_pipeline(spec: PipelineSpec) -> None:
     check_head(spec.model)
     if spec.data is not None:
         check_task_fields(spec.data, spec.model.task)
-    problems: list[str] = []
+    problems: list[UserError] = []
     facts = set(BASE_FACTS) | ({"data"} if spec.data is not None else set())
     for i, step in enumerate(spec.steps):
         info = get_pass(step.pass_name)
         try:
             check_requirements(info, facts, f"steps.{i} ({info.name})", "no earlier step provides (or a transform since invalidated)")
-        except PassError as err:
-            message = str(err)
-            if "'data'" in message:
-                message = f"steps.{i} ({info.name}) needs 'data': give the pipeline a `data` section"
-            problems.append(message)
+        except MissingRequirement as err:
+            if err.fact == "data":
+                err = UserError(f"steps.{i} ({info.name}) needs 'data': give the pipeline a `data` section")
+            problems.append(err)
         facts = (facts - info.drops(facts - {"data"})) | set(BASE_FACTS) | set(info.provides)
     if problems:
-        raise UserError("pipeline check failed:\n" + "\n".join(problems))
+        raise UserError("pipeline check failed:", problems=problems)
 
 
 def pipeline_schema() -> dict[str, Any]:

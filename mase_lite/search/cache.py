@@ -42,21 +42,12 @@ from mase_lite.errors import UserError
 from mase_lite.files import follow_umask, temp_dir
 from mase_lite.passes.manager import BASE_FACTS, PassContext
 from mase_lite.passes.registry import PassError, get_pass
-from mase_lite.search.spec import ChoiceParam, FloatParam, IntParam, LogFloatParam
 
 logger = logging.getLogger(__name__)
 
 FORMAT = 2
 GRAPH, RNG, STATE, CHECKSUMS = "graph", "rng.safetensors", "state.json", "checksums.json"
 UNKEYED = ("name", "output_dir", "steps")  # pipeline fields the state after a prefix does not depend on
-
-
-def _single_valued(entry) -> bool:
-    if isinstance(entry, ChoiceParam):
-        return len({json.dumps(v, sort_keys=True) for v in entry.values}) == 1
-    if isinstance(entry, (IntParam, FloatParam, LogFloatParam)):
-        return entry.low == entry.high
-    return False
 
 
 def prefix_length(pipeline: dict, space) -> int | None:
@@ -77,7 +68,7 @@ def prefix_length(pipeline: dict, space) -> int | None:
     k = len(steps)
     tied = getattr(space, "tied", None) or [[] for _ in space.entries]  # other paths an entry also sets
     for entry, keys, also in zip(space.entries, space.keys, tied):
-        if getattr(entry, "type", None) == "const" or _single_valued(entry):
+        if getattr(entry, "fixed", False):
             continue  # the same in every trial
         for path in [keys, *(p for p, _ in also)]:
             if path[0] == "steps":

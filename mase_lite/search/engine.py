@@ -24,7 +24,7 @@ import optuna
 from optuna.trial import TrialState
 from tqdm import tqdm
 
-from mase_lite.errors import UserError, ensure_dir, short
+from mase_lite.errors import UserError, describe, ensure_dir, short
 from mase_lite.faults import ToolFault, as_fault
 from mase_lite.files import check_writable
 from mase_lite.pipeline.runner import json_safe, run_pipeline
@@ -145,15 +145,6 @@ def _constraints_func(spec: SearchSpec):
     return constraints
 
 
-def feasible(spec: SearchSpec, metrics: dict[str, float]) -> bool:
-    """Whether ``metrics`` satisfy every constraint of the spec."""
-    for c in spec.constraints:
-        value = metrics.get(c.metric)
-        if value is None or (c.max is not None and value > c.max) or (c.min is not None and value < c.min):
-            return False
-    return True
-
-
 def prepare_studies(spec: SearchSpec) -> list[Study]:
     """Every study's space, statically checked, its metrics and its sampler; nothing runs yet."""
     variants = spec.studies or [StudySpec(name=spec.study_name)]
@@ -251,7 +242,7 @@ def run_trial(study: Study, trial: optuna.Trial) -> tuple[TrialState, list[float
             raise
         if fault is not None:  # the tool's own I/O (a full disk): not the trial's failure
             raise fault from err
-        reason = f"{type(err).__name__}: {err}"
+        reason = f"{type(err).__name__}: {describe(err)}"
         logger.warning("trial %d failed: %s", trial.number, reason)
         trial.set_user_attr("status", "failed")
         trial.set_user_attr("error", reason[:2000])
@@ -369,7 +360,6 @@ def run_search(source: str | Path | dict | SearchSpec) -> SearchResult:
     writing the results when every trial failed; a :class:`~mase_lite.faults.ToolFault`
     when the tool's own I/O fails (the running trial runs again on resume).
     """
-    from mase_lite.search.results import write_results
 
     spec = load_search_spec(source)
     studies = prepare_studies(spec)
@@ -385,6 +375,8 @@ def run_search(source: str | Path | dict | SearchSpec) -> SearchResult:
     for study in studies:
         ensure_dir(study.output_dir, "output_dir")
         optimize(study, deadline)
+    from mase_lite.search.results import write_results  # matplotlib, imported when there are results to plot
+
     report = write_results(spec, studies, out)
     failed = _all_failed(studies)
     if failed:

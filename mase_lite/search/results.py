@@ -51,17 +51,13 @@ def dominates(a: list[float], b: list[float], signs: list[int]) -> bool:
 
 def pareto_front(rows: list[dict], spec: SearchSpec) -> list[dict]:
     """The complete, feasible trials no other complete, feasible trial dominates."""
-    from mase_lite.search.engine import feasible
-
     signs = [1 if o.direction == "maximize" else -1 for o in spec.objectives]
-    pool = [r for r in rows if r["state"] == "COMPLETE" and feasible(spec, r["metrics"])]
+    pool = [r for r in rows if r["state"] == "COMPLETE" and spec.feasible(r["metrics"])]
     return [r for r in pool if not any(dominates(o["values"], r["values"], signs) for o in pool if o is not r)]
 
 
 def best_trial(rows: list[dict], spec: SearchSpec) -> dict | None:
-    from mase_lite.search.engine import feasible
-
-    pool = [r for r in rows if r["state"] == "COMPLETE" and feasible(spec, r["metrics"])]
+    pool = [r for r in rows if r["state"] == "COMPLETE" and spec.feasible(r["metrics"])]
     if not pool:
         return None
     sign = 1 if spec.objectives[0].direction == "maximize" else -1

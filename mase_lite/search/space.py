@@ -17,16 +17,17 @@ from __future__ import annotations
 import copy
 import json
 import re
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
-from mase_lite.errors import UserError
+from mase_lite.errors import Scope, UserError
 from mase_lite.passes.registry import PassError, get_pass
 from mase_lite.pipeline.spec import PipelineSpec, check_pipeline, load_spec
-from mase_lite.search.spec import ChoiceParam, ConstParam, FloatParam, IncludeParam, IntParam, LogFloatParam, NodeSelector
+from mase_lite.search.spec import IncludeParam, NodeSelector
 
-PRIMITIVE = (type(None), bool, int, float, str)
 MAX_GRID = 10**6  # points of a grid sampler's grid (Optuna lists them all)
 
 
@@ -151,27 +152,22 @@ def select(nodes: list[Node], selector: NodeSelector) -> list[str]:
     return chosen
 
 
+_CAPTURE_KEYS = ("plugins", "model", "data", "inputs", "example_inputs", "seed")  # what a captured graph depends on
+
+
 def captured_nodes(pipeline: dict) -> list[Node]:
-    """The nodes of the pipeline's model as captured before any step (cached per model section)."""
-    key = json.dumps({k: pipeline.get(k) for k in ("model", "inputs", "example_inputs")}, sort_keys=True, default=str)
+    """The nodes of the pipeline's model as a run captures it before any step (cached per model, data and inputs)."""
+    key = json.dumps({k: pipeline[k] for k in _CAPTURE_KEYS if k in pipeline}, sort_keys=True, default=str)
     return _capture(key)
 
 
 @lru_cache(maxsize=8)
 def _capture(key: str) -> list[Node]:
-    from mase_lite.ir.graph import MaseGraph
-    from mase_lite.ir.serialize import example_inputs_from_specs
-    from mase_lite.pipeline.runner import capture_inputs
-    from mase_lite.train.models import build_model
+    from mase_lite.pipeline.runner import build_graph
 
-    sections = json.loads(key)
-    spec = load_spec({"model": sections["model"] or {}, "inputs": sections["inputs"], "example_inputs": sections["example_inputs"]})
-    model = build_model(spec.model)
-    if spec.example_inputs is not None:
-        specs = {name: s.model_dump() for name, s in spec.example_inputs.items()}
-        mg = MaseGraph(model, example_inputs=example_inputs_from_specs(specs))
-    else:
-        mg = MaseGraph(model, **capture_inputs(model, None, spec.model.task, spec.inputs))
+    spec = load_spec({**json.loads(key), "device": "cpu"})  # the same nodes on any device
+    with tempfile.TemporaryDirectory() as scratch:  # the data's caches, not kept
+        mg, _ = build_graph(spec, Path(scratch))
     nodes = []
     for n in mg.model.graph.nodes:
         meta = n.meta.get("mase", {})
@@ -186,49 +182,6 @@ def _param_name(entry, node: str | None) -> str:
     if node is None:
         return base
     return base.replace("{node}", node) if "{node}" in base else f"{base}.{node}"
-
-
-def _encoded(entry: ChoiceParam) -> bool:
-    """Choices that are not plain scalars go to Optuna as indices."""
-    return not all(isinstance(v, PRIMITIVE) for v in entry.values)
-
-
-def candidates(entry) -> list[tuple[str, Any]]:
-    """(JSON path suffix, value) of the values a static check tries for ``entry``."""
-    if isinstance(entry, ChoiceParam):
-        return [(f"values.{j}", v) for j, v in enumerate(entry.values)]
-    if isinstance(entry, IncludeParam):
-        return [("nodes", True)]
-    if isinstance(entry, ConstParam):
-        return [("value", entry.value)]
-    return [("low", entry.low), ("high", entry.high)]
-
-
-def grid_count(entry, where: str) -> int:
-    """How many values a grid sampler walks for ``entry`` (counted, not listed)."""
-    if isinstance(entry, ChoiceParam):
-        return len(entry.values)
-    if isinstance(entry, IncludeParam):
-        return 2
-    if isinstance(entry, IntParam) and not entry.log:
-        return (entry.high - entry.low) // entry.step + 1
-    if isinstance(entry, FloatParam) and entry.step is not None:
-        return int(round((entry.high - entry.low) / entry.step)) + 1
-    raise UserError(f"{where}: the grid sampler needs choices, unlogged ints or floats with a step")
-
-
-def grid_values(entry, where: str) -> list[Any]:
-    """The values a grid sampler walks for ``entry`` (as Optuna stores them)."""
-    if isinstance(entry, ChoiceParam):
-        return list(range(len(entry.values))) if _encoded(entry) else list(entry.values)
-    if isinstance(entry, IncludeParam):
-        return [False, True]
-    if isinstance(entry, IntParam) and not entry.log:
-        return list(range(entry.low, entry.high + 1, entry.step))
-    if isinstance(entry, FloatParam) and entry.step is not None:
-        count = int(round((entry.high - entry.low) / entry.step)) + 1
-        return [entry.low + k * entry.step for k in range(count)]
-    raise UserError(f"{where}: the grid sampler needs choices, unlogged ints or floats with a step")
 
 
 def _well_formed(pipeline: Any) -> bool:
@@ -260,16 +213,16 @@ class Space:
             try:
                 self.keys.append(resolve(pipeline, entry.path))
             except PathError as err:
-                problems.append(f"{where}.{i}.path: {err}")
+                problems.append(err.within(where, i, "path"))
             tied = []
             for j, t in enumerate(entry.also):
                 try:
                     tied.append((resolve(pipeline, t.path), t.scale))
                 except PathError as err:
-                    problems.append(f"{where}.{i}.also.{j}.path: {err}")
+                    problems.append(err.within(where, i, "also", j, "path"))
             self.tied.append(tied)
         if problems:
-            raise UserError("search space check failed:\n" + "\n".join(problems))
+            raise UserError("search space check failed:", problems=problems)
 
     def nodes(self, entry, pipeline: dict | None = None) -> list[str]:
         """The nodes a per-layer entry expands over for ``pipeline``'s model (default: the base)."""
@@ -299,13 +252,13 @@ class Space:
         problems = []
         for i, entry in enumerate(self.entries):
             if entry.nodes is not None and not nodes[i]:
-                problems.append(f"{self.where}.{i}.nodes: matches no node of the captured model")
+                problems.append(UserError("matches no node of the captured model", location=(self.where, i, "nodes")))
         if problems:
-            raise UserError("search space check failed:\n" + "\n".join(problems))
-        contexts = [[candidates(e)[0][1] for e in self.entries], [candidates(e)[-1][1] for e in self.entries]]
+            raise UserError("search space check failed:", problems=problems)
+        contexts = [[e.candidates()[0][1] for e in self.entries], [e.candidates()[-1][1] for e in self.entries]]
         self._check_base(self._filled(contexts[0], nodes))
         for i, entry in enumerate(self.entries):
-            for suffix, value in _distinct(candidates(entry)):
+            for suffix, value in _distinct(entry.candidates()):
                 errors = []
                 for context in contexts:
                     try:
@@ -315,9 +268,10 @@ class Space:
                     else:
                         break
                 if len(errors) == len(contexts):
-                    problems.append(f"{self.where}.{i}.{suffix} ({entry.path} = {_shown(value)}): {errors[0]}")
+                    tried = Scope(f"({entry.path} = {_shown(value)})")
+                    problems.append(UserError(errors[0], location=(self.where, i, *suffix, tried)))
         if problems:
-            raise UserError("search space check failed:\n" + "\n".join(problems))
+            raise UserError("search space check failed:", problems=problems)
 
     def _filled(self, values: list[Any], nodes: dict[int, list[str]]) -> dict:
         pipeline = copy.deepcopy(self.pipeline)
@@ -342,14 +296,14 @@ class Space:
             self._validate(first)
         except UserError as err:
             if str(err) == base_error:
-                raise UserError(f"{self.source}: {base_error}") from None
+                raise UserError(base_error, location=(self.source,)) from None
 
     def valid_pipeline(self) -> PipelineSpec | None:
         """A pipeline of the space that validates (its first, else last, values), as a spec; ``None`` if neither does."""
         nodes = {i: self.nodes(e) for i, e in enumerate(self.entries) if e.nodes is not None}
         for pick in (0, -1):
             try:
-                return self._validate(self._filled([candidates(e)[pick][1] for e in self.entries], nodes))
+                return self._validate(self._filled([e.candidates()[pick][1] for e in self.entries], nodes))
             except UserError:
                 continue
         return None
@@ -359,7 +313,7 @@ class Space:
         return [
             _param_name(e, node)
             for e in self.entries
-            if not isinstance(e, ConstParam)
+            if e.sampled
             for node in (self.nodes(e) if e.nodes is not None else [None])
         ]
 
@@ -367,22 +321,23 @@ class Space:
         """Optuna's GridSampler search space (per-layer entries expanded over the base model); a grid of
         more than :data:`MAX_GRID` points is refused before any is listed."""
         points, space = 1, {}
-        for i, entry in enumerate(self.entries):
-            if isinstance(entry, ConstParam):
-                continue
-            where = f"{self.where}.{i}"
-            names = self.nodes(entry) if entry.nodes is not None else [None]
-            points *= grid_count(entry, where) ** len(names)
+        sampled = [(i, e, self.nodes(e) if e.nodes is not None else [None]) for i, e in enumerate(self.entries) if e.sampled]
+        for i, entry, names in sampled:
+            try:
+                count = entry.grid_count()
+            except UserError as err:
+                raise err.within(self.where, i) from None
+            points *= count ** len(names)
             if points > MAX_GRID:
                 raise UserError(
-                    f"{where}: the grid would have more than {MAX_GRID} points ({grid_count(entry, where)} values of "
-                    f"this entry{f' for each of {len(names)} nodes' if len(names) > 1 else ''}); use a step, fewer "
-                    "values or another sampler"
+                    f"the grid would have more than {MAX_GRID} points ({count} values of this entry"
+                    f"{f' for each of {len(names)} nodes' if len(names) > 1 else ''}); use a step, fewer values or "
+                    "another sampler",
+                    location=(self.where, i),
                 )
-        for i, entry in enumerate(self.entries):
-            if not isinstance(entry, ConstParam):
-                for node in self.nodes(entry) if entry.nodes is not None else [None]:
-                    space[_param_name(entry, node)] = grid_values(entry, f"{self.where}.{i}")
+        for i, entry, names in sampled:
+            for node in names:
+                space[_param_name(entry, node)] = entry.grid_values()
         return space
 
     def suggest(self, trial) -> dict[str, Any]:
@@ -390,16 +345,16 @@ class Space:
         values: dict[str, Any] = {}
         flat = [i for i, e in enumerate(self.entries) if e.nodes is None]
         for i in flat:
-            if not isinstance(self.entries[i], ConstParam):
-                values[_param_name(self.entries[i], None)] = _suggest(trial, self.entries[i], _param_name(self.entries[i], None))
+            if self.entries[i].sampled:
+                values[_param_name(self.entries[i], None)] = self.entries[i].suggest(trial, _param_name(self.entries[i], None))
         model_pipeline = self.materialize(values)
         for i in self.order()[len(flat) :]:
             entry = self.entries[i]
-            if isinstance(entry, ConstParam):
+            if not entry.sampled:
                 continue
             for node in self.nodes(entry, model_pipeline):
                 name = _param_name(entry, node)
-                values[name] = _suggest(trial, entry, name)
+                values[name] = entry.suggest(trial, name)
         return values
 
     def order(self) -> list[int]:
@@ -413,7 +368,7 @@ class Space:
         pipeline = copy.deepcopy(self.pipeline)
         for i in self.order():
             entry = self.entries[i]
-            if isinstance(entry, ConstParam):
+            if not entry.sampled:
                 self._fill(pipeline, i, entry.value, self.nodes(entry, pipeline) if entry.nodes is not None else [])
                 continue
             if entry.nodes is None:
@@ -452,19 +407,3 @@ def scaled(value: Any, scale: float) -> Any:
     if scale == 1.0 or isinstance(value, bool) or not isinstance(value, (int, float)):
         return value
     return int(value * scale) if isinstance(value, int) else value * scale
-
-
-def _suggest(trial, entry, name: str) -> Any:
-    if isinstance(entry, ChoiceParam):
-        if _encoded(entry):
-            return entry.values[trial.suggest_categorical(name, list(range(len(entry.values))))]
-        return trial.suggest_categorical(name, list(entry.values))
-    if isinstance(entry, IncludeParam):
-        return trial.suggest_categorical(name, [False, True])
-    if isinstance(entry, IntParam):
-        return trial.suggest_int(name, entry.low, entry.high, step=entry.step, log=entry.log)
-    if isinstance(entry, FloatParam):
-        return trial.suggest_float(name, entry.low, entry.high, step=entry.step)
-    if isinstance(entry, LogFloatParam):
-        return trial.suggest_float(name, entry.low, entry.high, log=True)
-    raise TypeError(entry)

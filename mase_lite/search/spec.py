@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, ValidationError, field_validator,
                       model_validator)
 
-from mase_lite.errors import UserError, format_validation_error, short
+from mase_lite.errors import UserError, short, validation_problems
 from mase_lite.jsonio import check_value, read_json
 from mase_lite.pipeline.spec import is_report
 
@@ -61,7 +61,16 @@ class Tied(_Strict):
     scale: float = Field(1.0, ge=-1e6, le=1e6, description="factor, e.g. 0.5 for a fraction width half the width")
 
 
+GRID_KINDS = "the grid sampler needs choices, unlogged ints or floats with a step"
+
+
 class _Param(_Strict):
+    """An entry of a search space. Each type knows how it is sampled (:meth:`suggest`), walked by a grid
+    sampler (:meth:`grid_values`), checked before the first trial (:meth:`candidates`) and whether it is
+    the same in every trial (:attr:`fixed`)."""
+
+    sampled: ClassVar[bool] = True  # a study parameter (a const entry is not)
+
     path: str = Field(
         description="where the value goes: steps.<index|pass|label>.params..., model..., data..., seed; "
         "with `nodes`, '{node}' in the path stands for each matched node's name"
@@ -78,12 +87,56 @@ class _Param(_Strict):
             raise ValueError("'{node}' in the path needs a `nodes` selector")
         return self
 
+    def suggest(self, trial, name: str) -> Any:
+        """The value of parameter ``name`` for ``trial`` (an Optuna trial), sampled through it."""
+        raise NotImplementedError
+
+    def grid_count(self) -> int:
+        """How many values a grid sampler walks (counted, not listed); a ``UserError`` if it cannot walk them."""
+        raise UserError(GRID_KINDS)
+
+    def grid_values(self) -> list[Any]:
+        """The values a grid sampler walks, as Optuna stores them."""
+        raise UserError(GRID_KINDS)
+
+    def candidates(self) -> list[tuple[tuple[str | int, ...], Any]]:
+        """``(location in the entry, value)`` of the values a static check tries: the first and the last matter."""
+        raise NotImplementedError
+
+    @property
+    def fixed(self) -> bool:
+        """Whether every trial gets the same value."""
+        return False
+
 
 class ChoiceParam(_Param):
     """One of ``values`` (any JSON values: numbers, strings, whole configs)."""
 
     type: Literal["choice"]
     values: list[Any] = Field(min_length=1, max_length=MAX_CHOICES, description="the candidates")
+
+    @property
+    def encoded(self) -> bool:
+        """Whether the choices go to Optuna as indices (values that are not plain scalars)."""
+        return not all(isinstance(v, (type(None), bool, int, float, str)) for v in self.values)
+
+    def suggest(self, trial, name: str) -> Any:
+        if self.encoded:
+            return self.values[trial.suggest_categorical(name, list(range(len(self.values))))]
+        return trial.suggest_categorical(name, list(self.values))
+
+    def grid_count(self) -> int:
+        return len(self.values)
+
+    def grid_values(self) -> list[Any]:
+        return list(range(len(self.values))) if self.encoded else list(self.values)
+
+    def candidates(self) -> list[tuple[tuple[str | int, ...], Any]]:
+        return [(("values", j), v) for j, v in enumerate(self.values)]
+
+    @property
+    def fixed(self) -> bool:
+        return len({json.dumps(v, sort_keys=True, default=str) for v in self.values}) == 1
 
 
 class _Range(_Param):
@@ -95,6 +148,13 @@ class _Range(_Param):
             raise ValueError(f"low ({self.low}) is above high ({self.high})")
         return self
 
+    def candidates(self) -> list[tuple[tuple[str | int, ...], Any]]:
+        return [(("low",), self.low), (("high",), self.high)]
+
+    @property
+    def fixed(self) -> bool:
+        return self.low == self.high
+
 
 class IntParam(_Range):
     type: Literal["int"]
@@ -103,6 +163,15 @@ class IntParam(_Range):
     step: int = Field(1, ge=1, lt=2**63)
     log: bool = False
 
+    def suggest(self, trial, name: str) -> int:
+        return trial.suggest_int(name, self.low, self.high, step=self.step, log=self.log)
+
+    def grid_count(self) -> int:
+        return (self.high - self.low) // self.step + 1 if not self.log else super().grid_count()
+
+    def grid_values(self) -> list[int]:
+        return list(range(self.low, self.high + 1, self.step)) if not self.log else super().grid_values()
+
 
 class FloatParam(_Range):
     type: Literal["float"]
@@ -110,11 +179,23 @@ class FloatParam(_Range):
     high: float
     step: float | None = Field(None, gt=0)
 
+    def suggest(self, trial, name: str) -> float:
+        return trial.suggest_float(name, self.low, self.high, step=self.step)
+
+    def grid_count(self) -> int:
+        return int(round((self.high - self.low) / self.step)) + 1 if self.step is not None else super().grid_count()
+
+    def grid_values(self) -> list[float]:
+        return [self.low + k * self.step for k in range(self.grid_count())]
+
 
 class LogFloatParam(_Range):
     type: Literal["log_float"]
     low: float = Field(gt=0)
     high: float = Field(gt=0)
+
+    def suggest(self, trial, name: str) -> float:
+        return trial.suggest_float(name, self.low, self.high, log=True)
 
 
 class IncludeParam(_Param):
@@ -130,12 +211,33 @@ class IncludeParam(_Param):
             raise ValueError("an 'include' entry has no value to tie: give no `also`")
         return self
 
+    def suggest(self, trial, name: str) -> bool:
+        return trial.suggest_categorical(name, [False, True])
+
+    def grid_count(self) -> int:
+        return 2
+
+    def grid_values(self) -> list[bool]:
+        return [False, True]
+
+    def candidates(self) -> list[tuple[tuple[str | int, ...], Any]]:
+        return [(("nodes",), True)]
+
 
 class ConstParam(_Param):
     """A fixed value written at ``path`` (per layer with ``nodes``); not sampled, not a study parameter."""
 
+    sampled: ClassVar[bool] = False
+
     type: Literal["const"]
     value: Any = Field(description="the value every trial gets")
+
+    def candidates(self) -> list[tuple[tuple[str | int, ...], Any]]:
+        return [(("value",), self.value)]
+
+    @property
+    def fixed(self) -> bool:
+        return True
 
 
 Param = Annotated[
@@ -160,6 +262,10 @@ class Constraint(_Strict):
         if self.max is None and self.min is None:
             raise ValueError("give 'max', 'min' or both")
         return self
+
+    def holds(self, value: float | None) -> bool:
+        """Whether a trial's ``value`` of the metric lies within the bound (a missing value does not)."""
+        return value is not None and (self.max is None or value <= self.max) and (self.min is None or value >= self.min)
 
 
 class PlotSpec(_Strict):
@@ -252,12 +358,12 @@ def _sampler_name(value: Any) -> Any:
     return value.get("name", "tpe") if isinstance(value, dict) else getattr(value, "name", None)
 
 
-_SAMPLER_MODELS = (GridSamplerSpec, RandomSamplerSpec, TPESamplerSpec, NSGA2SamplerSpec, QMCSamplerSpec, CmaEsSamplerSpec)
-SAMPLERS = ("grid", "random", "tpe", "nsga2", "qmc", "cmaes")
-SamplerSpec = Annotated[
-    Union[tuple(Annotated[m, Tag(n)] for n, m in zip(SAMPLERS, _SAMPLER_MODELS))],
-    Discriminator(_sampler_name),
-]
+# sampler name (each model's `name` literal) -> the model of its options
+_SAMPLERS = {
+    get_args(m.model_fields["name"].annotation)[0]: m
+    for m in (GridSamplerSpec, RandomSamplerSpec, TPESamplerSpec, NSGA2SamplerSpec, QMCSamplerSpec, CmaEsSamplerSpec)
+}
+SamplerSpec = Annotated[Union[tuple(Annotated[m, Tag(n)] for n, m in _SAMPLERS.items())], Discriminator(_sampler_name)]
 
 
 class StudySpec(_Strict):
@@ -303,6 +409,10 @@ class SearchSpec(_Strict):
         """Whether the spec was read from a search report (its pipelines are then data too)."""
         return self._recorded
 
+    def feasible(self, metrics: dict[str, float]) -> bool:
+        """Whether a trial's ``metrics`` satisfy every constraint."""
+        return all(c.holds(metrics.get(c.metric)) for c in self.constraints)
+
     @field_validator("storage")
     @classmethod
     def _on_disk(cls, url: str | None) -> str | None:
@@ -321,11 +431,11 @@ class SearchSpec(_Strict):
         return self
 
 
-def _explain(error: dict) -> str | None:
+def _explain(error: dict) -> UserError | None:
     """An unknown sampler name gets the list of samplers."""
     loc = error["loc"]
     if error["type"] == "union_tag_invalid" and loc and loc[-1] == "sampler":
-        return f"{'.'.join(map(str, loc))}.name: unknown sampler {short(error['ctx']['tag'])}; samplers: {', '.join(SAMPLERS)}"
+        return UserError(f"unknown sampler {short(error['ctx']['tag'])}; samplers: {', '.join(_SAMPLERS)}", location=(*loc, "name"))
     return None
 
 
@@ -353,7 +463,7 @@ def load_search_spec(source: str | Path | dict | SearchSpec) -> SearchSpec:
     try:
         spec = SearchSpec.model_validate_json(json.dumps(source, default=str), strict=True)
     except ValidationError as err:
-        raise UserError(f"invalid search spec {name}:\n" + format_validation_error(err, model=SearchSpec, explain=_explain)) from None
+        raise UserError(f"invalid search spec {name}:", problems=validation_problems(err, model=SearchSpec, explain=_explain)) from None
     spec._base_dir = Path(base)
     spec._recorded = recorded
     return spec

@@ -149,7 +149,7 @@ def check_task_fields(spec: DataSpec, task: str) -> None:
     """Refuse fields the task does not use (set to other than their defaults) and a dataset of another task."""
     for field, tasks in FIELD_TASKS.items():
         if task not in tasks and getattr(spec, field) != DataSpec.model_fields[field].default:
-            raise UserError(f"data.{field}: not used by {task} data (it is for {', '.join(tasks)}); remove it")
+            raise UserError(f"not used by {task} data (it is for {', '.join(tasks)}); remove it", location=("data", field))
     name = spec.resolved_dataset(task)
     entry = get_dataset(name)
     if entry is not None and task not in entry.tasks:

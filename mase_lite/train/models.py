@@ -142,11 +142,11 @@ def _hf_config(spec: ModelSpec, num_labels: int, data_fields: dict[str, Any]):
     model_type = fields.pop("model_type", DEFAULT_MODEL_TYPES[spec.task])
     defaults = AutoConfig.for_model(model_type).to_dict()
     if "num_labels" in fields:
-        raise UserError("model.hf_config.num_labels: give the number of classes as model.num_labels")
+        raise UserError("give the number of classes as model.num_labels", location=("model", "hf_config", "num_labels"))
     unknown = sorted(set(fields) - set(defaults) - set(TOKEN_FIELDS))
     if unknown:
         allowed = ", ".join(sorted(k for k in defaults if not k.startswith("_")))
-        raise UserError(f"model.hf_config: unknown {model_type} config key(s) {', '.join(unknown)}; allowed: {allowed}")
+        raise UserError(f"unknown {model_type} config key(s) {', '.join(unknown)}; allowed: {allowed}", location=("model", "hf_config"))
     for key, value in fields.items():  # sizes and counts (positive by default) stay positive
         default = defaults.get(key)
         if _is_int(default) and default > 0 and _is_int(value) and value < 1:
@@ -168,7 +168,7 @@ def _hf_config(spec: ModelSpec, num_labels: int, data_fields: dict[str, Any]):
     try:
         config = AutoConfig.for_model(model_type, **fields)
     except Exception as err:  # the config's own field checks (ValueError, TypeError, huggingface_hub's strict dataclasses)
-        raise UserError(f"model.hf_config: not a valid {model_type} config: {err}") from None
+        raise UserError(f"not a valid {model_type} config: {err}", location=("model", "hf_config")) from None
     if getattr(config, "is_encoder_decoder", False) and "decoder_start_token_id" not in fields:
         # T5 starts decoding at the padding token, BART at the end-of-text token
         start = "eos_token_id" if defaults.get("decoder_start_token_id") == defaults.get("eos_token_id") is not None else "pad_token_id"
@@ -213,7 +213,7 @@ def _from_config(spec: ModelSpec, num_labels: int, data_fields: dict[str, Any]) 
     try:
         return build(config)
     except ValueError as err:
-        raise UserError(f"model.hf_config: {config.model_type} cannot build a {spec.task} model: {err}") from None
+        raise UserError(f"{config.model_type} cannot build a {spec.task} model: {err}", location=("model", "hf_config")) from None
 
 
 def _pretrained(spec: ModelSpec, num_labels: int, run_dir: Path | None, data_fields: dict[str, Any]) -> nn.Module:

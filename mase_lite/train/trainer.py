@@ -43,12 +43,12 @@ def split_trainable(model: nn.Module, freeze: Sequence[str]) -> tuple[dict[str, 
         try:
             compiled.append(re.compile(pattern))
         except re.error as err:
-            raise UserError(f"freeze: {pattern!r} is not a valid regex ({err})") from None
+            raise UserError(f"{pattern!r} is not a valid regex ({err})", location=("freeze",)) from None
     named = dict(model.named_parameters())
     for pattern, rx in zip(freeze, compiled):
         if not any(rx.fullmatch(name) for name in named):
             shown = ", ".join(list(named)[:8])
-            raise UserError(f"freeze: {pattern!r} matches no parameter name (names look like: {shown}, ...)")
+            raise UserError(f"{pattern!r} matches no parameter name (names look like: {shown}, ...)", location=("freeze",))
     trainable, frozen = {}, []
     for name, p in named.items():
         if p.requires_grad and not any(rx.fullmatch(name) for rx in compiled):

@@ -11,8 +11,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from mase_lite.errors import UserError
-from mase_lite.errors import format_validation_error
+from mase_lite.errors import UserError, validation_problems
 
 Section = TypeVar("Section", bound=BaseModel)
 
@@ -24,4 +23,4 @@ def validate_section(model: type[Section], value: Section | dict | None, section
     try:
         return model.model_validate(value or {})
     except ValidationError as err:
-        raise UserError(format_validation_error(err, prefix=section, model=model)) from None
+        raise UserError(problems=validation_problems(err, model=model), location=(section,)) from None

@@ -69,7 +69,7 @@ def report_pass(mg, params: ReportParams, ctx):
     shown = ("call_module", "placeholder", "output") if not params.all_nodes else None
     rows = [node_row(n) for n in mg.model.graph.nodes if shown is None or n.op in shown]
     stem = ctx.path(params.path)
-    ensure_dir(stem.parent, "report.path")
+    ensure_dir(stem.parent, "path")
     md, js = stem.with_name(stem.name + ".md"), stem.with_name(stem.name + ".json")
     md.write_text(markdown_table(rows))
     js.write_text(json.dumps(rows, indent=2))

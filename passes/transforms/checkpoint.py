@@ -50,9 +50,9 @@ def _check_replaceable(target: Path) -> None:
     A save killed mid-replace is recovered first, so it never makes this save refuse."""
     recover(target)
     if target.is_symlink():
-        raise PassError(f"path: {target} is a symbolic link; a checkpoint is replaced whole, so name the directory itself")
+        raise PassError(f"{target} is a symbolic link; a checkpoint is replaced whole, so name the directory itself", location=("path",))
     if target.exists() and not (target / RECIPE).is_file() and (not target.is_dir() or any(target.iterdir())):
-        raise PassError(f"pass 'save': {target} exists and is not a checkpoint; refusing to replace it")
+        raise PassError(f"{target} exists and is not a checkpoint; refusing to replace it")
 
 
 @register_pass("save", kind="analysis", params=SaveParams)
@@ -60,7 +60,7 @@ def save_pass(mg, params: SaveParams, ctx):
     """Save weights, recipe and tokenizer to a checkpoint directory (whole or not at all)."""
     target = ctx.path(params.path)
     _check_replaceable(target)
-    ensure_dir(target.parent, "save.path")
+    ensure_dir(target.parent, "path")
     with staged_directory(target) as staging:
         mg.save(staging)
         tokenizer = getattr(ctx.data, "tokenizer", None) if params.tokenizer else None
@@ -81,7 +81,7 @@ def _find_checkpoint(ctx, path: str) -> Path:
         if (candidate / RECIPE).is_file():
             return candidate
     looked = " and ".join(dict.fromkeys(str(c) for c in candidates))
-    raise PassError(f"pass 'load': no checkpoint at {path!r} (looked for {RECIPE} in {looked})")
+    raise PassError(f"no checkpoint at {path!r} (looked for {RECIPE} in {looked})")
 
 
 def _check_against_data(model, data, where: Path) -> None:
@@ -90,14 +90,14 @@ def _check_against_data(model, data, where: Path) -> None:
     vocab = getattr(config, "vocab_size", None)
     if vocab is not None and getattr(data, "tokenizer", None) is not None and data.vocab_size > vocab:
         raise PassError(
-            f"pass 'load': the checkpoint {where} has vocab_size {vocab} but the run's tokenizer has "
+            f"the checkpoint {where} has vocab_size {vocab} but the run's tokenizer has "
             f"{data.vocab_size} tokens; save the checkpoint with its tokenizer or set data.tokenizer"
         )
     labels = getattr(config, "num_labels", None)
     wanted = getattr(data, "num_labels", None)
     if labels is not None and wanted is not None and wanted > labels:
         raise PassError(
-            f"pass 'load': the checkpoint {where} classifies {labels} labels but the run's data has {wanted}"
+            f"the checkpoint {where} classifies {labels} labels but the run's data has {wanted}"
         )
 
 
@@ -108,7 +108,7 @@ def load_pass(mg, params: LoadParams, ctx):
     try:
         loaded = load_graph(where, trust_code=params.trust_code)
     except UserError as err:
-        raise PassError(f"pass 'load': checkpoint {where}: {err}") from None
+        raise PassError(f"checkpoint {where}: {err}") from None
     data = ctx.data
     tokenizer_dir = where / TOKENIZER_DIR
     if getattr(data, "tokenizer", None) is not None and params.tokenizer and tokenizer_dir.is_dir():

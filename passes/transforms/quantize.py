@@ -41,6 +41,7 @@ import torch.nn as nn
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from mase_lite.errors import UserError
 from mase_lite.ir.ops import function_packet_name
 from mase_lite.nn.quant_config import FUNCTION_OPERANDS, LAYER_OPERANDS, OperandFormat, QuantConfig, QuantSpec, resolve
 from mase_lite.numerics.calibration import AUTO, Method, auto_keys, choose
@@ -199,20 +200,22 @@ def _check_rules_matched(mg, params: QuantizeParams, matched: set[str], modules:
         hits = [n for n in mg.model.graph.nodes if _matches(n, params.by, key)]
         quantizable_hits = [n.name for n in hits if _kind(n, modules)]
         if quantizable_hits:
-            msg = f"rules.{key}: every node it matches ({', '.join(quantizable_hits[:5])}) is taken by an earlier rule"
+            problem = PassError(f"every node it matches ({', '.join(quantizable_hits[:5])}) is taken by an earlier rule",
+                                location=("rules", key))
         elif hits:
             ops = sorted({str(n.meta.get("mase", {}).get("op")) for n in hits})
             raise PassError(
-                f"rules.{key}: matches only nodes that cannot be quantized ({', '.join(n.name for n in hits[:5])}; "
-                f"ops {', '.join(ops)}); quantizable: {QUANTIZABLE}"
+                f"matches only nodes that cannot be quantized ({', '.join(n.name for n in hits[:5])}; "
+                f"ops {', '.join(ops)}); quantizable: {QUANTIZABLE}",
+                location=("rules", key),
             )
         else:
             quantizable = sorted({n.name for n in mg.model.graph.nodes if _kind(n, modules)})
             listed = ", ".join(quantizable[:40]) or "none"
-            msg = f"rules.{key}: matches no node (by {params.by}); quantizable nodes: {listed}"
+            problem = PassError(f"matches no node (by {params.by}); quantizable nodes: {listed}", location=("rules", key))
         if not params.allow_unmatched:
-            raise PassError(msg)
-        logger.warning(msg)
+            raise problem
+        logger.warning("%s", problem)
 
 
 def _check_default_applies(mg, params: QuantizeParams, modules: dict[str, nn.Module]) -> None:
@@ -220,13 +223,14 @@ def _check_default_applies(mg, params: QuantizeParams, modules: dict[str, nn.Mod
     if params.default is None or any(_kind(n, modules) == "layer" for n in mg.model.graph.nodes):
         return
     ops = sorted({str(n.meta["mase"]["op"]) for n in mg.model.graph.nodes if n.op == "call_module"})
-    msg = (
-        f"default: the graph has no Linear/Conv1d/Conv2d node for it to quantize "
-        f"(module ops: {', '.join(ops) or 'none'}); merge LoRA adapters first (lora_merge), or set allow_unmatched"
+    problem = PassError(
+        f"the graph has no Linear/Conv1d/Conv2d node for it to quantize "
+        f"(module ops: {', '.join(ops) or 'none'}); merge LoRA adapters first (lora_merge), or set allow_unmatched",
+        location=("default",),
     )
     if not params.allow_unmatched:
-        raise PassError(msg)
-    logger.warning(msg)
+        raise problem
+    logger.warning("%s", problem)
 
 
 def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str]]:
@@ -253,6 +257,8 @@ def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str]]:
             operands = LAYER_OPERANDS if kind == "layer" else FUNCTION_OPERANDS
             try:
                 parsed[where, kind] = resolve(raw, operands, where) if raw is not None else None
+            except UserError as err:
+                raise PassError(f"{err.message} (for node {node.name!r})", err.location, err.problems) from None
             except ValueError as err:
                 raise PassError(f"{err} (for node {node.name!r})") from None
         config = parsed[where, kind]
@@ -273,7 +279,7 @@ def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str]]:
                 try:
                     module = quantize_module(modules[node.target], config)
                 except ValueError as err:
-                    raise PassError(f"{where}: node {node.name!r}: {err}") from None
+                    raise PassError(f"node {node.name!r}: {err}", location=(where,)) from None
                 layers[node.target] = _Planned([node], where, config, module, kind)
             else:
                 planned.nodes.append(node)
@@ -298,8 +304,9 @@ def _operand_values(mg, node: fx.Node, modules: dict[str, nn.Module], operand: s
     record = (mg.analyses.get("calibration") or {}).get(node.name, {}).get(kind)
     if record is None:
         raise PassError(
-            f"{where}.{operand}: 'auto' for node {node.name!r} needs the calibrate pass's statistics of its {kind}; "
-            "run calibrate (selecting this node) before quantize"
+            f"'auto' for node {node.name!r} needs the calibrate pass's statistics of its {kind}; "
+            "run calibrate (selecting this node) before quantize",
+            location=(where, operand),
         )
     return record["samples"]
 
@@ -326,8 +333,9 @@ def _check_weight_unshared(mg, node: fx.Node, where: str) -> None:
     if readers:
         users = ", ".join(u.name for r in readers for u in r.users) or readers[0].name
         raise PassError(
-            f"{where}: node {node.name!r}: its weight is also read by {users} (tied weights), and a packed layer "
-            "keeps no float weight; leave this layer fake-quantized (a rule without storage 'packed') or null"
+            f"node {node.name!r}: its weight is also read by {users} (tied weights), and a packed layer "
+            "keeps no float weight; leave this layer fake-quantized (a rule without storage 'packed') or null",
+            location=(where,),
         )
 
 
@@ -337,8 +345,9 @@ def _check_float_inputs(node: fx.Node, config: QuantConfig, where: str) -> None:
         val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
         if config.get(operand) is not None and isinstance(val, torch.Tensor) and not val.is_floating_point():
             raise PassError(
-                f"{where}: node {node.name!r}: its {operand} ({arg.name}) is a tensor of {str(val.dtype).removeprefix('torch.')} "
-                "values (ids or indices), which a number format cannot quantize; exclude the node (a null rule)"
+                f"node {node.name!r}: its {operand} ({arg.name}) is a tensor of {str(val.dtype).removeprefix('torch.')} "
+                "values (ids or indices), which a number format cannot quantize; exclude the node (a null rule)",
+                location=(where,),
             )
 
 
