@@ -90,6 +90,7 @@ class Recipe(BaseModel):
     dynamic_dims: dict[str, list[Annotated[int, Field(ge=0)]]] | None = None
     leaf_modules: list[str] = Field(default_factory=list)
     transforms: list[TransformRecipe] = Field(default_factory=list)
+    capture: Literal["graph", "modules"] = Field("graph", description="a captured graph, or a plain module (module mode)")
 
 
 def _validate(kind: Any, data: Any, where: str) -> Any:
@@ -191,6 +192,7 @@ def save(mg, directory: str | Path) -> Path:
         "dynamic_dims": mg.dynamic_dims,
         "leaf_modules": [qualname(c) for c in mg.leaf_modules],
         "transforms": mg.history,
+        "capture": getattr(mg, "capture", "graph"),
     }
     state = {k: v.detach().to("cpu") for k, v in mg.model.state_dict().items()}
     with staged_directory(directory) as tmp:
@@ -292,6 +294,11 @@ def read_checkpoint(directory: str | Path, model: nn.Module | None = None) -> tu
         names = list(inputs["example_inputs"])
     dynamic = dynamic_shapes_of(parsed.dynamic_dims, names) if parsed.dynamic_dims is not None else None
     return recipe, model, {**inputs, "leaf_modules": leaf, "dynamic_shapes": dynamic, "recipe": recipe["model"]}
+
+
+def saved_capture(directory: str | Path) -> str:
+    """``"graph"`` for a checkpoint of a captured graph, ``"modules"`` for one of a plain module (module mode)."""
+    return _read_recipe(Path(directory)).capture
 
 
 def load_weights(mg, directory: str | Path) -> None:

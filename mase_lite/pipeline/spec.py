@@ -82,6 +82,10 @@ class _PipelineBase(BaseModel):
         None, description="example inputs of a model that is not a transformers model"
     )
     data: DataSpec | None = Field(default_factory=DataSpec, description="the run's data; null for none")
+    capture: Literal["graph", "modules", "auto"] = Field(
+        "graph", description="graph: capture with torch.export; modules: run the passes on the plain nn.Module "
+        "(module mode: passes that need no graph); auto: graph, else modules when torch.export refuses the model",
+    )
     steps: list[StepSpec] = Field(default_factory=list, description="passes, run in order")
     device: str = Field(
         "auto", pattern=DEVICE_PATTERN,
@@ -210,7 +214,7 @@ def check_pipeline(spec: PipelineSpec) -> None:
     check_head(spec.model)
     if spec.data is not None:
         check_task_fields(spec.data, spec.model.task)
-    problems: list[str] = []
+    problems: list[str] = graph_steps(spec) if spec.capture == "modules" else []
     facts = set(BASE_FACTS) | ({"data"} if spec.data is not None else set())
     for i, step in enumerate(spec.steps):
         info = get_pass(step.pass_name)
@@ -224,6 +228,15 @@ def check_pipeline(spec: PipelineSpec) -> None:
         facts = (facts - info.drops(facts - {"data"})) | set(BASE_FACTS) | set(info.provides)
     if problems:
         raise UserError("pipeline check failed:\n" + "\n".join(problems))
+
+
+def graph_steps(spec: PipelineSpec) -> list[str]:
+    """One line per step whose pass needs the captured graph, which module mode does not have."""
+    return [
+        f"steps.{i} ({step.pass_name}) needs the captured data-flow graph, which module mode does not have; "
+        "capture the model (\"capture\": \"graph\") or leave the step out"
+        for i, step in enumerate(spec.steps) if get_pass(step.pass_name).needs_graph
+    ]
 
 
 def pipeline_schema() -> dict[str, Any]:
