@@ -102,8 +102,9 @@ def test_module_mode_equals_graph_mode_on_an_exportable_model():
     twin.load_state_dict(model.state_dict())
     x = torch.randn(3, 8)
     mg = ml.MaseGraph(twin, example_inputs={"input": x})
-    steps = [("quantize", {"default": INT8}), ("prune", {"weight": {"sparsity": 0.25}}),
-             ("lora", {"by": "name", "targets": ["fc2"], "rank": 2}), ("lora_merge", {})]
+    steps = [("quantize", {"default": INT8}), ("prune", {"weight": {"sparsity": 0.25}}), ("sparsity", {}),
+             ("lora", {"by": "name", "targets": ["fc2"], "rank": 2}), ("report_trainable", {}), ("lora_merge", {}),
+             ("prune_finalize", {}), ("sparsity", {})]
     for name, params in steps:
         model, module_info = getattr(ml.passes, name)(model, params)
         mg, graph_info = getattr(ml.passes, name)(mg, params)
@@ -124,6 +125,13 @@ def test_replace_checks_the_fit_on_the_example_inputs():
         ml.passes.replace(mm, {"by": "name", "targets": ["fc1"], "with": "identity"})
     mm, info = ml.passes.replace(mm, {"by": "name", "targets": ["act"], "with": "identity"})
     assert info == {"replaced": {"act": "Identity"}} and isinstance(model.act, nn.Identity)
+
+
+def test_the_pass_list_says_which_passes_run_on_modules(capsys):
+    assert main(["passes"]) == 0
+    out = capsys.readouterr().out
+    assert "quantize (transform, also module mode): " in out and "evaluate (analysis, also module mode): " in out
+    assert "fuse_sdpa (transform): " in out and "count (analysis): " in out
 
 
 def test_a_pass_that_needs_the_graph_names_itself(tmp_path, capsys):
