@@ -153,27 +153,35 @@ def select(nodes: list[Node], selector: NodeSelector) -> list[str]:
 
 def captured_nodes(pipeline: dict) -> list[Node]:
     """The nodes of the pipeline's model as captured before any step (cached per model section)."""
-    key = json.dumps({k: pipeline.get(k) for k in ("model", "inputs", "example_inputs")}, sort_keys=True, default=str)
+    key = json.dumps({k: pipeline.get(k) for k in ("model", "inputs", "example_inputs", "capture")}, sort_keys=True, default=str)
     return _capture(key)
 
 
 @lru_cache(maxsize=8)
 def _capture(key: str) -> list[Node]:
+    from mase_lite.ir.capture import CaptureError
     from mase_lite.ir.graph import MaseGraph
+    from mase_lite.ir.module_model import ModuleModel
     from mase_lite.ir.serialize import example_inputs_from_specs
     from mase_lite.pipeline.runner import capture_inputs
     from mase_lite.train.models import build_model
 
     sections = json.loads(key)
-    spec = load_spec({"model": sections["model"] or {}, "inputs": sections["inputs"], "example_inputs": sections["example_inputs"]})
+    spec = load_spec({k: v for k, v in sections.items() if v is not None} | {"model": sections["model"] or {}})
     model = build_model(spec.model)
     if spec.example_inputs is not None:
         specs = {name: s.model_dump() for name, s in spec.example_inputs.items()}
-        mg = MaseGraph(model, example_inputs=example_inputs_from_specs(specs))
+        inputs = {"example_inputs": example_inputs_from_specs(specs)}
     else:
-        mg = MaseGraph(model, **capture_inputs(model, None, spec.model.task, spec.inputs))
+        inputs = capture_inputs(model, None, spec.model.task, spec.inputs)
+    try:  # module mode's nodes are the model's leaf modules, named as a capture names them
+        mg = ModuleModel(model) if spec.capture == "modules" else MaseGraph(model, **inputs)
+    except CaptureError:
+        if spec.capture == "graph":
+            raise
+        mg = ModuleModel(model)
     nodes = []
-    for n in mg.model.graph.nodes:
+    for n in mg.nodes:
         meta = n.meta.get("mase", {})
         weight = (meta.get("params") or {}).get("weight")
         shape = tuple(weight["shape"]) if weight and all(isinstance(d, int) for d in weight["shape"]) else None

@@ -13,6 +13,11 @@ from mase_lite.cli import main
 from mase_lite.ir.module_model import ModuleModel
 from mase_lite.nn.quantized import QuantizedLinear
 from mase_lite.passes import PassError
+from mase_lite.passes.manager import PassContext
+from mase_lite.pipeline.spec import load_spec
+from mase_lite.search.cache import PrefixCache
+from mase_lite.search.space import captured_nodes, select
+from mase_lite.search.spec import NodeSelector
 from mase_lite.pipeline.spec import DataSpec
 from mase_lite.train import prepare
 from mase_lite.train.models import ModelSpec
@@ -147,6 +152,12 @@ def test_a_pass_that_needs_the_graph_names_itself(tmp_path, capsys):
     assert "models.py:20 in Refined (the model)" in err  # auto says why it fell back
 
 
+def test_a_per_layer_search_space_expands_over_the_leaf_modules():
+    nodes = captured_nodes({"model": MODEL, "capture": "modules"})
+    assert [n.name for n in nodes] == ["stem", "pool", "proj", "refine", "head"]
+    assert select(nodes, NodeSelector(op="linear", square=True)) == ["proj", "refine"]
+
+
 def test_a_search_in_module_mode_uses_the_prefix_cache(tmp_path):
     pipeline = spec(tmp_path, "modules", [
         {"pass": "train", "params": {"max_steps": 2, "batch_size": 8, "progress": False}},
@@ -164,3 +175,8 @@ def test_a_search_in_module_mode_uses_the_prefix_cache(tmp_path):
              for t in trials]
     assert sorted([s.get("cached", False) for s in run] for run in steps) == [[False] * 3, [True, False, False]]
     assert len(list((tmp_path / "search" / "cache").iterdir())) == 1
+    # another worker restores the state from disk: the trained module, in module mode
+    trial = json.loads((tmp_path / "search" / "trials" / str(trials[0]["number"]) / "report.json").read_text())
+    restored = PrefixCache(tmp_path / "search" / "cache", 1).restore(load_spec(trial["spec"]), PassContext(output_dir=tmp_path))
+    assert restored is not None and isinstance(restored[1], ModuleModel) and restored[2][0]["pass"] == "train"
+    assert isinstance(restored[1].model.refine, nn.Linear) and restored[1].input_names == ("pixel_values",)
