@@ -297,7 +297,9 @@ def read_checkpoint(directory: str | Path, model: nn.Module | None = None) -> tu
 
 
 def saved_capture(directory: str | Path) -> str:
-    """``"graph"`` for a checkpoint of a captured graph, ``"modules"`` for one of a plain module (module mode)."""
+    """``"graph"`` for a checkpoint of a captured graph, ``"modules"`` for one of a plain module (module mode);
+    a checkpoint a crash left mid-replace is recovered first."""
+    recover(Path(directory))
     return _read_recipe(Path(directory)).capture
 
 

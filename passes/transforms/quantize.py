@@ -30,6 +30,7 @@ the ``calibrate`` pass run before — by ``calibration.method`` (minmax, percent
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from dataclasses import dataclass
@@ -395,9 +396,10 @@ def _operand_of_inputs(node: fx.Node, kind: str) -> dict[fx.Node, str]:
 
 def _annotate(node: fx.Node, planned: _Planned) -> dict[str, Any]:
     """Write the operand formats into ``node.meta["mase"]`` (dtype names where not quantized), under the
-    new module's class, so the pass manager's metadata refresh keeps them."""
+    new module's class, so the pass manager's metadata refresh keeps them. The metadata is copied first:
+    a copied graph (``copy.deepcopy``) shares its nodes' metadata dicts with the original until a refresh."""
     formats = planned.config.formats()
-    meta = node.meta["mase"]
+    meta = node.meta["mase"] = copy.deepcopy(node.meta["mase"])
     meta["module"] = module_class(planned.module).__name__
     inputs = _operand_of_inputs(node, planned.kind)
     for inp, entry in zip(node.all_input_nodes, meta["args"]):

@@ -95,3 +95,13 @@ def test_a_plugin_metric_is_a_search_objective(tmp_path):
     # Linears: the layer's 6, the pooler, the classifier; dropouts: embeddings, attention output, layer output, classifier
     assert counts == {"dropout": 4, "linear": 8}
     assert report["studies"][0]["best"]["params"] == {"steps.0.params.op": "linear"}
+
+
+def test_quantizing_a_copied_graph_leaves_the_original_metadata_alone():
+    import copy
+
+    mg = mlp()
+    twin, _ = ml.passes.quantize(copy.deepcopy(mg), {"default": INT8})
+    assert twin.nodes[1].meta["mase"]["params"]["weight"]["format"]["name"] == "integer"
+    assert mg.nodes[1].meta["mase"]["params"]["weight"]["format"] == "float32"
+    assert mg.nodes[1].meta["mase"]["module"] == "Linear"
