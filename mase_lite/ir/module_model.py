@@ -34,9 +34,8 @@ class ModuleNode:
     input and output when the model ran on its example inputs)."""
 
     op = "call_module"
-    users: dict = {}
     args: tuple = ()
-    all_input_nodes: list = []
+    all_input_nodes: tuple = ()
 
     def __init__(self, target: str, module: nn.Module, head: bool, call: tuple[tuple, dict, Any] | None):
         self.target = target
@@ -71,9 +70,12 @@ def leaf_modules(model: nn.Module) -> dict[str, nn.Module]:
     """The modules a capture keeps as single nodes (Linear, Conv, norms, activations, quantized layers, ...),
     by dotted path, outermost first: a leaf's own submodules (a quantized layer's quantizers) are left out."""
     leaves: dict[str, nn.Module] = {}
+    inside = None  # the last leaf: named_modules lists its submodules right after it
     for name, module in model.named_modules():
-        if name and is_leaf_class(type(module)) and not any(name.startswith(p + ".") for p in leaves):
-            leaves[name] = module
+        if inside is not None and name.startswith(inside):
+            continue
+        if name and is_leaf_class(type(module)):
+            leaves[name], inside = module, name + "."
     return leaves
 
 
