@@ -1,10 +1,13 @@
 """The course's first transform pass: remove every dropout node, rewiring its users to its input.
 
+A transform changes the graph in place and returns what it did; the pass manager then lints the
+graph, regenerates its code and refreshes its metadata, once — the pass makes none of those calls.
+
 Run: python examples/remove_dropout.py
 """
 
 import mase_lite as ml
-from mase_lite.passes import register_pass
+from mase_lite.passes import PassResult, register_pass
 from transformers import BertConfig, BertForSequenceClassification
 
 
@@ -17,8 +20,7 @@ def remove_dropout_example(mg, params):
             node.replace_all_uses_with(node.args[0])
             mg.erase_node(node)
             removed.append(node.name)
-    mg.recompile()
-    return mg, {"removed": removed}
+    return PassResult({"removed": removed})
 
 
 if __name__ == "__main__":

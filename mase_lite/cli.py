@@ -93,12 +93,12 @@ def _cmd_passes(args: argparse.Namespace) -> int:
             }
             for key, f in info.params.model_fields.items()
         }
-        listing[name] = {"kind": info.kind, "doc": info.summary, "params": fields}
+        listing[name] = {"kind": info.kind, "module_mode": not info.needs_graph, "doc": info.summary, "params": fields}
     if args.json:
         print(json.dumps(listing, indent=2, default=str))
         return 0
     for name, entry in listing.items():
-        print(f"{name} ({entry['kind']}): {entry['doc']}")
+        print(f"{name} ({entry['kind']}{', also module mode' if entry['module_mode'] else ''}): {entry['doc']}")
         for key, f in entry["params"].items():
             print(f"    {key}: {f['type']}" + (" (required)" if f["required"] else f" = {f['default']!r}"))
     return 0

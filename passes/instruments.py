@@ -34,7 +34,7 @@ class Timing(PassInstrument):
 
 def op_counts(mg) -> Counter:
     """How many nodes of each op the graph has."""
-    return Counter(n.meta.get("mase", {}).get("op", n.op) for n in mg.model.graph.nodes)
+    return Counter(n.meta.get("mase", {}).get("op", n.op) for n in mg.nodes)
 
 
 class GraphChange(PassInstrument):

@@ -6,12 +6,19 @@ From a pipeline, a search trial or ``ml.passes.<name>(mg, ...)``, a call:
    caller's params are never touched);
 2. checks the pass's ``requires`` against the facts the graph holds (and ``"data"`` against the
    context), naming the passes that provide what is missing;
-3. runs the pass, with the instruments' ``before_pass``/``after_pass`` hooks around it;
-4. after a transform: lints the graph, regenerates its code and metadata (once per pass), and drops
+3. runs the pass, with the instruments' ``before_pass``/``after_pass`` hooks around it, and reads its
+   :class:`~mase_lite.passes.registry.PassResult` (a transform changes its graph in place, or hands
+   back another one in ``PassResult.graph``);
+4. after an in-place transform: lints the graph, regenerates its code and metadata (once per pass — no
+   pass makes these calls itself); after any pass: drops
    the facts the pass invalidates, with their results (``mg.analyses`` and the nodes' metadata),
    before adding those it provides;
 5. on failure names the pass and, inside a pipeline, the step's JSON path
    (``steps.1.params.rules.x: ...``).
+
+Module mode: a plain ``nn.Module`` (or a :class:`~mase_lite.ir.module_model.ModuleModel`) runs every pass
+registered with ``needs_graph=False``; any other pass fails naming itself. A plain module in gives the
+module back: ``model, info = ml.passes.quantize(model, {...})``.
 
 >>> import torch, mase_lite as ml
 >>> mg = ml.MaseGraph(torch.nn.Sequential(torch.nn.Linear(4, 4)), example_inputs={"input": torch.randn(2, 4)})
@@ -33,10 +40,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch.nn as nn
 from pydantic import BaseModel
 
 from mase_lite.errors import Scope, UserError
-from mase_lite.passes.registry import PassError, PassInfo, providers_of
+from mase_lite.ir.module_model import ModuleModel, inputs_taken
+from mase_lite.passes.registry import PassError, PassInfo, PassResult, all_passes, providers_of
 
 logger = logging.getLogger(__name__)
 
@@ -228,25 +237,66 @@ def _validated(info: PassInfo, params: BaseModel | dict | None, where: str | Non
         raise _in_params(err, info, where) from None
 
 
+class PassOutcome(tuple):
+    """What a call returns: unpacks to ``(graph, info)`` (``info`` as :meth:`PassResult.public_info` gives it),
+    with the pass's typed :class:`PassResult` in ``.result``."""
+
+    result: PassResult
+
+    def __new__(cls, graph, result: PassResult):
+        self = super().__new__(cls, (graph, result.public_info()))
+        self.result = result
+        return self
+
+
+def _as_result(out: Any, mg, label: str) -> PassResult:
+    """The pass's :class:`PassResult`; the older ``(mg, info_dict)`` form is read as one (``info["metrics"]``
+    and ``info["label"]`` become its metrics and label, a graph other than ``mg`` its ``graph``)."""
+    if isinstance(out, PassResult):
+        if not isinstance(out.info, dict) or not isinstance(out.metrics, (dict, type(None))):
+            raise PassContractError(f"{label} returned a PassResult whose info or metrics is not a dict")
+        return out
+    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], (dict, type(None)))):
+        raise PassContractError(f"{label} returned {type(out).__name__}; a pass returns a PassResult")
+    graph, info = out
+    info = dict(info or {})
+    metrics, name = info.pop("metrics", None), info.pop("label", None)
+    return PassResult(info, metrics, name, None if graph is mg else graph)
+
+
+def _module_mode_error(info: PassInfo, label: str) -> PassError:
+    able = ", ".join(p.name for p in all_passes().values() if not p.needs_graph)
+    return PassError(
+        f"{label} needs the captured data-flow graph, which module mode (a plain nn.Module, or \"capture\": "
+        f"\"modules\") does not have; capture the model (\"capture\": \"graph\") or leave the pass out. "
+        f"Passes that run on modules: {able}"
+    )
+
+
 def run_pass(info: PassInfo, mg, params: BaseModel | dict | None, context: PassContext, where: str | None = None):
-    """Run ``info`` on ``mg`` under the contract above; returns ``(mg, info_dict)``."""
-    run = PassRun(info, _validated(info, params, where), context, where, mg)
-    check_requirements(info, set(mg.facts) | context.facts(), run.label)
+    """Run ``info`` on ``mg`` (a graph, a :class:`ModuleModel`, or a plain ``nn.Module``: module mode)
+    under the contract above; returns a :class:`PassOutcome` (``mg, info = ...``)."""
+    plain = isinstance(mg, nn.Module)
+    offered = getattr(context.data, "input_names", None)
+    target = ModuleModel(mg, input_names=inputs_taken(mg, offered) if offered else None) if plain else mg
+    run = PassRun(info, _validated(info, params, where), context, where, target)
+    if info.needs_graph and isinstance(target, ModuleModel):
+        raise _module_mode_error(info, run.label)
+    check_requirements(info, set(target.facts) | context.facts(), run.label)
     instruments = (*_GLOBAL_INSTRUMENTS, *context.instruments)
     for inst in instruments:
         inst.before_pass(run)
     try:
-        args = (mg, run.params, context) if info.takes_context else (mg, run.params)
-        out = info.fn(*args)
-        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], (dict, type(None)))):
-            raise PassContractError(f"{run.label} returned {type(out).__name__}; a pass returns (mg, info_dict)")
-        new_mg, result = out
-        run.result = dict(result or {})
-        if info.kind == "transform":
-            _settle_transform(run, mg, new_mg)
-        _drop_analyses(new_mg, info.drops(mg.facts) - set(info.provides))
-        new_mg.facts = (set(mg.facts) - info.drops(mg.facts)) | BASE_FACTS | set(info.provides)
-        run.mg = new_mg
+        args = (target, run.params, context) if info.takes_context else (target, run.params)
+        result = _as_result(info.fn(*args), target, run.label)
+        new = target if result.graph is None else result.graph
+        run.result = result.public_info()
+        if info.kind == "transform" and new is target:
+            _settle_transform(run, target)
+        _drop_analyses(new, info.drops(target.facts) - set(info.provides))
+        base = set() if isinstance(new, ModuleModel) else BASE_FACTS
+        new.facts = (set(target.facts) - info.drops(target.facts)) | base | set(info.provides)
+        run.mg = new
     except BaseException as err:
         for inst in instruments:
             inst.on_error(run, err)
@@ -255,10 +305,10 @@ def run_pass(info: PassInfo, mg, params: BaseModel | dict | None, context: PassC
         err.add_note(f"while running {run.label}")
         raise
     if info.replay:
-        new_mg.record_transform(info.name, run.params.model_dump(mode="json"), info.module)
+        new.record_transform(info.name, run.params.model_dump(mode="json"), info.module)
     for inst in instruments:
         inst.after_pass(run)
-    return run.mg, run.result
+    return PassOutcome(new.model if plain and isinstance(new, ModuleModel) else new, result)
 
 
 def _drop_analyses(mg, stale: set[str]) -> None:
@@ -269,16 +319,17 @@ def _drop_analyses(mg, stale: set[str]) -> None:
         return
     for fact in stale:
         analyses.pop(fact, None)
-        for node in mg.model.graph.nodes:
+        for node in mg.nodes:
             node.meta.get("mase", {}).pop(fact, None)
 
 
-def _settle_transform(run: PassRun, old_mg, new_mg) -> None:
-    """Lint, regenerate code and metadata once, after a transform."""
-    if new_mg is not old_mg:
-        return  # a pass that returns another graph (load) hands over a settled one
+def _settle_transform(run: PassRun, mg) -> None:
+    """After a transform that changed ``mg`` in place: lint, regenerate its code and refresh its metadata,
+    once (passes make none of these calls; a module-mode model has nothing to regenerate)."""
+    if isinstance(mg, ModuleModel):
+        return
     try:
-        new_mg.model.graph.lint()
+        mg.model.graph.lint()
     except Exception as err:
         raise PassContractError(f"{run.label} left an invalid graph: {err}") from err
-    new_mg.recompile()
+    mg.recompile()

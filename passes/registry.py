@@ -1,18 +1,19 @@
 """The pass registry: every pass, built-in or third-party, registers here the same way.
 
-A pass is a plain function ``fn(mg, params) -> (mg, info)`` — or ``fn(mg, params, ctx)`` when it
+A pass is a plain function ``fn(mg, params) -> PassResult`` — or ``fn(mg, params, ctx)`` when it
 needs the run's data or output directory (a :class:`~mase_lite.passes.manager.PassContext`) —
-where ``params`` is a deep-frozen instance of the pass's pydantic model and ``info`` a
-JSON-serialisable dict. Every call goes through :mod:`mase_lite.passes.manager`.
+where ``params`` is a deep-frozen instance of the pass's pydantic model. A transform changes ``mg``
+in place; the pass manager then recompiles it and refreshes its metadata, once. Every call goes
+through :mod:`mase_lite.passes.manager`, and a caller unpacks it as ``mg, info = ml.passes.<name>(mg, ...)``.
 
 >>> from pydantic import BaseModel
->>> from mase_lite.passes import register_pass
+>>> from mase_lite.passes import PassResult, register_pass
 >>> class CountOpParams(BaseModel):
 ...     op: str = "dropout"
 >>> @register_pass("doc_count_op", kind="analysis", params=CountOpParams)
 ... def doc_count_op(mg, params):
 ...     '''Count the nodes of one op.'''
-...     return mg, {"count": sum(n.meta["mase"]["op"] == params.op for n in mg.nodes)}
+...     return PassResult({"count": sum(n.meta["mase"]["op"] == params.op for n in mg.nodes)})
 >>> doc_count_op.name, doc_count_op.kind, sorted(doc_count_op.params.model_fields)
 ('doc_count_op', 'analysis', ['op'])
 """
@@ -57,6 +58,31 @@ class PassError(UserError):
     """A user-caused pass failure: bad params, an impossible selection, a missing requirement."""
 
 
+@dataclass
+class PassResult:
+    """What a pass returns.
+
+    ``info``: JSON-serialisable details (report.json's step entry). ``metrics``: numbers a run reports
+    under ``metrics[<label or pass>]`` and a search may use as objectives (``"<label>.<key>"``).
+    ``label``: the name of those metrics (default: the step's label, else the pass's name).
+    ``graph``: set only by a pass that hands back another graph than the one it got (``load``);
+    every other transform changes its graph in place.
+
+    >>> PassResult({"count": 3}, metrics={"count": 3}).public_info()
+    {'count': 3, 'metrics': {'count': 3}}
+    """
+
+    info: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] | None = None
+    label: str | None = None
+    graph: Any = None
+
+    def public_info(self) -> dict[str, Any]:
+        """``info`` as a caller unpacks it (and report.json records it): with ``metrics`` and ``label`` when set."""
+        extra = {k: v for k, v in (("metrics", self.metrics), ("label", self.label)) if v is not None}
+        return {**self.info, **extra}
+
+
 def _frozen_model(params: type[BaseModel]) -> type[BaseModel]:
     """``params`` itself when its instances are frozen and reject unknown keys, else a subclass that does."""
     config = params.model_config
@@ -84,6 +110,7 @@ class PassInfo:
     replay: bool = False
     takes_context: bool = False
     metrics: Metrics = None
+    needs_graph: bool = True
 
     @property
     def summary(self) -> str:
@@ -169,8 +196,9 @@ def register_pass(
     invalidates: tuple[str, ...] | list[str] | None = None,
     replay: bool | None = None,
     metrics: Metrics = None,
+    needs_graph: bool = True,
 ) -> Callable[[Callable], PassInfo]:
-    """Register ``fn(mg, params[, ctx]) -> (mg, info)`` as pass ``name``; returns the callable pass.
+    """Register ``fn(mg, params[, ctx]) -> PassResult`` as pass ``name``; returns the callable pass.
 
     ``requires`` and ``provides`` name metadata facts (e.g. ``"profile"``; ``"data"`` means the run
     has data); ``invalidates`` the facts a run of this pass makes stale (default: every fact for a
@@ -180,6 +208,8 @@ def register_pass(
     set it to false. ``params`` is any pydantic model; its instances are frozen and reject unknown keys.
     ``metrics`` names the keys of the ``info["metrics"]`` the pass reports (a tuple, or a function of
     its params and the model's task): a search checks its objectives against them before the first trial.
+    ``needs_graph=False`` says the pass works on modules alone, so it also runs on a plain ``nn.Module``
+    (module mode, :mod:`mase_lite.ir.module_model`); the pass manager refuses module mode to the others.
     """
     if kind not in ("analysis", "transform"):
         raise PassError(f"pass '{name}': kind must be 'analysis' or 'transform', got {kind!r}")
@@ -215,6 +245,7 @@ def register_pass(
             replay=(kind == "transform") if replay is None else replay,
             takes_context=_takes_context(fn),
             metrics=tuple(metrics) if isinstance(metrics, (list, tuple)) else metrics,
+            needs_graph=needs_graph,
         )
         _REGISTRY[name] = info
         return info

@@ -1,5 +1,8 @@
 """Loading a saved graph whose structural transforms must be re-applied, through the pass registry.
 
+A checkpoint saved in module mode (``"capture": "modules"`` in its recipe) loads as a
+:class:`~mase_lite.ir.module_model.ModuleModel`: no capture, its transforms replayed on its modules.
+
 The IR saves and loads weights and captures; it knows no pass. This module sits above both.
 
 >>> import tempfile, torch, mase_lite as ml
@@ -23,6 +26,9 @@ import torch.nn as nn
 
 from mase_lite.errors import UserError
 from mase_lite.ir.graph import MaseGraph
+from mase_lite.ir.module_model import ModuleModel
+from mase_lite.checkpoint import read_checkpoint
+from mase_lite.ir.serialize import load_weights, saved_capture
 from mase_lite.passes.manager import PassContext, run_pass
 from mase_lite.passes.registry import PassError, get_pass
 from mase_lite.trust import trusted, trusting
@@ -54,4 +60,15 @@ def load_graph(directory: str | Path, model: nn.Module | None = None, trust_code
     or when ``trust_code`` is true (see :mod:`mase_lite.trust`); replay runs structural transforms only.
     """
     with trusting(trusted() or trust_code):
+        if saved_capture(directory) == "modules":
+            return _load_modules(directory, model)
         return MaseGraph.load(directory, model=model, replay=replay_transforms)
+
+
+def _load_modules(directory: str | Path, model: nn.Module | None) -> ModuleModel:
+    """A module-mode checkpoint: the model rebuilt, its transforms replayed on its modules, its weights loaded."""
+    recipe, model, capture = read_checkpoint(directory, model)
+    examples = capture.get("example_inputs") or None
+    mm = replay_transforms(ModuleModel(model, example_inputs=examples, recipe=recipe["model"]), recipe["transforms"])
+    load_weights(mm, directory)
+    return mm

@@ -1,5 +1,9 @@
 """Node selection shared by every pass that targets part of a graph: by op type, node name or regex.
 
+One language for both modes: a graph's ``call_module`` nodes and a plain module's leaves (module mode,
+:mod:`mase_lite.ir.module_model`) answer to their node name (``encoder_layer_0_query``) and to their
+module path (``encoder.layer.0.query``), by name or by a regex matching either.
+
 >>> from collections import OrderedDict
 >>> import torch, torch.nn as nn, mase_lite as ml
 >>> model = nn.Sequential(OrderedDict(fc1=nn.Linear(8, 16), act=nn.ReLU(), drop=nn.Dropout(0.1), fc2=nn.Linear(16, 2)))
@@ -53,6 +57,8 @@ def is_output_head(node: fx.Node) -> bool:
     """
     if node.op != "call_module":
         return False
+    if hasattr(node, "head"):  # module mode: no data flow to follow (see mase_lite.ir.module_model)
+        return node.head
     seen, frontier = set(), list(node.users)
     while frontier:
         user = frontier.pop()
@@ -89,7 +95,7 @@ def select_nodes(
                 re.compile(t)
             except re.error as err:
                 raise PassError(f"{t!r} is not a valid regex ({err})", location=("targets",)) from None
-    candidates = [n for n in mg.model.graph.nodes if not modules_only or n.op == "call_module"]
+    candidates = [n for n in mg.nodes if not modules_only or n.op == "call_module"]
     chosen = [n for n in candidates if any(node_matches(n, by, t) for t in targets)]
     if not chosen:
         if by == "type":

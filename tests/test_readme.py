@@ -28,7 +28,7 @@ NOT_RUN = {
 
 
 def test_the_readme_blocks_are_the_ones_this_test_knows():
-    assert [lang for lang, _ in BLOCKS] == ["", "", "python", "python", "json", "", "json", "", "python", "json"]
+    assert [lang for lang, _ in BLOCKS] == ["", "", "python", "python", "json", "python", "", "json", "", "python", "json"]
 
 
 def test_python_blocks_run_in_one_session(tmp_path):
@@ -39,6 +39,9 @@ def test_python_blocks_run_in_one_session(tmp_path):
     assert proc.stdout.startswith("['bert_encoder_layer_0_attention_self_query'")
     assert (tmp_path / "bert.svg").is_file() and (tmp_path / "bert.graphml").is_file()
     assert (tmp_path / "runs" / "bert" / "recipe.json").is_file()
+    # the model export refuses ran in module mode, and its checkpoint says so
+    assert "\nmodules 32\n" in proc.stdout
+    assert json.loads((tmp_path / "runs" / "refined" / "checkpoint" / "recipe.json").read_text())["capture"] == "modules"
 
 
 def test_json_blocks_are_specs_that_pass_their_checks():

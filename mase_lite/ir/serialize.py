@@ -89,6 +89,7 @@ class Recipe(BaseModel):
     dynamic_dims: dict[str, list[Annotated[int, Field(ge=0)]]] | None = None
     leaf_modules: list[str] = Field(default_factory=list)
     transforms: list[TransformRecipe] = Field(default_factory=list)
+    capture: Literal["graph", "modules"] = Field("graph", description="a captured graph, or a plain module (module mode)")
 
 
 def validate(kind: Any, data: Any, where: str) -> Any:
@@ -139,6 +140,7 @@ def save(mg, directory: str | Path) -> Path:
         "dynamic_dims": mg.dynamic_dims,
         "leaf_modules": [f"{c.__module__}:{c.__qualname__}" for c in mg.leaf_modules],
         "transforms": mg.history,
+        "capture": getattr(mg, "capture", "graph"),
     }
     state = {k: v.detach().to("cpu") for k, v in mg.model.state_dict().items()}
     with staged_directory(directory) as tmp:
@@ -209,6 +211,13 @@ def _tied_names(model: nn.Module) -> set[str]:
     for name, t in model.state_dict(keep_vars=True).items():
         names.setdefault(id(t), []).append(name)
     return {n for group in names.values() if len(group) > 1 for n in group}
+
+
+def saved_capture(directory: str | Path) -> str:
+    """``"graph"`` for a checkpoint of a captured graph, ``"modules"`` for one of a plain module (module mode);
+    a checkpoint a crash left mid-replace is recovered first."""
+    recover(Path(directory))
+    return read_recipe(Path(directory)).capture
 
 
 def load_weights(mg, directory: str | Path) -> None:

@@ -27,12 +27,14 @@ from tqdm import tqdm
 from mase_lite.errors import UserError, describe, ensure_dir, show_paths_as
 from mase_lite.files import check_writable, staged_directory, staged_file
 from mase_lite.lock import DirectoryLock
+from mase_lite.ir.capture import CaptureError
 from mase_lite.ir.graph import MaseGraph
+from mase_lite.ir.module_model import ModuleModel
 from mase_lite.ir.serialize import example_inputs_from_specs
 from mase_lite.passes.instruments import DrawAfter, GraphChange, Timing, VerifyAfterEach
 from mase_lite.passes.manager import PassContext, PassInstrument, PassRun, run_pass
 from mase_lite.passes.registry import get_pass
-from mase_lite.pipeline.spec import PipelineSpec, StepSpec, check_pipeline, load_spec
+from mase_lite.pipeline.spec import PipelineSpec, StepSpec, check_pipeline, graph_steps, load_spec
 from mase_lite.train.seeding import seed_everything
 
 logger = logging.getLogger(__name__)
@@ -127,8 +129,9 @@ def capture_inputs(model: Any, data: Any, task: str, names: list[str] | None) ->
     return {"hf_input_names": names}
 
 
-def build_graph(spec: PipelineSpec, output_dir: Path) -> tuple[MaseGraph, Any]:
-    """Model and data from the spec, moved to the spec's device and captured with the data's (or the spec's) inputs."""
+def build_graph(spec: PipelineSpec, output_dir: Path) -> tuple[MaseGraph | ModuleModel, Any]:
+    """Model and data from the spec, moved to the spec's device and captured with the data's (or the spec's)
+    inputs — or, by the spec's ``capture``, held as a plain module (module mode)."""
     from mase_lite.train import prepare
     from mase_lite.train.devices import resolve_device
 
@@ -137,10 +140,37 @@ def build_graph(spec: PipelineSpec, output_dir: Path) -> tuple[MaseGraph, Any]:
     recipe = spec.model.recipe()
     if spec.example_inputs is not None:
         specs = {name: s.model_dump() for name, s in spec.example_inputs.items()}
-        mg = MaseGraph(model, example_inputs=example_inputs_from_specs(specs), recipe=recipe)
+        inputs: dict[str, Any] = {"example_inputs": example_inputs_from_specs(specs)}
     else:
-        mg = MaseGraph(model, recipe=recipe, **capture_inputs(model, data, spec.model.task, spec.inputs))
-    return mg, data
+        inputs = capture_inputs(model, data, spec.model.task, spec.inputs)
+    if spec.capture != "modules":
+        try:
+            return MaseGraph(model, recipe=recipe, **inputs), data
+        except CaptureError as err:
+            if spec.capture == "graph":
+                raise
+            _fall_back(spec, model, err)
+    return module_model(model, inputs, recipe), data
+
+
+def module_model(model: Any, inputs: dict[str, Any], recipe: dict[str, Any] | None) -> ModuleModel:
+    """``model`` in module mode, with the example inputs a capture would have used."""
+    from mase_lite.ir.inputs import hf_example_inputs
+
+    examples = inputs.get("example_inputs")
+    if examples is None:
+        examples = hf_example_inputs(model, list(inputs["hf_input_names"]))
+    return ModuleModel(model, example_inputs=examples, recipe=recipe)
+
+
+def _fall_back(spec: PipelineSpec, model: Any, err: CaptureError) -> None:
+    """``"capture": "auto"`` after torch.export refused ``model``: log why (export's first lines name the
+    source line it refused), or fail naming the steps that need the graph."""
+    reason = "\n".join(str(err).splitlines()[:2])
+    problems = graph_steps(spec)
+    if problems:
+        raise UserError(f"capture: auto: {reason}\nmodule mode cannot run the pipeline:", problems=problems) from None
+    logger.warning("capture: auto: running %s in module mode, because %s", type(model).__name__, reason)
 
 
 def metrics_key(step: StepSpec, info: dict[str, Any]) -> str:
@@ -208,7 +238,8 @@ def _run_steps(spec: PipelineSpec, ctx: PassContext, report: dict[str, Any], ins
             for step, entry in zip(spec.steps, entries):
                 if "metrics" in entry["info"]:
                     report["metrics"][metrics_key(step, entry["info"])] = entry["info"]["metrics"]
-        report["capture"] = {"seconds": time.perf_counter() - t0, "nodes": len(mg.nodes)}
+        report["capture"] = {"seconds": time.perf_counter() - t0, "mode": getattr(mg, "capture", "graph"),
+                             "nodes": len(mg.nodes)}
         base = (Timing(), GraphChange(), *((VerifyAfterEach(),) if spec.verify_each else ()), *instruments)
         bar = tqdm(total=len(spec.steps), initial=done, desc=spec.name, unit="step", disable=None)
         for i in range(done, len(spec.steps)):
@@ -218,12 +249,13 @@ def _run_steps(spec: PipelineSpec, ctx: PassContext, report: dict[str, Any], ins
             keep = _Keep()
             draw = (DrawAfter(ctx.output_dir, f"step{i:02d}"),) if step.draw_after else ()
             ctx.instruments = (*base, *draw, keep)
-            mg, info = run_pass(get_pass(step.pass_name), mg, step.params, ctx, where=f"steps.{i}")
+            outcome = run_pass(get_pass(step.pass_name), mg, step.params, ctx, where=f"steps.{i}")
+            mg, info = outcome
             entry = {"pass": step.pass_name, "info": info}
             entry.update({k: v for k, v in keep.record.items() if not k.startswith("_")})
             entry = final(entry)
-            if "metrics" in entry["info"]:
-                report["metrics"][metrics_key(step, entry["info"])] = entry["info"]["metrics"]
+            if outcome.result.metrics is not None:
+                report["metrics"][metrics_key(step, entry["info"])] = final(outcome.result.metrics)
             report["steps"].append(entry)
             logger.info("step %d %s: %.3f s", i, step.pass_name, entry.get("seconds", 0.0))
             if cache is not None:

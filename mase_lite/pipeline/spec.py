@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 
-from mase_lite.errors import UserError, validation_problems
+from mase_lite.errors import Scope, UserError, validation_problems
 from mase_lite.plugins import import_plugins
 from mase_lite.passes.manager import BASE_FACTS, MissingRequirement, check_requirements
 from mase_lite.passes.registry import all_passes, get_pass, pass_names
@@ -82,6 +82,10 @@ class _PipelineBase(BaseModel):
         None, description="example inputs of a model that is not a transformers model"
     )
     data: DataSpec | None = Field(default_factory=DataSpec, description="the run's data; null for none")
+    capture: Literal["graph", "modules", "auto"] = Field(
+        "graph", description="graph: capture with torch.export; modules: run the passes on the plain nn.Module "
+        "(module mode: passes that need no graph); auto: graph, else modules when torch.export refuses the model",
+    )
     steps: list[StepSpec] = Field(default_factory=list, description="passes, run in order")
     device: str = Field(
         "auto", pattern=DEVICE_PATTERN,
@@ -210,7 +214,7 @@ def check_pipeline(spec: PipelineSpec) -> None:
     check_head(spec.model)
     if spec.data is not None:
         check_task_fields(spec.data, spec.model.task)
-    problems: list[UserError] = []
+    problems: list[UserError] = graph_steps(spec) if spec.capture == "modules" else []
     facts = set(BASE_FACTS) | ({"data"} if spec.data is not None else set())
     for i, step in enumerate(spec.steps):
         info = get_pass(step.pass_name)
@@ -223,6 +227,15 @@ def check_pipeline(spec: PipelineSpec) -> None:
         facts = (facts - info.drops(facts - {"data"})) | set(BASE_FACTS) | set(info.provides)
     if problems:
         raise UserError("pipeline check failed:", problems=problems)
+
+
+def graph_steps(spec: PipelineSpec) -> list[UserError]:
+    """One problem per step whose pass needs the captured graph, which module mode does not have."""
+    return [
+        UserError("needs the captured data-flow graph, which module mode does not have; capture the model "
+                  "(\"capture\": \"graph\") or leave the step out", location=("steps", i, Scope(f"({step.pass_name})")))
+        for i, step in enumerate(spec.steps) if get_pass(step.pass_name).needs_graph
+    ]
 
 
 def pipeline_schema() -> dict[str, Any]:

@@ -152,11 +152,12 @@ def select(nodes: list[Node], selector: NodeSelector) -> list[str]:
     return chosen
 
 
-_CAPTURE_KEYS = ("plugins", "model", "data", "inputs", "example_inputs", "seed")  # what a captured graph depends on
+_CAPTURE_KEYS = ("plugins", "model", "data", "inputs", "example_inputs", "capture", "seed")  # what a captured graph depends on
 
 
 def captured_nodes(pipeline: dict) -> list[Node]:
-    """The nodes of the pipeline's model as a run captures it before any step (cached per model, data and inputs)."""
+    """The nodes of the pipeline's model as a run captures it (or holds it, in module mode) before any step
+    (cached per model, data, inputs and capture mode)."""
     key = json.dumps({k: pipeline[k] for k in _CAPTURE_KEYS if k in pipeline}, sort_keys=True, default=str)
     return _capture(key)
 
@@ -169,7 +170,7 @@ def _capture(key: str) -> list[Node]:
     with tempfile.TemporaryDirectory() as scratch:  # the data's caches, not kept
         mg, _ = build_graph(spec, Path(scratch))
     nodes = []
-    for n in mg.model.graph.nodes:
+    for n in mg.nodes:
         meta = n.meta.get("mase", {})
         weight = (meta.get("params") or {}).get("weight")
         shape = tuple(weight["shape"]) if weight and all(isinstance(d, int) for d in weight["shape"]) else None

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from mase_lite.ir.shapes import check_dims, concrete
 from mase_lite.numerics import bits_per_element
-from mase_lite.passes.registry import PassParams, register_pass
+from mase_lite.passes.registry import PassParams, PassResult, register_pass
 
 # Ops whose inputs are the activations a precision search cares about.
 COMPUTE_OPS = ("linear", "hf_conv1d", "conv1d", "conv2d", "conv3d", "matmul", "bmm")
@@ -34,20 +34,22 @@ def _average(pairs: list[tuple[int, float]]) -> float | None:
     return sum(n * b for n, b in pairs) / total if total else None
 
 
-@register_pass("avg_bits", kind="analysis", params=AvgBitsParams, metrics=("weights", "activations"))
+@register_pass("avg_bits", kind="analysis", params=AvgBitsParams, metrics=("weights", "activations"), needs_graph=False)
 def avg_bits_pass(mg, params: AvgBitsParams):
     """Average stored bits per element of weights and of activations (inputs) of compute ops.
 
     Shared scales count (an MXINT8 weight is 8.25 bits). ``weights`` and ``activations`` are also the
     run's metrics (``avg_bits.weights`` in report.json). Example:
-    ``ml.passes.avg_bits(mg)[1]["weights"]`` → 32.0 before quantization.
+    ``ml.passes.avg_bits(mg)[1]["weights"]`` → 32.0 before quantization. In module mode activations are
+    sized by one run on the model's example inputs (``None`` without examples).
     """
-    if "dims" in params.model_fields_set:  # the defaults name dims a graph may lack
+    observe = getattr(mg, "observed_nodes", None)  # module mode: concrete shapes, no symbolic dims
+    if "dims" in params.model_fields_set and observe is None:  # the defaults name dims a graph may lack
         check_dims(params.dims, mg, "dims")
     weights: list[tuple[int, float]] = []
     acts: list[tuple[int, float]] = []
     per_node = {}
-    for node in mg.model.graph.nodes:
+    for node in observe() if observe is not None else mg.nodes:
         meta = node.meta["mase"]
         if meta["op"] not in params.ops:
             continue
@@ -57,10 +59,9 @@ def avg_bits_pass(mg, params: AvgBitsParams):
         acts += a
         per_node[node.name] = {"weights": _average(w), "activations": _average(a)}
     summary = {"weights": _average(weights), "activations": _average(acts)}
-    return mg, {
+    return PassResult({
         **summary,
-        "metrics": summary,
         "weight_elements": sum(n for n, _ in weights),
         "activation_elements": sum(n for n, _ in acts),
         "per_node": per_node,
-    }
+    }, metrics=summary)

@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 from pydantic import Field
 
-from mase_lite.passes.registry import register_pass
+from mase_lite.passes.registry import PassResult, register_pass
 from mase_lite.passes.select import Selection, select_nodes
 
 QUANTIZABLE_OPS = ["linear", "hf_conv1d", "conv1d", "conv2d", "matmul", "bmm"]
@@ -122,4 +122,4 @@ def calibrate_pass(mg, params: CalibrateParams, ctx):
     for n in nodes:
         n.meta["mase"]["calibration"] = {op: summary(r) for op, r in results[n.name].items()}
     mg.analyses["calibration"] = results
-    return mg, {"nodes": {name: {op: summary(r) for op, r in ops.items()} for name, ops in results.items()}}
+    return PassResult({"nodes": {name: {op: summary(r) for op, r in ops.items()} for name, ops in results.items()}})

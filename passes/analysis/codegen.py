@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from mase_lite.passes.registry import PassParams, register_pass
+from mase_lite.passes.registry import PassParams, PassResult, register_pass
 
 
 class CodegenParams(PassParams):
@@ -23,4 +23,4 @@ def codegen_pass(mg, params: CodegenParams, ctx):
     """
     from mase_lite.codegen import write_package
 
-    return mg, write_package(mg, ctx.path(params.path), params.class_name)
+    return PassResult(write_package(mg, ctx.path(params.path), params.class_name))

@@ -8,7 +8,7 @@ from collections import Counter
 from pydantic import Field
 
 from mase_lite.ir.shapes import check_dims, numel
-from mase_lite.passes.registry import PassParams, register_pass
+from mase_lite.passes.registry import PassParams, PassResult, register_pass
 
 
 class CountParams(PassParams):
@@ -68,8 +68,7 @@ def count_pass(mg, params: CountParams):
     for node in mg.model.graph.nodes:
         macs_by_op[node.meta["mase"]["op"]] += macs_by_node.get(node.name, 0)
     metrics = {"parameters": params_total, "trainable_parameters": trainable, "macs": sum(macs_by_node.values())}
-    return mg, {
-        "metrics": metrics,
+    return PassResult({
         "parameters": params_total,
         "trainable_parameters": trainable,
         "nodes": sum(ops.values()),
@@ -78,4 +77,4 @@ def count_pass(mg, params: CountParams):
         "macs": sum(macs_by_node.values()),
         "macs_by_op": {k: v for k, v in sorted(macs_by_op.items()) if v},
         "macs_by_node": macs_by_node,
-    }
+    }, metrics=metrics)

@@ -9,7 +9,7 @@ Example::
 from __future__ import annotations
 
 from mase_lite.viz.draw import DrawOptions, render
-from mase_lite.passes.registry import PassParams, register_pass
+from mase_lite.passes.registry import PassParams, PassResult, register_pass
 
 
 class DrawParams(PassParams, DrawOptions):
@@ -23,4 +23,4 @@ def draw_pass(mg, params: DrawParams, ctx):
     info = {"path": str(path)}
     if drawing is not None:
         info.update(boxes=drawing.boxes, folded=drawing.folded, note=drawing.note)
-    return mg, info
+    return PassResult(info)

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from mase_lite.passes.registry import PassParams, register_pass
+from mase_lite.passes.registry import PassParams, PassResult, register_pass
 from mase_lite.train.evaluator import evaluate_model
 
 
@@ -33,7 +33,8 @@ def metric_names(params: EvaluateParams, task: str) -> list[str]:
     return ["accuracy", "loss", "n", "per_class.*", *(["top5"] if task == "image-classification" else [])]
 
 
-@register_pass("evaluate", kind="analysis", params=EvaluateParams, requires=("data",), metrics=metric_names)
+@register_pass("evaluate", kind="analysis", params=EvaluateParams, requires=("data",), metrics=metric_names,
+               needs_graph=False)
 def evaluate_pass(mg, params: EvaluateParams, ctx):
     """Accuracy, mean cross-entropy, per-class counts and the confusion matrix on a data split."""
     metrics = evaluate_model(
@@ -44,4 +45,4 @@ def evaluate_pass(mg, params: EvaluateParams, ctx):
         input_names=mg.input_names,
         progress=params.progress,
     )
-    return mg, {"metrics": metrics, "label": params.label}
+    return PassResult({}, metrics=metrics, label=params.label)

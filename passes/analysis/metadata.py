@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from mase_lite.ir import meta
-from mase_lite.passes.registry import register_pass
+from mase_lite.passes.registry import PassResult, register_pass
 
 
 @register_pass("metadata", kind="analysis", provides=("metadata",))
@@ -16,4 +16,4 @@ def metadata_pass(mg, params):
     """
     meta.refresh(mg)
     ops = Counter(n.meta["mase"]["op"] for n in mg.model.graph.nodes)
-    return mg, {"nodes": sum(ops.values()), "ops": dict(sorted(ops.items()))}
+    return PassResult({"nodes": sum(ops.values()), "ops": dict(sorted(ops.items()))})

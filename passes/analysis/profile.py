@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 from pydantic import Field
 
-from mase_lite.passes.registry import register_pass
+from mase_lite.passes.registry import PassResult, register_pass
 from mase_lite.passes.select import Selection, select_nodes
 
 
@@ -138,4 +138,4 @@ def profile_pass(mg, params: ProfileParams, ctx):
     for n in nodes:
         n.meta["mase"]["profile"] = results[n.name]
     mg.analyses["profile"] = results
-    return mg, {"nodes": results}
+    return PassResult({"nodes": results})

@@ -8,7 +8,7 @@ from pydantic import Field
 from tqdm import tqdm
 
 from mase_lite.errors import ensure_dir
-from mase_lite.passes.registry import PassParams, register_pass
+from mase_lite.passes.registry import PassParams, PassResult, register_pass
 
 COLUMNS = ("name", "op", "module", "inputs", "output", "format")
 
@@ -75,4 +75,4 @@ def report_pass(mg, params: ReportParams, ctx):
     js.write_text(json.dumps(rows, indent=2))
     if params.console:
         tqdm.write(console_table(rows))
-    return mg, {"rows": len(rows), "markdown": str(md), "json": str(js)}
+    return PassResult({"rows": len(rows), "markdown": str(md), "json": str(js)})

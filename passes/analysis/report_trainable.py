@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import logging
 
-from mase_lite.passes.registry import NoParams, register_pass
+from mase_lite.passes.registry import NoParams, PassResult, register_pass
 
 logger = logging.getLogger(__name__)
 
 
-@register_pass("report_trainable", kind="analysis", params=NoParams)
+@register_pass("report_trainable", kind="analysis", params=NoParams, needs_graph=False)
 def report_trainable(mg, params: NoParams):
     """Count trainable and total parameters per module that owns parameters."""
     seen: set[int] = set()
@@ -42,4 +42,4 @@ def report_trainable(mg, params: NoParams):
     trainable = sum(m["trainable"] for m in modules.values())
     total = sum(m["total"] for m in modules.values())
     logger.info("trainable parameters: %d of %d (%.2f%%)", trainable, total, 100.0 * trainable / max(total, 1))
-    return mg, {"modules": modules, "trainable": trainable, "total": total, "fraction": trainable / total if total else 0.0}
+    return PassResult({"modules": modules, "trainable": trainable, "total": total, "fraction": trainable / total if total else 0.0})

@@ -25,7 +25,7 @@ import torch
 from pydantic import Field
 
 from mase_lite.nn.pruning import activation_pruner_of, weight_mask_of
-from mase_lite.passes.registry import register_pass
+from mase_lite.passes.registry import PassResult, register_pass
 from mase_lite.passes.select import Selection, select_nodes
 from mase_lite.passes.transforms.prune import PRUNABLE_OPS
 
@@ -36,7 +36,8 @@ class SparsityParams(Selection):
     targets: list[str] = Field(default_factory=lambda: list(PRUNABLE_OPS), description="ops, node names or patterns")
 
 
-@register_pass("sparsity", kind="analysis", params=SparsityParams, metrics=("weights", "activations"))
+@register_pass("sparsity", kind="analysis", params=SparsityParams, metrics=("weights", "activations"),
+               needs_graph=False)
 def sparsity(mg, params: SparsityParams):
     """Report achieved weight and activation sparsity per node, and over all selected weights."""
     nodes = select_nodes(mg, params.by, params.targets, params.allow_empty, modules_only=True)
@@ -60,4 +61,4 @@ def sparsity(mg, params: SparsityParams):
     metrics = {"weights": zeros / total} if total else {}
     if achieved:
         metrics["activations"] = sum(achieved) / len(achieved)
-    return mg, {"nodes": report, "weight_sparsity": zeros / total if total else None, "metrics": metrics}
+    return PassResult({"nodes": report, "weight_sparsity": zeros / total if total else None}, metrics=metrics)

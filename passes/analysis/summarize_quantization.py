@@ -22,7 +22,7 @@ from typing import Any
 import torch.fx as fx
 
 from mase_lite.numerics import bits_per_element
-from mase_lite.passes.registry import NoParams, register_pass
+from mase_lite.passes.registry import NoParams, PassResult, register_pass
 
 
 def _known_shape(entry: dict[str, Any]) -> list[int] | None:
@@ -61,4 +61,4 @@ def summarize_quantization(mg, params: NoParams):
         }
         for name in sorted({fmt["name"] for fmt in formats.values()}):
             by_format[name] = by_format.get(name, 0) + 1
-    return mg, {"nodes": nodes, "count": len(nodes), "by_format": dict(sorted(by_format.items()))}
+    return PassResult({"nodes": nodes, "count": len(nodes), "by_format": dict(sorted(by_format.items()))})

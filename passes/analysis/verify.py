@@ -7,7 +7,7 @@ from pydantic import Field
 
 from mase_lite.ir.capture import compare_with_model
 from mase_lite.ir.meta import dtype_name, logical_name
-from mase_lite.passes.registry import PassError, PassParams, register_pass
+from mase_lite.passes.registry import PassError, PassParams, PassResult, register_pass
 
 
 class VerifyParams(PassParams):
@@ -79,4 +79,4 @@ def verify_pass(mg, params: VerifyParams):
     unknown = sorted({n.meta["mase"].get("target", "") for n in mg.model.graph.nodes if n.meta.get("mase", {}).get("op") == "unknown"})
     if problems and params.strict:
         raise PassError("verify found problems:\n" + "\n".join(problems))
-    return mg, {"ok": not problems, "problems": problems, "unknown_ops": unknown}
+    return PassResult({"ok": not problems, "problems": problems, "unknown_ops": unknown})

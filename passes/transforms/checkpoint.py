@@ -20,7 +20,7 @@ from pydantic import Field
 from mase_lite.errors import UserError, ensure_dir
 from mase_lite.files import recover, staged_directory
 from mase_lite.ir.serialize import RECIPE
-from mase_lite.passes.registry import PassError, PassParams, register_pass
+from mase_lite.passes.registry import PassError, PassParams, PassResult, register_pass
 from mase_lite.passes.replay import load_graph
 from mase_lite.train.tokenizer import load_tokenizer, same_vocabulary
 from mase_lite.trust import trusted, trusting
@@ -55,7 +55,7 @@ def _check_replaceable(target: Path) -> None:
         raise PassError(f"{target} exists and is not a checkpoint; refusing to replace it")
 
 
-@register_pass("save", kind="analysis", params=SaveParams)
+@register_pass("save", kind="analysis", params=SaveParams, needs_graph=False)
 def save_pass(mg, params: SaveParams, ctx):
     """Save weights, recipe and tokenizer to a checkpoint directory (whole or not at all)."""
     target = ctx.path(params.path)
@@ -69,7 +69,7 @@ def save_pass(mg, params: SaveParams, ctx):
     files = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
     size = sum((target / f).stat().st_size for f in files)
     logger.info("saved a checkpoint to %s (%d bytes)", target, size)
-    return mg, {"path": str(target), "files": files, "bytes": size}
+    return PassResult({"path": str(target), "files": files, "bytes": size})
 
 
 def _find_checkpoint(ctx, path: str) -> Path:
@@ -101,7 +101,7 @@ def _check_against_data(model, data, where: Path) -> None:
         )
 
 
-@register_pass("load", kind="transform", params=LoadParams, replay=False)
+@register_pass("load", kind="transform", params=LoadParams, replay=False, needs_graph=False)
 def load_pass(mg, params: LoadParams, ctx):
     """Replace the graph by a checkpoint's (rebuilt from its recipe); the run's data is re-tokenized if needed."""
     where = _find_checkpoint(ctx, params.path)
@@ -121,4 +121,4 @@ def load_pass(mg, params: LoadParams, ctx):
         _check_against_data(loaded.source_model, data, where)
     retokenized = data is not ctx.data
     ctx.data = data
-    return loaded, {"path": str(where), "retokenized": retokenized}
+    return PassResult({"path": str(where), "retokenized": retokenized}, graph=loaded)

@@ -16,7 +16,7 @@ import logging
 
 from pydantic import Field
 
-from mase_lite.passes.registry import PassParams, register_pass
+from mase_lite.passes.registry import PassParams, PassResult, register_pass
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,5 @@ def dead_code(mg, params: DeadCodeParams):
         modules_before = set(dict(mg.model.named_modules()))
         mg.model.delete_all_unused_submodules()
         deleted = sorted(modules_before - set(dict(mg.model.named_modules())))
-    mg.recompile()
     logger.info("dead code: %d nodes erased, %d modules deleted", len(removed), len(deleted))
-    return mg, {"removed_nodes": sorted(removed), "deleted_modules": deleted}
+    return PassResult({"removed_nodes": sorted(removed), "deleted_modules": deleted})

@@ -31,7 +31,7 @@ import torch.nn as nn
 
 from mase_lite.nn.pruning import attach_weight_mask, share_activation_pruner, weight_mask_of
 from mase_lite.nn.quantized import quantized_like
-from mase_lite.passes.registry import NoParams, register_pass
+from mase_lite.passes.registry import NoParams, PassResult, register_pass
 
 logger = logging.getLogger(__name__)
 
@@ -117,5 +117,4 @@ def fold_batchnorm(mg, params: NoParams):
         folded.append({"into": producer.name, "batch_norm": node.name})
     if mg.model.training and folded:
         logger.warning("fold_batchnorm: the model is in train mode; folded BatchNorms use running statistics")
-    mg.recompile()
-    return mg, {"folded": folded}
+    return PassResult({"folded": folded})

@@ -47,7 +47,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from mase_lite.ir.modules import ScaledDotProductAttention
-from mase_lite.passes.registry import NoParams, register_pass
+from mase_lite.passes.registry import NoParams, PassResult, register_pass
 
 logger = logging.getLogger(__name__)
 
@@ -280,9 +280,8 @@ def fuse_sdpa(mg, params: NoParams):
         if found is not None:
             fused.append({"node": fuse_one(mg.model, found), "scale": found.scale, "dropout_p": found.dropout_p,
                           "masked": found.mask is not None})
-    mg.recompile()
     logger.info("fused %d attention blocks", len(fused))
-    return mg, {"fused": fused}
+    return PassResult({"fused": fused})
 
 
 def sdpa_arguments(node: fx.Node, modules: dict[str, nn.Module]) -> dict[str, Any] | None:
@@ -348,5 +347,4 @@ def unfuse_sdpa(mg, params: NoParams):
             continue
         unfused.append(node.name)
         unfuse_one(mg.model, node, a)
-    mg.recompile()
-    return mg, {"unfused": unfused, "kept": kept}
+    return PassResult({"unfused": unfused, "kept": kept})

@@ -28,7 +28,7 @@ from torch.nn.utils import parametrize
 
 from mase_lite.ir.capture import caches_off
 from mase_lite.nn.gptq import gptq
-from mase_lite.passes.registry import PassError, register_pass
+from mase_lite.passes.registry import PassError, PassResult, register_pass
 from mase_lite.passes.select import Selection, select_nodes
 from mase_lite.train.batches import model_inputs
 
@@ -171,7 +171,7 @@ def gptq_pass(mg, params: GPTQParams, ctx):
     layers = {name: modules[name] for name in names if getattr(modules[name], "weight_quantizer", None) is not None}
     skipped = [name for name in names if name not in layers]
     if not names and params.allow_empty:  # a search chose no layer for GPTQ
-        return mg, {"layers": {}, "skipped": [], "error": 0.0, "rtn_error": 0.0, "seconds": 0.0, "calibration_rows": 0}
+        return PassResult({"layers": {}, "skipped": [], "error": 0.0, "rtn_error": 0.0, "seconds": 0.0, "calibration_rows": 0})
     if not layers:
         raise PassError(f"no selected layer has a weight format to quantize to ({', '.join(skipped[:5]) or 'none selected'}): "
                         "run quantize (with a weight format) before gptq")
@@ -203,5 +203,6 @@ def gptq_pass(mg, params: GPTQParams, ctx):
     finally:
         model.train(was_training)
     error, rtn = sum(r["error"] for r in report.values()), sum(r["rtn_error"] for r in report.values())
-    return mg, {"layers": report, "skipped": skipped, "error": error, "rtn_error": rtn, "seconds": time.perf_counter() - t0,
-                "calibration_rows": sum(len(next(iter(b.values()))) for b in batches)}
+    return PassResult({"layers": report, "skipped": skipped, "error": error, "rtn_error": rtn,
+                       "seconds": time.perf_counter() - t0,
+                       "calibration_rows": sum(len(next(iter(b.values()))) for b in batches)})

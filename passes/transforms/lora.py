@@ -24,7 +24,7 @@ from pydantic import AliasChoices, Field
 
 from mase_lite.limits import check_fits
 from mase_lite.nn.lora import FrozenParameters, LoRALinear, freeze_records, frozen_by_lora
-from mase_lite.passes.registry import PassError, register_pass
+from mase_lite.passes.registry import PassError, PassResult, register_pass
 from mase_lite.passes.select import Selection, select_modules
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def _release(linear: nn.Module, model: nn.Module) -> None:
         record.params = [p for p in record.params if id(p) not in own]
 
 
-@register_pass("lora", kind="transform", params=LoRAParams)
+@register_pass("lora", kind="transform", params=LoRAParams, needs_graph=False)
 def lora(mg, params: LoRAParams):
     """Replace each selected ``nn.Linear`` with a ``LoRALinear`` wrapping it."""
     modules = mg.modules
@@ -98,8 +98,7 @@ def lora(mg, params: LoRAParams):
         record = freeze_all_but_adapters(mg.model)
         for adapter in adapters:
             adapter.frozen_with = record
-    mg.refresh_metadata()
     trainable = sum(p.numel() for p in mg.model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in mg.model.parameters())
     logger.info("LoRA on %d Linears; %d of %d parameters trainable", len(targets), trainable, total)
-    return mg, {"adapted": list(targets.values()), "trainable": trainable, "total": total}
+    return PassResult({"adapted": list(targets.values()), "trainable": trainable, "total": total})

@@ -22,7 +22,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from mase_lite.nn.lora import LoRALinear, freeze_records, frozen_by_lora
-from mase_lite.passes.registry import PassError, register_pass
+from mase_lite.passes.registry import PassError, PassResult, register_pass
 from mase_lite.passes.select import Selection, select_modules
 
 
@@ -32,7 +32,7 @@ class LoRAMergeParams(Selection):
     targets: list[str] = Field(default_factory=lambda: [LoRALinear.mase_op], description="ops, node names or patterns")
 
 
-@register_pass("lora_merge", kind="transform", params=LoRAMergeParams)
+@register_pass("lora_merge", kind="transform", params=LoRAMergeParams, needs_graph=False)
 def lora_merge(mg, params: LoRAMergeParams):
     """Replace each selected ``LoRALinear`` with the equivalent ``nn.Linear``."""
     modules = mg.modules
@@ -48,4 +48,4 @@ def lora_merge(mg, params: LoRAMergeParams):
         for p in record.params:
             if id(p) not in still_frozen:
                 p.requires_grad_(True)
-    return mg, {"merged": list(merged.values())}
+    return PassResult({"merged": list(merged.values())})

@@ -18,7 +18,7 @@ import torch
 from pydantic import Field
 
 from mase_lite.nn.pruning import ActivationPruner, attach_activation_pruner, attach_weight_mask, weight_masks
-from mase_lite.passes.registry import PassError, PassParams, register_pass
+from mase_lite.passes.registry import PassError, PassParams, PassResult, register_pass
 from mase_lite.passes.select import Selection, select_modules
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def _granularity(name: str) -> str:
     return "unstructured" if name == "elementwise" else name
 
 
-@register_pass("prune", kind="transform", params=PruneParams)
+@register_pass("prune", kind="transform", params=PruneParams, needs_graph=False)
 def prune(mg, params: PruneParams):
     """Prune weights (masks saved with the model) and/or input activations (hooks) of the selected modules."""
     modules = mg.modules
@@ -93,6 +93,5 @@ def prune(mg, params: PruneParams):
             attach_activation_pruner(modules[target], ActivationPruner(a.sparsity, a.method, seed=a.seed + index))
             report[name]["activation_sparsity"] = a.sparsity
 
-    mg.refresh_metadata()
     logger.info("pruned %d modules", len(by_target))
-    return mg, {"nodes": report}
+    return PassResult({"nodes": report})

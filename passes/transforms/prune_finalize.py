@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import Field
 
 from mase_lite.nn.pruning import bake_weight_mask, detach_activation_pruner
-from mase_lite.passes.registry import PassParams, register_pass
+from mase_lite.passes.registry import PassParams, PassResult, register_pass
 
 
 class PruneFinalizeParams(PassParams):
@@ -28,7 +28,7 @@ class PruneFinalizeParams(PassParams):
     activations: Literal["keep", "remove"] = Field("keep", description="keep or remove activation-pruning hooks")
 
 
-@register_pass("prune_finalize", kind="transform", params=PruneFinalizeParams)
+@register_pass("prune_finalize", kind="transform", params=PruneFinalizeParams, needs_graph=False)
 def prune_finalize(mg, params: PruneFinalizeParams):
     """Write every weight mask into its weight (same Parameter objects) and drop the masks."""
     baked, unhooked = [], []
@@ -37,5 +37,4 @@ def prune_finalize(mg, params: PruneFinalizeParams):
             baked.append(name)
         if params.activations == "remove" and detach_activation_pruner(module):
             unhooked.append(name)
-    mg.refresh_metadata()
-    return mg, {"baked": baked, "activation_hooks_removed": unhooked}
+    return PassResult({"baked": baked, "activation_hooks_removed": unhooked})

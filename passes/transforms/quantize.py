@@ -30,6 +30,7 @@ the ``calibrate`` pass run before — by ``calibration.method`` (minmax, percent
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from dataclasses import dataclass
@@ -42,12 +43,13 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from mase_lite.errors import UserError
+from mase_lite.ir.meta import module_class
 from mase_lite.ir.ops import function_packet_name
 from mase_lite.nn.quant_config import FUNCTION_OPERANDS, LAYER_OPERANDS, OperandFormat, QuantConfig, QuantSpec, resolve
 from mase_lite.numerics.calibration import AUTO, Method, auto_keys, choose
 from mase_lite.nn.quant_functional import QUANTIZED_FUNCTIONS, QuantizedFunction
 from mase_lite.nn.quantized import is_quantizable_layer, quantize_module
-from mase_lite.passes.registry import PassError, PassParams, register_pass
+from mase_lite.passes.registry import PassError, PassParams, PassResult, register_pass
 from mase_lite.passes.select import SelectBy, node_matches
 
 logger = logging.getLogger(__name__)
@@ -197,7 +199,7 @@ def _check_rules_matched(mg, params: QuantizeParams, matched: set[str], modules:
     for key in params.rules:
         if key in matched:
             continue
-        hits = [n for n in mg.model.graph.nodes if _matches(n, params.by, key)]
+        hits = [n for n in mg.nodes if _matches(n, params.by, key)]
         quantizable_hits = [n.name for n in hits if _kind(n, modules)]
         if quantizable_hits:
             problem = PassError(f"every node it matches ({', '.join(quantizable_hits[:5])}) is taken by an earlier rule",
@@ -210,7 +212,7 @@ def _check_rules_matched(mg, params: QuantizeParams, matched: set[str], modules:
                 location=("rules", key),
             )
         else:
-            quantizable = sorted({n.name for n in mg.model.graph.nodes if _kind(n, modules)})
+            quantizable = sorted({n.name for n in mg.nodes if _kind(n, modules)})
             listed = ", ".join(quantizable[:40]) or "none"
             problem = PassError(f"matches no node (by {params.by}); quantizable nodes: {listed}", location=("rules", key))
         if not params.allow_unmatched:
@@ -220,9 +222,9 @@ def _check_rules_matched(mg, params: QuantizeParams, matched: set[str], modules:
 
 def _check_default_applies(mg, params: QuantizeParams, modules: dict[str, nn.Module]) -> None:
     """A ``default`` on a graph without any Linear/Conv node (e.g. all wrapped by LoRA) quantizes nothing: say so."""
-    if params.default is None or any(_kind(n, modules) == "layer" for n in mg.model.graph.nodes):
+    if params.default is None or any(_kind(n, modules) == "layer" for n in mg.nodes):
         return
-    ops = sorted({str(n.meta["mase"]["op"]) for n in mg.model.graph.nodes if n.op == "call_module"})
+    ops = sorted({str(n.meta["mase"]["op"]) for n in mg.nodes if n.op == "call_module"})
     problem = PassError(
         f"the graph has no Linear/Conv1d/Conv2d node for it to quantize "
         f"(module ops: {', '.join(ops) or 'none'}); merge LoRA adapters first (lora_merge), or set allow_unmatched",
@@ -241,7 +243,7 @@ def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str]]:
     skipped: list[str] = []
     matched: set[str] = set()
     parsed: dict[tuple[str, str], QuantConfig | None] = {}
-    for node in mg.model.graph.nodes:
+    for node in mg.nodes:
         kind = _kind(node, modules)
         if kind is None:
             continue
@@ -329,7 +331,7 @@ def _calibrated(mg, node: fx.Node, modules: dict[str, nn.Module], config: QuantC
 
 def _check_weight_unshared(mg, node: fx.Node, where: str) -> None:
     """A packed layer has no float weight: refuse when the graph reads that weight elsewhere (tied weights)."""
-    readers = [n for n in mg.model.graph.nodes if n.op == "get_attr" and n.target == f"{node.target}.weight"]
+    readers = [n for n in mg.nodes if n.op == "get_attr" and n.target == f"{node.target}.weight"]
     if readers:
         users = ", ".join(u.name for r in readers for u in r.users) or readers[0].name
         raise PassError(
@@ -379,7 +381,6 @@ def _apply_all(mg, plan: list[_Planned]) -> None:
     try:
         for planned in plan:
             _apply(mg, planned)
-        mg.recompile()
     except Exception as err:
         for target, module in saved_modules.items():
             mg.replace_module(target, module)
@@ -388,7 +389,6 @@ def _apply_all(mg, plan: list[_Planned]) -> None:
         for name in set(mg.modules) - added:
             if "." not in name:
                 delattr(mg.model, name)
-        mg.recompile()
         if isinstance(err, PassError):
             raise
         raise PassError(f"quantizing failed, the graph is as before: {type(err).__name__}: {err}") from err
@@ -404,9 +404,12 @@ def _operand_of_inputs(node: fx.Node, kind: str) -> dict[fx.Node, str]:
 
 
 def _annotate(node: fx.Node, planned: _Planned) -> dict[str, Any]:
-    """Write the operand formats into ``node.meta["mase"]`` (dtype names where not quantized)."""
+    """Write the operand formats into ``node.meta["mase"]`` (dtype names where not quantized), under the
+    new module's class, so the pass manager's metadata refresh keeps them. The metadata is copied first:
+    a copied graph (``copy.deepcopy``) shares its nodes' metadata dicts with the original until a refresh."""
     formats = planned.config.formats()
-    meta = node.meta["mase"]
+    meta = node.meta["mase"] = copy.deepcopy(node.meta["mase"])
+    meta["module"] = module_class(planned.module).__name__
     inputs = _operand_of_inputs(node, planned.kind)
     for inp, entry in zip(node.all_input_nodes, meta["args"]):
         if entry is not None:
@@ -421,11 +424,14 @@ def _annotate(node: fx.Node, planned: _Planned) -> dict[str, Any]:
     return formats
 
 
-@register_pass("quantize", kind="transform", params=QuantizeParams)
+@register_pass("quantize", kind="transform", params=QuantizeParams, needs_graph=False)
 def quantize(mg, params: QuantizeParams):
-    """Swap matched Linear/Conv modules and matmul/bmm/add/mul nodes for quantized ones; formats go to metadata."""
+    """Swap matched Linear/Conv modules and matmul/bmm/add/mul nodes for quantized ones; formats go to metadata.
+
+    On a plain module (module mode) the Linear/Conv modules are quantized; matmul, bmm, add and mul are
+    functions there, not modules, so rules can select modules only."""
     if params.bypass:
-        return mg, {"bypassed": True, "replaced": [], "skipped": []}
+        return PassResult({"bypassed": True, "replaced": [], "skipped": []})
     plan, skipped = _plan(mg, params)
     _apply_all(mg, plan)
     replaced = []
@@ -443,4 +449,4 @@ def quantize(mg, params: QuantizeParams):
                 }
             )
     logger.info("quantized %d nodes (%d left alone by a null config)", len(replaced), len(skipped))
-    return mg, {"replaced": replaced, "skipped": skipped, "count": len(replaced)}
+    return PassResult({"replaced": replaced, "skipped": skipped, "count": len(replaced)})

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 from pydantic import Field
 
-from mase_lite.passes.registry import register_pass
+from mase_lite.passes.registry import PassResult, register_pass
 from mase_lite.passes.select import Selection, select_nodes
 
 logger = logging.getLogger(__name__)
@@ -52,6 +52,5 @@ def remove_dropout(mg, params: RemoveDropoutParams):
         node.replace_all_uses_with(node.args[0])
         mg.model.graph.erase_node(node)
         removed.append(node.name)
-    mg.recompile()
     logger.info("removed %d dropout nodes", len(removed))
-    return mg, {"removed": removed}
+    return PassResult({"removed": removed})

@@ -23,7 +23,7 @@ import torch.nn as nn
 from pydantic import ConfigDict, Field
 
 from mase_lite.nn.replacements import build_replacement
-from mase_lite.passes.registry import PassError, PassParams, register_pass
+from mase_lite.passes.registry import PassError, PassParams, PassResult, register_pass
 from mase_lite.passes.select import Selection, select_nodes
 
 logger = logging.getLogger(__name__)
@@ -85,12 +85,22 @@ def _signature(value: Any) -> Any:
 
 
 def check_fits(node: fx.Node, new: nn.Module, label: str) -> None:
-    """Fail unless ``new`` takes ``node``'s example inputs and returns its output shapes and dtypes."""
-    reference = next(iter(list(new.parameters()) + list(new.buffers())), None)
-    device = reference.device if reference is not None else torch.device("cpu")
-    args, kwargs = _example_args(node, device)
+    """Fail unless ``new`` takes ``node``'s example inputs and returns its output shapes and dtypes.
+
+    In module mode the inputs and output are those of the module's first call on the example inputs
+    (a model without examples is not checked)."""
+    call = getattr(node, "call", None)
+    if hasattr(node, "call") and call is None:
+        logger.warning("replace: %s in place of %s is not checked: the model has no example inputs", label, node.name)
+        return
+    if call is not None:
+        args, kwargs, expected = call
+    else:
+        reference = next(iter(list(new.parameters()) + list(new.buffers())), None)
+        device = reference.device if reference is not None else torch.device("cpu")
+        args, kwargs = _example_args(node, device)
+        expected = node.meta.get("val")
     inputs = ", ".join(_describe(a) for a in args if isinstance(a, torch.Tensor))
-    expected = node.meta.get("val")
     was_training = new.training
     try:
         new.eval()
@@ -107,10 +117,14 @@ def check_fits(node: fx.Node, new: nn.Module, label: str) -> None:
         )
 
 
-@register_pass("replace", kind="transform", params=ReplaceParams)
+@register_pass("replace", kind="transform", params=ReplaceParams, needs_graph=False)
 def replace(mg, params: ReplaceParams):
     """Swap each selected module for ``Identity`` or a registered constructor's module, checking shapes."""
     nodes = select_nodes(mg, params.by, params.targets, params.allow_empty, modules_only=True)
+    observe = getattr(mg, "observed_nodes", None)  # module mode: each module's call on the example inputs
+    if observe is not None and nodes:
+        observed = {n.target: n for n in observe()}
+        nodes = [observed[n.target] for n in nodes]
     name, kwargs = ("identity", {}) if params.with_ == "identity" else (params.with_.module, params.with_.params)
     modules = mg.modules
     new_modules: dict[str, nn.Module] = {}
@@ -125,4 +139,4 @@ def replace(mg, params: ReplaceParams):
         new.train(modules[target].training)
         mg.replace_module(target, new)
     logger.info("replaced %d modules with %s", len(new_modules), name)
-    return mg, {"replaced": replaced}
+    return PassResult({"replaced": replaced})

@@ -24,7 +24,7 @@ import torch.nn as nn
 from pydantic import Field
 
 from mase_lite.ir.ops import function_packet_name
-from mase_lite.passes.registry import PassError, register_pass
+from mase_lite.passes.registry import PassError, PassResult, register_pass
 from mase_lite.passes.select import Selection, select_nodes
 
 
@@ -106,4 +106,4 @@ def smooth_pass(mg, params: SmoothParams):
             for w in weights:
                 w.mul_(s.to(w.dtype))
             smoothed[", ".join(names)] = {"into": where, "max_factor": float(s.max()), "min_factor": float(s.min())}
-    return mg, {"smoothed": smoothed, "skipped": skipped}
+    return PassResult({"smoothed": smoothed, "skipped": skipped})

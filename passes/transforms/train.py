@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from mase_lite.passes.registry import PassParams, register_pass
+from mase_lite.passes.registry import PassParams, PassResult, register_pass
 from mase_lite.train.trainer import Precision, Schedule, fit
 
 
@@ -29,7 +29,8 @@ class TrainParams(PassParams):
     progress: bool = Field(True, description="show a progress bar with the running loss")
 
 
-@register_pass("train", kind="transform", params=TrainParams, requires=("data",), replay=False)
+@register_pass("train", kind="transform", params=TrainParams, requires=("data",), replay=False,
+               needs_graph=False)
 def train_pass(mg, params: TrainParams, ctx):
     """Fine-tune the weights with AdamW, warm-up and decay, gradient clipping and freezing by name."""
     seed = params.seed if params.seed is not None else getattr(ctx.data, "seed", 0)
@@ -40,4 +41,4 @@ def train_pass(mg, params: TrainParams, ctx):
         seed=seed,
         **params.model_dump(exclude={"seed"}),
     )
-    return mg, info
+    return PassResult(info)

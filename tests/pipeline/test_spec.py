@@ -38,7 +38,7 @@ def test_schema_rejects_unknown_top_level_key():
 
 
 def test_unknown_key_names_path_and_allowed_keys():
-    with pytest.raises(UserError, match=r"stepz: unknown key; allowed keys: data, device, example_inputs, inputs, model, name, output_dir, plugins, seed, steps, verify_each"):
+    with pytest.raises(UserError, match=r"stepz: unknown key; allowed keys: capture, data, device, example_inputs, inputs, model, name, output_dir, plugins, seed, steps, verify_each"):
         load_spec({"stepz": []})
 
 
