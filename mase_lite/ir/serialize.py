@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapt
 
 from mase_lite.errors import UserError, format_validation_error
 from mase_lite.jsonio import read_json
-from mase_lite.files import follow_umask, staged_directory
+from mase_lite.files import follow_umask, recover, staged_directory
 from mase_lite.limits import check_fits
 
 RECIPE = "recipe.json"
