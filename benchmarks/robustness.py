@@ -70,6 +70,7 @@ class Case:
     mutation: str  # what was done
     code: int | None = None
     seconds: float = 0.0
+    cpu_seconds: float | None = None  # the case's own CPU time: what the machine's load changes least
     peak_mb: float = 0.0
     traceback: bool = False
     message: str = ""
@@ -91,8 +92,9 @@ def _status_kb(pid: int | str, key: str) -> int:
     return int(found.group(1)) if found else 0
 
 
-def forked(fn: Callable[[], int], cwd: Path, limit: float = TIME_LIMIT) -> tuple[int | None, float, float, str, str]:
-    """Run ``fn`` in a forked child in ``cwd``: (exit code or None if stopped, seconds, peak RSS MB, stderr, why stopped)."""
+def forked(fn: Callable[[], int], cwd: Path, limit: float = TIME_LIMIT) -> tuple[int | None, float, float, str, str, float | None]:
+    """Run ``fn`` in a forked child in ``cwd``: (exit code or None if stopped, seconds, peak RSS MB, stderr, why stopped,
+    CPU seconds)."""
     cwd.mkdir(parents=True, exist_ok=True)
     err_path, result_path = cwd / ".probe_stderr", cwd / ".probe_result"
     sys.stdout.flush()
@@ -108,7 +110,7 @@ def forked(fn: Callable[[], int], cwd: Path, limit: float = TIME_LIMIT) -> tuple
             sys.stdout = open(1, "w", closefd=False)
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # peak RSS from here on
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             try:
                 code = fn()
             except SystemExit as exit_:
@@ -116,8 +118,8 @@ def forked(fn: Callable[[], int], cwd: Path, limit: float = TIME_LIMIT) -> tuple
             except BaseException:  # what the interpreter would print for the real command
                 traceback.print_exc()
                 code = 1
-            seconds = time.perf_counter() - t0
-            result_path.write_text(json.dumps({"seconds": seconds, "peak_kb": _status_kb("self", "VmHWM")}))
+            seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+            result_path.write_text(json.dumps({"seconds": seconds, "cpu": cpu, "peak_kb": _status_kb("self", "VmHWM")}))
         finally:
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
@@ -139,12 +141,13 @@ def forked(fn: Callable[[], int], cwd: Path, limit: float = TIME_LIMIT) -> tuple
         time.sleep(0.02)
     stderr = err_path.read_text(errors="replace") if err_path.exists() else ""
     if status is None:
-        return None, time.monotonic() - t0, peak / 1024, stderr, why
+        return None, time.monotonic() - t0, peak / 1024, stderr, why, None
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
     code = os.waitstatus_to_exitcode(status)
     if not result:
         why = f"died: exit status {code}"
-    return code, result.get("seconds", time.monotonic() - t0), max(peak, result.get("peak_kb", 0)) / 1024, stderr, why
+    return (code, result.get("seconds", time.monotonic() - t0), max(peak, result.get("peak_kb", 0)) / 1024, stderr, why,
+            result.get("cpu"))
 
 
 def cli(argv: list[str]) -> Callable[[], int]:
@@ -156,8 +159,9 @@ def cli(argv: list[str]) -> Callable[[], int]:
     return call
 
 
-def classify(case: Case, code: int | None, seconds: float, peak: float, stderr: str, why: str) -> Case:
+def classify(case: Case, code: int | None, seconds: float, peak: float, stderr: str, why: str, cpu: float | None = None) -> Case:
     case.code, case.seconds, case.peak_mb = code, round(seconds, 3), round(peak, 1)
+    case.cpu_seconds = None if cpu is None else round(cpu, 3)
     case.traceback = "Traceback (most recent call last)" in stderr
     lines = [l for l in stderr.strip().splitlines() if l.strip()]
     errors = [l for l in lines if l.startswith("mase-lite: error: ")]
@@ -638,7 +642,7 @@ def save_checkpoint(work: Path) -> Path:
             "output_dir": str(work / "saved")}
     work.mkdir(parents=True, exist_ok=True)
     (work / "save.json").write_text(json.dumps(spec))
-    code, *_, err, why = forked(cli(["run", str(work / "save.json")]), work)
+    code, _, _, err, why, _ = forked(cli(["run", str(work / "save.json")]), work)
     if code != 0:
         raise RuntimeError(f"saving the checkpoint failed: {err} {why}")
     return work / "saved" / "checkpoint"
@@ -767,7 +771,7 @@ def corruptions(canary: Path) -> list[tuple[str, Callable[[Path, random.Random],
         ("checkpoint is an empty directory", lambda c, r: [rm(p.name)(c, r) for p in list(c.iterdir())]),
         ("weights with a tensor dropped", lambda c, r: _tensors(c, lambda t: t.pop(sorted(t)[0]))),
         ("weights with an extra tensor", lambda c, r: _tensors(c, lambda t: t.update(extra=__import__("torch").zeros(3)))),
-        ("weights with a tensor reshaped", lambda c, r: _tensors(c, lambda t: t.update({k: t[k].reshape(-1) for k in sorted(t)[:1]}))),
+        ("weights with a tensor reshaped", lambda c, r: _tensors(c, lambda t: t.update({k: t[k].t().contiguous() for k in [k for k in sorted(t) if t[k].dim() == 2 and t[k].shape[0] != t[k].shape[1]][:1]}))),
         ("weights in float64", lambda c, r: _tensors(c, lambda t: t.update({k: v.double() for k, v in t.items() if v.is_floating_point()}))),
         ("weights all NaN", lambda c, r: _tensors(c, lambda t: t.update({k: v.double().fill_(float("nan")).to(v.dtype)
                                                                         for k, v in t.items() if v.is_floating_point()}))),
@@ -833,8 +837,8 @@ def checkpoint_cases(seed: int, work: Path, canary: Path, only: int | None) -> t
 # ---------------------------------------------------------------------------------------------- part: subprocess
 
 
-def real_cli(argv: list[str], cwd: Path, limit: float = TIME_LIMIT) -> tuple[int | None, float, float, str, str]:
-    """``python -m mase_lite.cli argv`` in its own process: (exit code, seconds, peak RSS MB, stderr, why)."""
+def real_cli(argv: list[str], cwd: Path, limit: float = TIME_LIMIT) -> tuple[int | None, float, float, str, str, float]:
+    """``python -m mase_lite.cli argv`` in its own process: (exit code, seconds, peak RSS MB, stderr, why, CPU seconds)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(cwd / ".probe_sub_stderr", "w+") as err:
         t0 = time.monotonic()
@@ -854,7 +858,7 @@ def real_cli(argv: list[str], cwd: Path, limit: float = TIME_LIMIT) -> tuple[int
             time.sleep(0.02)
         seconds = time.monotonic() - t0
         err.seek(0)
-        return proc.returncode, seconds, usage.ru_maxrss / 1024, err.read(), why
+        return proc.returncode, seconds, usage.ru_maxrss / 1024, err.read(), why, usage.ru_utime + usage.ru_stime
 
 
 # ---------------------------------------------------------------------------------------------- part: kills
@@ -951,16 +955,19 @@ def _complete(out: Path) -> dict[int, tuple[Any, tuple]]:
 
 
 def table(cases: list[Case]) -> str:
-    rows = ["| part | cases | ran (exit 0) | clean refusal (exit 2) | defect | median s | max s | max s of a refusal "
-            "| peak RSS MB (max) |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| part | cases | ran (exit 0) | clean refusal (exit 2) | defect | median s | max s | refusals: median / max s "
+            "| refusals: median / max CPU s | peak RSS MB (max) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for part in dict.fromkeys(c.part for c in cases):
         group = [c for c in cases if c.part == part]
         count = {o: sum(c.outcome == o for c in group) for o in ("ran", "refused", "defect", "survived")}
         secs = [c.seconds for c in group]
         refusals = [c.seconds for c in group if c.outcome == "refused"] or [0.0]
+        cpu = [c.cpu_seconds for c in group if c.outcome == "refused" and c.cpu_seconds is not None]
+        cpu_text = f"{statistics.median(cpu):.2f} / {max(cpu):.2f}" if cpu else "–"
         ran = count["ran"] + count["survived"]
         rows.append(f"| {part} | {len(group)} | {ran} | {count['refused']} | {count['defect']} | {statistics.median(secs):.2f} "
-                    f"| {max(secs):.2f} | {max(refusals):.2f} | {max(c.peak_mb for c in group):.0f} |")
+                    f"| {max(secs):.2f} | {statistics.median(refusals):.2f} / {max(refusals):.2f} | {cpu_text} "
+                    f"| {max(c.peak_mb for c in group):.0f} |")
     return "\n".join(rows)
 
 
@@ -980,6 +987,7 @@ def main() -> None:
     parser.add_argument("--run-kills", type=int, default=3)
     parser.add_argument("--worker-kills", type=int, default=3)
     parser.add_argument("--json", help="write every case's record here as it ends (JSON lines)")
+    parser.add_argument("--skip", nargs="+", default=[], metavar="JSONL", help="skip spec cases recorded in these files")
     parser.add_argument("--summarize", nargs="+", metavar="JSONL", help="print the table of records written before, and stop")
     parser.add_argument("--keep", help="work in this directory and keep it (default: a temporary one)")
     args = parser.parse_args()
@@ -1006,7 +1014,8 @@ def main() -> None:
         if kinds:
             index, count = map(int, args.slice.split("/"))
             specs = spec_cases(args.seed, args.pipeline_cases, args.search_cases, work / "specs", not args.no_shipped)
-            specs = [c for i, c in enumerate(specs) if c.part in kinds and i % count == index]
+            done = {(r["part"], r["directory"]) for name in args.skip for r in map(json.loads, Path(name).read_text().splitlines())}
+            specs = [c for i, c in enumerate(specs) if c.part in kinds and i % count == index and (c.part, c.directory) not in done]
             for case in specs:
                 case_dir = Path(case.directory)
                 run_spec_case(case, case_dir)
