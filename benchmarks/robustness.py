@@ -619,9 +619,11 @@ def spec_cases(seed: int, n_pipeline: int, n_search: int, work: Path, shipped_to
     return cases
 
 
-def run_spec_case(case: Case, case_dir: Path) -> Case:
+def run_spec_case(case: Case, case_dir: Path, limit: float = TIME_LIMIT) -> Case:
     command = "search" if case.part == "search" else "run"
-    result = forked(cli([command, str(case_dir / "spec.json")]), case_dir)
+    if (case_dir / "out").exists():
+        shutil.rmtree(case_dir / "out")
+    result = forked(cli([command, str(case_dir / "spec.json")]), case_dir, limit)
     out = case_dir / "out"
     case.before_trials = not (out.exists() and any(out.rglob("trials"))) if case.part == "search" else None
     classify(case, *result)
@@ -809,10 +811,11 @@ def ml_load(path: Path) -> Callable[[], int]:
     return call
 
 
-def checkpoint_cases(seed: int, work: Path, canary: Path, only: int | None) -> tuple[list[tuple[Case, Path, Callable]], Path]:
+def checkpoint_cases(seed: int, work: Path, canary: Path, only: int | None,
+                     named: list[str] | None = None) -> tuple[list[tuple[Case, Path, Callable]], Path]:
     rng = random.Random(seed)
     source = save_checkpoint(work)
-    kinds = corruptions(canary)[:only]
+    kinds = [(n, fn) for n, fn in corruptions(canary)[:only] if not named or any(word in n for word in named)]
     cases = []
     for i, (name, corrupt) in enumerate(kinds):
         ckpt = work / f"c{i:02d}" / "checkpoint"
@@ -956,8 +959,8 @@ def _complete(out: Path) -> dict[int, tuple[Any, tuple]]:
 
 def table(cases: list[Case]) -> str:
     rows = ["| part | cases | ran (exit 0) | clean refusal (exit 2) | defect | median s | max s | refusals: median / max s "
-            "| refusals: median / max CPU s | peak RSS MB (max) |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for part in dict.fromkeys(c.part for c in cases):
+            "| refusals: median / max CPU s | peak RSS MB median / max |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for part in dict.fromkeys(c.part for c in cases if c.part != "kill"):  # kills: survived or not, listed apart
         group = [c for c in cases if c.part == part]
         count = {o: sum(c.outcome == o for c in group) for o in ("ran", "refused", "defect", "survived")}
         secs = [c.seconds for c in group]
@@ -967,7 +970,7 @@ def table(cases: list[Case]) -> str:
         ran = count["ran"] + count["survived"]
         rows.append(f"| {part} | {len(group)} | {ran} | {count['refused']} | {count['defect']} | {statistics.median(secs):.2f} "
                     f"| {max(secs):.2f} | {statistics.median(refusals):.2f} / {max(refusals):.2f} | {cpu_text} "
-                    f"| {max(c.peak_mb for c in group):.0f} |")
+                    f"| {statistics.median(c.peak_mb for c in group):.0f} / {max(c.peak_mb for c in group):.0f} |")
     return "\n".join(rows)
 
 
@@ -983,11 +986,15 @@ def main() -> None:
     parser.add_argument("--search-cases", type=int, default=270, help="mutated search specs (besides the shipped ones)")
     parser.add_argument("--no-shipped", action="store_true", help="only mutated specs (not the shipped ones as they are)")
     parser.add_argument("--checkpoints", type=int, help="corruptions to try (default: all)")
+    parser.add_argument("--corruption", nargs="+", help="only corruptions whose name holds one of these words")
     parser.add_argument("--subprocess-cases", type=int, default=30)
     parser.add_argument("--run-kills", type=int, default=3)
     parser.add_argument("--worker-kills", type=int, default=3)
     parser.add_argument("--json", help="write every case's record here as it ends (JSON lines)")
     parser.add_argument("--skip", nargs="+", default=[], metavar="JSONL", help="skip spec cases recorded in these files")
+    parser.add_argument("--rerun", nargs="+", default=[], metavar="JSONL",
+                        help="run again the spec cases these records count as defects (their --keep directories), e.g. after a fix")
+    parser.add_argument("--time-limit", type=float, default=TIME_LIMIT, help="seconds a case may take before it counts as a hang")
     parser.add_argument("--summarize", nargs="+", metavar="JSONL", help="print the table of records written before, and stop")
     parser.add_argument("--keep", help="work in this directory and keep it (default: a temporary one)")
     args = parser.parse_args()
@@ -1010,6 +1017,13 @@ def main() -> None:
     cases: list[Case] = []
     replayable: list[tuple[Case, list[str], Path]] = []
     try:
+        for record in (r for name in args.rerun for r in map(json.loads, Path(name).read_text().splitlines())):
+            if record["outcome"] == "defect" and record["part"] in ("pipeline", "search"):
+                case = Case(record["part"], record["name"], record["mutation"], expect=record["expect"],
+                            field_hint=record["field_hint"], directory=record["directory"])
+                run_spec_case(case, Path(case.directory), args.time_limit)
+                cases.append(case)
+                _progress(case, canary, args.json)
         kinds = [k for k, part in (("pipeline", "pipelines"), ("search", "searches")) if part in args.parts]
         if kinds:
             index, count = map(int, args.slice.split("/"))
@@ -1018,12 +1032,12 @@ def main() -> None:
             specs = [c for i, c in enumerate(specs) if c.part in kinds and i % count == index and (c.part, c.directory) not in done]
             for case in specs:
                 case_dir = Path(case.directory)
-                run_spec_case(case, case_dir)
+                run_spec_case(case, case_dir, args.time_limit)
                 cases.append(case)
                 replayable.append((case, ["search" if case.part == "search" else "run", str(case_dir / "spec.json")], case_dir))
                 _progress(case, canary, args.json)
         if "checkpoints" in args.parts:
-            found, _ = checkpoint_cases(args.seed, work / "checkpoints", canary, args.checkpoints)
+            found, _ = checkpoint_cases(args.seed, work / "checkpoints", canary, args.checkpoints, args.corruption)
             for case, directory, fn in found:
                 classify(case, *forked(fn, directory))
                 cases.append(case)
@@ -1071,6 +1085,8 @@ def summarize(cases: list[Case]) -> None:
         early = sum(c.outcome == "refused" and c.before_trials for c in typos)
         print(f"typos in objectives/constraints/plots/samplers refused before the first trial: {early}/{len(typos)}")
     defects = [c for c in cases if c.outcome == "defect"]
+    for c in (c for c in cases if c.part == "kill"):
+        print(f"- kill {c.name}: {c.mutation}: {c.outcome} {c.why}")
     print(f"defects: {len(defects)}")
     for c in defects:
         print(f"- {c.part} {c.name} [{c.mutation}]: {c.why} (exit {c.code}, {c.seconds:.1f} s)\n    "
