@@ -1048,7 +1048,7 @@ def main() -> None:
                 if case_dir.joinpath("out").exists():
                     shutil.rmtree(case_dir / "out")
                 again = Case("subprocess", case.name, f"{case.part}: {case.mutation}", expect=case.expect, field_hint=case.field_hint)
-                classify(again, *real_cli(argv, case_dir))
+                classify(again, *real_cli(argv, case_dir, args.time_limit))
                 if again.code != case.code:
                     again.outcome, again.why = "defect", f"exit {again.code} as a process, {case.code} in-process"
                 cases.append(again)
