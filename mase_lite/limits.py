@@ -109,7 +109,8 @@ def _measure(build: Callable[[Any], object], config: Any, field: str) -> int:
     except UserError:
         raise
     except Exception as err:  # the model's own constructor rejects the values: report it as the user's input
-        raise UserError(f"the model cannot be built from these values ({type(err).__name__}: {err})", location=(field,)) from None
+        reason = (str(err).splitlines() or [""])[0]  # torch appends its C++ stack frames to some messages
+        raise UserError(f"the model cannot be built from these values ({type(err).__name__}: {reason})", location=(field,)) from None
     if not isinstance(model, torch.nn.Module):
         raise UserError(f"the build gave {type(model).__name__}, not an nn.Module", location=(field,))
     tensors = [*model.parameters(), *model.buffers()]

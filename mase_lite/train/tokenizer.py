@@ -106,8 +106,12 @@ def load_tokenizer(
         else:
             with hub_access() as online:
                 tokenizer = AutoTokenizer.from_pretrained(str(name_or_dir), cache_dir=cache_dir, trust_remote_code=trusted())
-    except (OSError, ValueError) as err:
-        reason = (str(err).splitlines() or [err.__class__.__name__])[0]
+    except Exception as err:  # a directory's files are data: whatever they hold is refused, never a traceback
+        expected = isinstance(err, (OSError, ValueError))
+        if not (expected or source.is_dir()):
+            raise
+        reason = (str(err).splitlines() or [""])[0]
+        reason = reason if expected and reason else f"{err.__class__.__name__}: {reason}"
         hint = "the hub is unreachable: give a local directory" if not online else "give a directory holding tokenizer.json or a hub name"
         if "trust_remote_code" in str(err):
             reason, hint = "it names custom code, which is not run", TRUST_HINT
