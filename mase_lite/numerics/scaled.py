@@ -22,6 +22,11 @@ E2M1 (ties to even, saturating at 6) and decode as ``element * (tensor_scale * b
 bit torchao 0.18's emulation. ``tensor_amax`` fixes the per-tensor amax (calibrated). Bits per
 element: 4 + 8/16 + 32 per tensor.
 
+On CPU, float32 tensors outside autograd and tracing run through the native kernel
+(:mod:`~mase_lite.numerics.native.scaled_kernel`), the same bits in one pass over the groups (a
+scale shared by the tensor needs one more, to find the tensor's range); the torch code below is
+the reference and runs everywhere else.
+
 >>> import torch
 >>> x = torch.tensor([[3.5, -7.0, 1.2, 0.0]])
 >>> scaled_integer(x, ScaledIntegerParams(width=4)).tolist()      # scale 7 / 7: codes 4 (a tie: even), -7, 1, 0

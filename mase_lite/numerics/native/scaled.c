@@ -62,24 +62,50 @@ static inline float clampf(float x, float lo, float hi) { return x < lo ? lo : (
 
 static inline void quantize_group(const float *restrict x, float *restrict y, int64_t n, float scale, float zero,
                                   float lo, float hi) {
-    const int live = scale > 0.0f;
+    if (!(scale > 0.0f)) { /* a zero scale: every code 0 */
+        for (int64_t i = 0; i < n; i++) y[i] = isnan(x[i]) ? x[i] : 0.0f;
+        return;
+    }
     for (int64_t i = 0; i < n; i++) {
-        float code = live ? x[i] / scale : 0.0f;
-        code = clampf(nearbyintf(code) + zero, lo, hi);
+        float code = clampf(nearbyintf(x[i] / scale) + zero, lo, hi);
         float value = (code - zero) * scale + 0.0f;
         y[i] = isnan(x[i]) ? x[i] : value;
     }
 }
 
-static inline void group_range(const float *x, int64_t n, float *low, float *high) {
-    float lo = 0.0f, hi = 0.0f;
+/* Finite floats as integers in the same order (a zero as 0), non-finite ones as 0: integer minima and
+   maxima vectorise where float ones (NaN, signed zeros) do not. */
+static inline int32_t order_key(float x) {
+    uint32_t bits = bits_of(x), magnitude = bits & 0x7FFFFFFFu;
+    int32_t key = (bits >> 31) ? -(int32_t)magnitude : (int32_t)magnitude;
+    return magnitude < 0x7F800000u ? key : 0;
+}
+
+static inline float from_key(int32_t key) {
+    return key >= 0 ? float_of((uint32_t)key) : float_of((uint32_t)-key | 0x80000000u);
+}
+
+/* min(0, finite values) and max(0, finite values) of n floats. */
+static inline void group_range(const float *restrict x, int64_t n, float *low, float *high) {
+    int32_t lo = 0, hi = 0;
     for (int64_t i = 0; i < n; i++) {
-        float v = isfinite(x[i]) ? x[i] : 0.0f;
-        lo = v < lo ? v : lo;
-        hi = v > hi ? v : hi;
+        int32_t key = order_key(x[i]);
+        lo = key < lo ? key : lo;
+        hi = key > hi ? key : hi;
     }
-    *low = lo;
-    *high = hi;
+    *low = from_key(lo);
+    *high = from_key(hi);
+}
+
+/* The largest finite magnitude of n floats (0 for none). */
+static inline float group_amax(const float *restrict x, int64_t n) {
+    uint32_t amax = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t magnitude = bits_of(x[i]) & 0x7FFFFFFFu;
+        magnitude &= -(uint32_t)(magnitude < 0x7F800000u); /* 0 for NaN and Inf */
+        amax = magnitude > amax ? magnitude : amax;
+    }
+    return float_of(amax);
 }
 
 void finite_range(const float *restrict x, int64_t n, float *restrict low_high) {
@@ -96,15 +122,16 @@ void fake_quantize_scaled_integer(const float *restrict x, float *restrict y, in
         float *row_out = y + r * length;
         for (int64_t start = 0; start < length; start += group_size) {
             const int64_t n = length - start < group_size ? length - start : group_size;
+            for (int64_t line = 0; line < n; line += 16) /* one 64-byte line per 16 floats */
+                __builtin_prefetch(row_in + start + PREFETCH_AHEAD + line);
             float scale = fixed_scale, zero = fixed_zero;
             if (!fixed) {
-                float low, high;
-                group_range(row_in + start, n, &low, &high);
                 if (symmetric) {
-                    float amax = high > -low ? high : -low;
-                    scale = stored_scale(amax * clip / qmax, scale_dtype);
+                    scale = stored_scale(group_amax(row_in + start, n) * clip / qmax, scale_dtype);
                     zero = 0.0f;
                 } else {
+                    float low, high;
+                    group_range(row_in + start, n, &low, &high);
                     low *= clip;
                     high *= clip;
                     scale = stored_scale((high - low) / qmax, scale_dtype);
@@ -126,31 +153,43 @@ static inline float round_e4m3(float v) {
 /* Round to E2M1 (1 fraction bit, subnormals below 1) a value in [-6, 6] or NaN, keeping a zero's sign. */
 static inline float round_e2m1(float v) {
     int e = binade_f(v);
-    e = e < 0 ? 0 : (e > 2 ? 2 : e);
+    e = e < 0 ? 0 : e; /* at most 2 for |v| <= 6; 128 for NaN, which stays NaN */
     return copysignf(((v * pow2f(1 - e) + ROUNDER_F) - ROUNDER_F) * pow2f(e - 1), v);
+}
+
+/* v clamped to [-6, 6], NaN kept, on the bits (a float clamp here keeps the loop from vectorising). */
+static inline float saturate6(float v) {
+    const uint32_t bits = bits_of(v), magnitude = bits & 0x7FFFFFFFu, six = 0x40C00000u;
+    const uint32_t over = (magnitude > six) & (magnitude <= 0x7F800000u);
+    return float_of(over ? (bits & 0x80000000u) | six : bits);
+}
+
+static inline __attribute__((always_inline)) void nvfp4_block(
+        const float *restrict x, float *restrict y, int64_t n, float tensor_scale, float reciprocal) {
+    float block_scale = group_amax(x, n) / 6.0f / tensor_scale;
+    block_scale = round_e4m3(clampf(block_scale, 0x1p-6f, 448.0f));
+    const int live = tensor_scale > 0.0f;
+    const float scale = live ? tensor_scale * block_scale : 0.0f;
+    const float multiplier = live ? reciprocal / block_scale : 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        float value = round_e2m1(saturate6(x[i] * multiplier)) * scale;
+        y[i] = isnan(x[i]) ? x[i] : value;
+    }
 }
 
 VECTOR_CLONES
 void fake_quantize_nvfp4(const float *restrict x, float *restrict y, int64_t rows, int64_t length,
                          float tensor_scale) {
-    const int live = tensor_scale > 0.0f;
     const float reciprocal = 1.0f / tensor_scale;
     for (int64_t r = 0; r < rows; r++) {
         const float *row_in = x + r * length;
         float *row_out = y + r * length;
         for (int64_t start = 0; start < length; start += 16) {
-            const int64_t n = length - start < 16 ? length - start : 16;
-            float low, high;
-            group_range(row_in + start, n, &low, &high);
-            float block_scale = (high > -low ? high : -low) / 6.0f / tensor_scale;
-            block_scale = round_e4m3(clampf(block_scale, 0x1p-6f, 448.0f));
-            const float scale = live ? tensor_scale * block_scale : 0.0f;
-            const float multiplier = live ? reciprocal / block_scale : 0.0f;
-            for (int64_t i = 0; i < n; i++) {
-                const float xi = row_in[start + i];
-                float value = round_e2m1(clampf(xi * multiplier, -6.0f, 6.0f)) * scale;
-                row_out[start + i] = isnan(xi) ? xi : value;
-            }
+            __builtin_prefetch(row_in + start + PREFETCH_AHEAD);
+            if (length - start >= 16) /* a loop of known length, unrolled and vectorised whole */
+                nvfp4_block(row_in + start, row_out + start, 16, tensor_scale, reciprocal);
+            else
+                nvfp4_block(row_in + start, row_out + start, length - start, tensor_scale, reciprocal);
         }
     }
 }
