@@ -108,6 +108,7 @@ static inline float group_amax(const float *restrict x, int64_t n) {
     return float_of(amax);
 }
 
+VECTOR_CLONES
 void finite_range(const float *restrict x, int64_t n, float *restrict low_high) {
     group_range(x, n, &low_high[0], &low_high[1]);
 }
