@@ -5,7 +5,9 @@ and for MXFP the time over torchao's MX emulation ``to_mx`` + ``to_dtype`` where
 installed — it is optional, never a dependency); (2) forward+backward of ``F.linear`` with a
 ``--size`` x ``--size`` weight at batch ``--batch``, weight and input both fake-quantized with a
 straight-through gradient, over the same step in float32; the case ``copy`` copies the tensors into
-new memory instead of quantizing them (what every result costs before any arithmetic). Cases are measured in rounds, every case
+new memory instead of quantizing them (what every result costs before any arithmetic). With
+``--torch-too`` each format's quantize-dequantize is also timed through its torch implementation
+(the native kernels bypassed, as where they do not apply), in the same rounds. Cases are measured in rounds, every case
 once per round (interleaved, so load on the machine spreads over all of them); each figure is the
 median over rounds of ``torch.utils.benchmark`` timings after a warm-up.
 
@@ -14,12 +16,14 @@ Usage (repository root)::
     python benchmarks/numerics.py                     # defaults: size 4096, batch 64, 5 rounds
     python benchmarks/numerics.py --rounds 3 --only mxint8 block_fp8
     python benchmarks/numerics.py --threads 2         # every timing with two torch threads
+    python benchmarks/numerics.py --only nvfp4 scaled_int4_g128 --torch-too   # native and torch side by side
     MASE_LITE_NATIVE=0 python benchmarks/numerics.py  # MX through torch operations, not the native kernel
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 from typing import Callable
 
@@ -29,6 +33,7 @@ from torch.utils import benchmark
 
 from mase_lite.numerics import quantize, straight_through
 from mase_lite.numerics.memory import empty_like_advised
+from mase_lite.numerics.native import block_kernel, element_kernel, scaled_kernel
 
 FORMATS: dict[str, dict] = {
     "integer8": {"name": "integer", "width": 8, "frac_width": 4},
@@ -44,7 +49,35 @@ FORMATS: dict[str, dict] = {
     "minifloat_ieee8": {"name": "minifloat_ieee", "width": 8, "exponent_width": 4},
     "minifloat_denorm8": {"name": "minifloat_denorm", "width": 8, "exponent_width": 4},
     "log4": {"name": "log", "width": 4},
+    "scaled_int8_channel": {"name": "scaled_integer", "width": 8},
+    "scaled_int8_tensor": {"name": "scaled_integer", "width": 8, "granularity": "tensor"},
+    "scaled_int4_g128": {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 128},
+    "scaled_uint4_g128_f16": {"name": "scaled_integer", "width": 4, "symmetric": False, "granularity": "group",
+                              "group_size": 128, "scale_dtype": "float16"},
+    "nvfp4": {"name": "nvfp4"},
 }
+
+
+@contextlib.contextmanager
+def torch_implementation():
+    """Every format through its torch implementation: the native kernels stand aside meanwhile."""
+    modules = (block_kernel, element_kernel, scaled_kernel)
+    saved = [m.applies for m in modules]
+    for m in modules:
+        m.applies = lambda x: False
+    try:
+        yield
+    finally:
+        for m, applies in zip(modules, saved):
+            m.applies = applies
+
+
+def through_torch(fn: Callable[[], object]) -> Callable[[], object]:
+    def run() -> object:
+        with torch_implementation():
+            return fn()
+
+    return run
 
 
 def torchao_mx() -> Callable[[str], Callable[[torch.Tensor], torch.Tensor]] | None:
@@ -91,6 +124,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--min-run-time", type=float, default=0.5, help="seconds per timing")
     parser.add_argument("--only", nargs="*", choices=sorted(FORMATS), help="formats to measure")
+    parser.add_argument("--torch-too", action="store_true",
+                        help="also time each quantize-dequantize through the torch implementation")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for every timing (torch.utils.benchmark's default 1; the machine's cores: all)")
     args = parser.parse_args()
@@ -119,6 +154,8 @@ def main() -> None:
     for name in names:
         fmt = FORMATS[name]
         qdq_cases[name] = lambda fmt=fmt: quantize(tensor, fmt)
+        if args.torch_too:
+            qdq_cases[f"{name} (torch)"] = through_torch(qdq_cases[name])
         step_cases[name] = step(lambda t, fmt=fmt: quantize(t, fmt))
     make_torchao = torchao_mx()
     if make_torchao is None:
@@ -141,17 +178,18 @@ def main() -> None:
 
     print(f"\nquantize-dequantize of one {args.size}x{args.size} float32 tensor "
           f"(median of {args.rounds} interleaved rounds, {args.threads} torch thread(s))")
-    print("| format | ms | Melem/s | over torchao |\n|---|---|---|---|")
+    print("| format | ms | Melem/s | over torchao | over its torch implementation |\n|---|---|---|---|---|")
     for name in qdq_cases:
         if name.startswith("torchao"):
             continue
         ms = med[("qdq", name)] * 1e3
-        theirs = med.get(("qdq", f"torchao {name}"))
+        theirs, torch_ms = med.get(("qdq", f"torchao {name}")), med.get(("qdq", f"{name} (torch)"))
         ratio = f"{med[('qdq', name)] / theirs:.2f}x" if theirs else "-"
-        print(f"| {name} | {ms:.1f} | {tensor.numel() / ms / 1e3:.0f} | {ratio} |")
+        over_torch = f"{med[('qdq', name)] / torch_ms:.2f}x" if torch_ms else "-"
+        print(f"| {name} | {ms:.1f} | {tensor.numel() / ms / 1e3:.0f} | {ratio} | {over_torch} |")
     for name in qdq_cases:
         if name.startswith("torchao"):
-            print(f"| {name} | {med[('qdq', name)] * 1e3:.1f} | - | - |")
+            print(f"| {name} | {med[('qdq', name)] * 1e3:.1f} | - | - | - |")
 
     base = med[("step", "float32")]
     print(f"\nforward+backward, Linear {args.size}x{args.size}, batch {args.batch}, weight and input "

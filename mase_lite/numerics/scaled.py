@@ -22,6 +22,11 @@ E2M1 (ties to even, saturating at 6) and decode as ``element * (tensor_scale * b
 bit torchao 0.18's emulation. ``tensor_amax`` fixes the per-tensor amax (calibrated). Bits per
 element: 4 + 8/16 + 32 per tensor.
 
+On CPU, float32 tensors outside autograd and tracing run through the native kernel
+(:mod:`~mase_lite.numerics.native.scaled_kernel`), the same bits in one pass over the groups (a
+scale shared by the tensor needs one more, to find the tensor's range); the torch code below is
+the reference and runs everywhere else.
+
 >>> import torch
 >>> x = torch.tensor([[3.5, -7.0, 1.2, 0.0]])
 >>> scaled_integer(x, ScaledIntegerParams(width=4)).tolist()      # scale 7 / 7: codes 4 (a tie: even), -7, 1, 0
@@ -41,6 +46,7 @@ from torch import Tensor
 
 from mase_lite.numerics.blocks import finite_amax, from_blocks, per_element, to_blocks
 from mase_lite.numerics.exponents import round_to_float
+from mase_lite.numerics.native import scaled_kernel
 from mase_lite.numerics.registry import FormatParams, Shape, register_format
 
 SCALE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16, "pow2": 8}
@@ -145,6 +151,9 @@ def scaled_integer(x: Tensor, p: ScaledIntegerParams) -> Tensor:
     """Integer codes times a float scale per tensor, row or group (symmetric, or with a zero point)."""
     if p.scale == "auto":
         raise ValueError("scaled_integer scale='auto' is chosen by calibration: run the calibrate pass, then quantize")
+    native = _native_scaled_integer(x, p)
+    if native is not None:
+        return native
     groups = _groups(x, p)
     scale, zero, lo, hi = _scale_and_zero(groups, p)
     live = scale > 0
@@ -153,6 +162,22 @@ def scaled_integer(x: Tensor, p: ScaledIntegerParams) -> Tensor:
     values = (codes - zero) * scale + 0.0  # a zero code is +0.0
     values = torch.where(torch.isnan(groups), groups, values)
     return _ungroup(values, x, p)
+
+
+def _native_scaled_integer(x: Tensor, p: ScaledIntegerParams) -> Tensor | None:
+    """The native kernel's result, or None where it does not apply. A scale shared by the tensor is
+    derived here, by the torch steps above, from the tensor's finite range: a group holding just its
+    minimum and maximum has the same scale and zero point."""
+    if not scaled_kernel.available(x):
+        return None
+    qmax = 2.0 ** (p.width - 1) - 1 if p.symmetric else 2.0**p.width - 1
+    fixed = None
+    if p.granularity == "tensor":
+        low_high = scaled_kernel.finite_range(x) if p.scale is None else (0.0, 0.0)
+        scale, zero, _, _ = _scale_and_zero(torch.tensor(low_high).reshape(1, 1, 2), p)
+        fixed = float(scale), float(zero)
+    size = p.group_size if p.granularity == "group" else max(x.shape[-1] if x.dim() else 1, 1)
+    return scaled_kernel.scaled_integer(x, size, p.symmetric, p.clip, qmax, p.scale_dtype, fixed)
 
 
 class NVFP4Params(FormatParams):
@@ -166,16 +191,17 @@ def _nvfp4_scales(blocks: Tensor, p: NVFP4Params) -> tuple[Tensor, Tensor]:
     """Per block: the decoding scale ``tensor_scale * block_scale`` and the encoding multiplier
     ``(1 / tensor_scale) / block_scale`` (NVIDIA's kernels multiply by it instead of dividing), with
     the E4M3 block scale rounded as NVIDIA rounds it; both zero for a tensor of zeros."""
-    if p.tensor_amax is None:
-        amax = finite_amax(blocks.reshape(1, -1)).reshape(())
-    else:
-        amax = torch.tensor(float(p.tensor_amax), device=blocks.device)
-    tensor_scale = amax / (E4M3_MAX * E2M1_MAX)
+    tensor_scale = _nvfp4_tensor_scale(finite_amax(blocks.reshape(1, -1)).reshape(()) if p.tensor_amax is None
+                                       else torch.tensor(float(p.tensor_amax), device=blocks.device))
     block_scale = finite_amax(blocks) / E2M1_MAX / tensor_scale
     block_scale = block_scale.clamp(E4M3_TINY, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
     live = tensor_scale > 0
     zero = torch.zeros_like(block_scale)
     return torch.where(live, tensor_scale * block_scale, zero), torch.where(live, (1.0 / tensor_scale) / block_scale, zero)
+
+
+def _nvfp4_tensor_scale(amax: Tensor) -> Tensor:
+    return amax / (E4M3_MAX * E2M1_MAX)
 
 
 def _nvfp4_bounds(x: Tensor, p: NVFP4Params) -> tuple[Tensor, Tensor]:
@@ -194,6 +220,13 @@ def nvfp4(x: Tensor, p: NVFP4Params) -> Tensor:
     """NVIDIA's FP4: E2M1 elements, an E4M3 scale per 16 and a float32 scale per tensor."""
     if p.tensor_amax == "auto":
         raise ValueError("nvfp4 tensor_amax='auto' is chosen by calibration: run the calibrate pass, then quantize")
+    if scaled_kernel.available(x):  # the tensor scale by the torch step, from the tensor's finite range
+        if p.tensor_amax is None:
+            low, high = scaled_kernel.finite_range(x)
+            amax = torch.tensor(max(high, -low))
+        else:
+            amax = torch.tensor(float(p.tensor_amax))
+        return scaled_kernel.nvfp4(x, float(_nvfp4_tensor_scale(amax)))
     blocks = to_blocks(x, p.block_size)
     scale, multiplier = _nvfp4_scales(blocks, p)
     elements = round_to_float((blocks * multiplier).clamp(-E2M1_MAX, E2M1_MAX), 1, 0, 2)

@@ -1,5 +1,6 @@
 """The native kernels: the same bits as the torch implementations of every format they serve (mxint,
-mxfp, block_fp, block_minifloat, block_log, integer, minifloat_ieee, minifloat_denorm, log) where
+mxfp, block_fp, block_minifloat, block_log, integer, minifloat_ieee, minifloat_denorm, log,
+scaled_integer, nvfp4) where
 they apply, and a clean fallback where they do not (no compiler, failed build, autograd, tracing,
 other dtypes)."""
 
@@ -14,12 +15,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mase_lite.numerics import mx, native, quantize
-from mase_lite.numerics.native import block_kernel, element_kernel, launch
+from mase_lite.numerics.native import block_kernel, element_kernel, launch, scaled_kernel
 
 from .test_corpus_outputs import CONFIGS, INPUTS
 
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on this machine")
-KERNEL_MODULES = (block_kernel, element_kernel)
+KERNEL_MODULES = (block_kernel, element_kernel, scaled_kernel)
 
 
 @pytest.fixture
@@ -57,6 +58,7 @@ def spy_calls(monkeypatch) -> list:
 @needs_compiler
 def test_the_kernels_build_where_a_compiler_exists():
     assert block_kernel._kernel() is not None and element_kernel._kernels() is not None
+    assert scaled_kernel._kernels() is not None
 
 
 @needs_compiler
@@ -108,10 +110,76 @@ def test_native_equals_torch_on_random_bit_patterns_and_scales(monkeypatch, bloc
     assert same_bits(y, quantize(x, fmt))
 
 
+SCALED_FORMATS = [
+    *({"name": "scaled_integer", "width": w, "symmetric": s, "granularity": g, "scale_dtype": d, "clip": c}
+      for s in (True, False) for g in ("tensor", "channel", "group") for d in ("float32", "float16", "bfloat16", "pow2")
+      for w, c in ((4, 1.0), (8, 0.9))),
+    *({"name": "scaled_integer", "width": w, "granularity": "tensor", "scale": s, "scale_dtype": d}
+      for d in ("float32", "float16", "bfloat16", "pow2") for w, s in ((3, 0.37), (16, 1e-30))),
+    {"name": "scaled_integer", "width": 2, "symmetric": False, "granularity": "group", "group_size": 1},
+    {"name": "nvfp4"}, {"name": "nvfp4", "tensor_amax": 3.0}, {"name": "nvfp4", "tensor_amax": 1e-40},
+    {"name": "nvfp4", "tensor_amax": 1e38}, {"name": "nvfp4", "tensor_amax": 0.0},
+]
+EXTREMES = torch.tensor([[3e38, -3.4e38, 1.0, 5e-45], [float("inf"), 0.0, -0.0, -float("inf")],
+                         [float("nan"), 2.5, -2.5, 0.0], [0.0, 0.0, -0.0, 0.0]])
+
+
+def native_and_torch(monkeypatch, x, fmt):
+    """The native result (asserting one kernel call over all of ``x``'s rows) and the torch one."""
+    with monkeypatch.context() as patch:
+        calls = spy_calls(patch)
+        y = quantize(x, fmt)
+        assert calls == ([x.numel() // (x.shape[-1] if x.dim() else 1)] if x.numel() else [])
+        torch_only(patch)
+        return y, quantize(x, fmt)
+
+
 @needs_compiler
-def test_rows_split_over_threads_give_the_same_bits(monkeypatch):
+@pytest.mark.parametrize("fmt", SCALED_FORMATS, ids=lambda f: "-".join(str(v) for v in f.values()))
+def test_scaled_formats_native_equal_torch_on_the_corpus_and_extremes(monkeypatch, fmt):
+    inputs = {**{k: x.float() for k, x in INPUTS.items()}, "extremes": EXTREMES}
+    for k, x in inputs.items():
+        for shape in (x.shape, (-1,)):  # a per-tensor scale over rows, and one row
+            y, expected = native_and_torch(monkeypatch, x.reshape(shape), fmt)
+            assert same_bits(y, expected), (k, shape)
+
+
+@needs_compiler
+@pytest.mark.parametrize("group_size", [1, 7, 16, 70, 128])
+@pytest.mark.parametrize("fmt", [f for f in SCALED_FORMATS if f.get("granularity") == "group"] + [{"name": "nvfp4"}],
+                         ids=lambda f: "-".join(str(v) for v in f.values()))
+def test_scaled_formats_native_equal_torch_on_random_bit_patterns_and_scales(monkeypatch, group_size, fmt):
+    fmt = {**fmt, "group_size": group_size} if fmt["name"] == "scaled_integer" else fmt
+    for seed, shape in enumerate([(9, 70), (group_size, 33), (3, 2, 129)]):
+        x = random_bits(shape, seed=seed + group_size)
+        y, expected = native_and_torch(monkeypatch, x, fmt)
+        assert same_bits(y, expected), shape
+
+
+@needs_compiler
+def test_scaled_formats_by_hand_on_the_native_path(monkeypatch):
+    calls = spy_calls(monkeypatch)
+    x = torch.tensor([[3.5, -7.0, 1.2, 0.0, float("nan")], [0.0, -0.0, 0.0, 0.0, float("inf")]])
+    # row 0: scale 7 / 7 = 1, 3.5 ties to 4, NaN stays; row 1: Inf ignored by the amax, a zero scale gives zeros
+    y = quantize(x, {"name": "scaled_integer", "width": 4})
+    assert y[0, :4].tolist() == [4.0, -7.0, 1.0, 0.0] and y[0, 4].isnan() and y[1].tolist() == [0.0] * 5
+    # asymmetric, 2 bits over [-1, 2]: scale 1, zero point 1, codes 0..3 (0.5 ties to code 1, 1.5 to 3)
+    assert quantize(torch.tensor([[-1.0, 2.0, 0.5, 1.5]]), {"name": "scaled_integer", "width": 2, "symmetric": False}
+                    ).tolist() == [[-1.0, 2.0, 0.0, 2.0]]
+    # nvfp4: tensor scale 2688 / (448 * 6) = 1, block scale 448; elements 6, 1.5625 -> 1.5, -0.446 -> -0.5
+    y = quantize(torch.tensor([[2688.0, 700.0, -200.0]]), {"name": "nvfp4"})
+    assert y.tolist() == [[2688.0, 672.0, -224.0]]
+    assert len(calls) == 3
+
+
+@needs_compiler
+@pytest.mark.parametrize("fmt", [
+    {"name": "mxfp", "element_format": "e4m3"}, {"name": "nvfp4"},
+    {"name": "scaled_integer", "width": 4, "symmetric": False, "granularity": "group", "group_size": 7},
+    {"name": "scaled_integer", "width": 8, "granularity": "tensor", "scale_dtype": "bfloat16"},
+], ids=lambda f: f["name"])
+def test_rows_split_over_threads_give_the_same_bits(monkeypatch, fmt):
     x = random_bits((301, 97), seed=3)
-    fmt = {"name": "mxfp", "element_format": "e4m3"}
     single = quantize(x, fmt)
     monkeypatch.setattr(launch, "PARALLEL_FROM_ELEMENTS", 1)
     threads = torch.get_num_threads()
@@ -140,6 +208,7 @@ def test_the_kernel_stands_aside_where_it_cannot_apply():
     x = torch.randn(4, 32)
     mxint8 = block_kernel.BlockGrid(integer_grid=True, rule="floor", mbits=6, emax=0, max_value=127 / 64)
     assert block_kernel.fake_quantize(x.double(), mxint8, 32) is None
+    assert scaled_kernel.nvfp4(x.half(), 1.0) is None
     assert not launch.applies(x.clone().requires_grad_())
     assert not launch.applies(torch.nn.Parameter(x))
 
