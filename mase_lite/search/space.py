@@ -258,6 +258,8 @@ class Space:
             raise UserError("search space check failed:", problems=problems)
         contexts = [[e.candidates()[0][1] for e in self.entries], [e.candidates()[-1][1] for e in self.entries]]
         self._check_base(self._filled(contexts[0], nodes))
+        if not nodes and not self._varies_the_model():
+            self._build_base()
         for i, entry in enumerate(self.entries):
             for suffix, value in _distinct(entry.candidates()):
                 errors = []
@@ -284,6 +286,19 @@ class Space:
         spec = load_spec(pipeline, recorded=self.recorded, name=self.source)
         check_pipeline(spec)
         return spec
+
+    def _varies_the_model(self) -> bool:
+        """Whether an entry sets what the captured model depends on (its config, data, inputs, ...)."""
+        paths = [*self.keys, *(keys for tied in self.tied for keys, _ in tied)]
+        return any(keys and keys[0] in _CAPTURE_KEYS for keys in paths)
+
+    def _build_base(self) -> None:
+        """Build and capture the base pipeline's model once (as every trial will), so that a model it cannot
+        build (a size beyond memory, a config transformers refuses) stops the search before its first trial."""
+        try:
+            captured_nodes(self.pipeline)
+        except UserError as err:
+            raise UserError(str(err), location=(self.source,)) from None
 
     def _check_base(self, first: dict) -> None:
         """Blame the base pipeline for an error it has whatever the space sets (first values tried)."""

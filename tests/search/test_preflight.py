@@ -94,6 +94,14 @@ def test_the_base_pipelines_own_errors_are_blamed_on_it(tmp_path, tiny_search, c
     assert "invalid pipeline spec pipeline:\nsteps: Input should be a valid array (got 5)" in err and "space.0" not in err
 
 
+def test_a_base_model_too_big_to_build_stops_the_search_before_its_first_trial(tmp_path, tiny_search, capsys):
+    pipeline = copy.deepcopy(TINY_PIPELINE)
+    pipeline["model"]["hf_config"]["intermediate_size"] = 10**9  # the space (a quantize width) never builds it
+    err = _refused(tmp_path, tiny_search(pipeline=pipeline), capsys)
+    assert "mase-lite: error: pipeline: model.hf_config: a bert model of this config would need about 260.0 GB" in err, err
+    assert "space.0" not in err
+
+
 def test_a_search_whose_every_trial_failed_exits_2(tmp_path, tiny_search, capsys):
     spec = tiny_search(space=[{"path": "model.hf_config.num_attention_heads", "type": "choice", "values": [3]}], n_trials=1)
     assert main(["search", str(write_spec(tmp_path, spec))]) == 2
