@@ -214,3 +214,28 @@ def test_without_a_working_compiler_the_torch_path_runs_with_one_warning(no_libr
     assert len(caplog.records) == 1, [r.getMessage() for r in caplog.records]
     assert ("no C compiler" if compiler == "missing" else "building the native mxint8_cpu kernel failed") in caplog.text
     assert not list(no_library.rglob("*.so"))
+
+
+def encoding_corpus() -> torch.Tensor:
+    """Rows of 96 float32 values (three blocks, the last one ragged at 70 columns) at the edges of the encoder."""
+    torch.manual_seed(11)
+    specials = torch.tensor([0.0, -0.0, 1.0, 15.999999, 16.0, -2.5, 0.5 / 64, 1.5 / 64, 2.5 / 64, -3.5 / 64,
+                             127.4 / 64, 127.5 / 64, 1e-45, 1.1754942e-38, 1.1754944e-38, 3.4028235e38, -3.4028235e38,
+                             float("inf"), float("nan"), -float("inf")])
+    rows = [torch.randn(96) * 2.0 ** torch.randint(-140, 120, (96,)).float(),  # every binade, subnormals too
+            torch.randn(96), torch.zeros(96), torch.full((96,), -0.0), specials.repeat(5)[:96],
+            specials[torch.randint(0, len(specials), (96,))], torch.randint(-300, 300, (96,)).float() / 128]
+    return torch.stack(rows)
+
+
+@needs_compiler
+@pytest.mark.parametrize("block_size, columns", [(32, 96), (32, 70), (16, 70), (7, 96)])
+def test_native_encoder_equals_the_torch_encoder(block_size, columns):
+    from mase_lite.numerics.mx import mxint_encode
+
+    w = encoding_corpus()[:, :columns]
+    native = cpu_kernel.quantize(w, block_size, "floor")
+    assert native is not None
+    codes, scales = mxint_encode(w, 8, block_size, "floor")
+    assert torch.equal(native[0], codes) and torch.equal(native[1], scales)
+    assert cpu_kernel.quantize(w, block_size, "ceil") is None and cpu_kernel.quantize(w.double(), block_size, "floor") is None

@@ -58,7 +58,8 @@ def _library() -> ctypes.CDLL | None:
     lib.mxint8_cpu_levels.argtypes, lib.mxint8_cpu_levels.restype = [], ctypes.c_int
     lib.mxint8_linear_rows.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, i64, i64, ctypes.c_int]
     lib.mxint8_dequantize_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, ctypes.c_int, ctypes.c_int]
-    lib.mxint8_linear_rows.restype = lib.mxint8_dequantize_rows.restype = None
+    lib.mxint8_quantize_rows.argtypes = [ptr, i64, i64, i64, ptr, ptr]
+    lib.mxint8_linear_rows.restype = lib.mxint8_dequantize_rows.restype = lib.mxint8_quantize_rows.restype = None
     return lib
 
 
@@ -124,6 +125,27 @@ def dequantize(codes: Tensor, scales: Tensor, block_size: int, dtype: torch.dtyp
     _dequantize_into(codes.reshape(-1, length), scales.reshape(codes.numel() // length, -1), block_size,
                      out.reshape(-1, length), LEVELS.index(chosen), torch.get_num_threads())
     return out
+
+
+def quantize(w: Tensor, block_size: int, scale_rule: str) -> tuple[Tensor, Tensor] | None:
+    """MXINT8 codes and scales of float32 ``w`` (rule ``floor``), bit for bit the torch encoder's; None
+    where the kernel does not apply (another rule or dtype, no kernel, ``MASE_LITE_MXINT8_CPU=torch``)."""
+    if (scale_rule != "floor" or type(block_size) is not int or block_size < 1 or w.dtype != torch.float32
+            or w.dim() < 1 or not w.numel() or not applies(w) or level() is None):
+        return None
+    length = w.shape[-1]
+    rows = w.numel() // length
+    src = w.detach().contiguous()
+    codes = torch.empty(w.shape, dtype=torch.int8)
+    scales = torch.empty(*w.shape[:-1], -(-length // block_size), dtype=torch.uint8)
+    kernel, blocks = _library().mxint8_quantize_rows, scales.shape[-1]
+
+    def run(first: int, last: int) -> None:
+        kernel(src.data_ptr() + first * length * 4, length, block_size, last - first,
+               codes.data_ptr() + first * length, scales.data_ptr() + first * blocks)
+
+    run_split(run, rows, torch.get_num_threads() if w.numel() >= PARALLEL_FROM_MACS else 1)
+    return codes, scales
 
 
 def _fused(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_size: int, lvl: int) -> Tensor:

@@ -1,5 +1,5 @@
 /* MXINT8 on the CPU: the linear layer y = x . W^T + b with W held as int8 codes and E8M0 scales,
- * and the dequantization of whole rows of W.
+ * the dequantization of whole rows of W, and their encoding (scale rule "floor").
  *
  * A weight is code * step, step = 2**(scale - 133) (2**-6 for the element, 2**(scale-127) for the
  * block), a NaN for scale 0xFF. The product of an int8 and a power of two at least 2**-133 is exact in
@@ -268,6 +268,55 @@ AVX512 static void dequantize_avx512(const int8_t *codes, const uint8_t *scales,
         }
 }
 #endif
+
+/* ---------------------------------------------------------------- encoding */
+
+/* Rows of k float32 weights to int8 codes and E8M0 scales, bit for bit mase_lite.numerics.mx.mxint_encode
+ * with the "floor" rule: shared exponent E = floor(log2(amax)) read from the exponent bits (frexp for a
+ * subnormal amax), -127 for an all-zero block, clamped to [-127, 127]; code = x * 2**(6 - E) rounded to
+ * nearest even (exact in double: one power-of-two product, then 1.5 * 2**52 added and taken away, the
+ * magnitude being below 2**8), clamped to +-127; -0.0 gives code 0. A block holding NaN or Inf gets
+ * codes 0 and scale 0xFF. */
+void mxint8_quantize_rows(const float *w, int64_t k, int64_t bs, int64_t rows, int8_t *codes, uint8_t *scales) {
+    static const double ROUNDER = 6755399441055744.0; /* 1.5 * 2**52 */
+    int64_t nb = (k + bs - 1) / bs;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            int64_t start = r * k + b * bs, end = r * k + min64((b + 1) * bs, k);
+            uint32_t amax = 0;
+            for (int64_t t = start; t < end; t++) {
+                uint32_t bits;
+                memcpy(&bits, w + t, sizeof bits);
+                bits &= 0x7FFFFFFFu;
+                amax = bits > amax ? bits : amax;
+            }
+            if (amax >= 0x7F800000u) { /* Inf or NaN in the block */
+                memset(codes + start, 0, (size_t)(end - start));
+                scales[r * nb + b] = 0xFF;
+                continue;
+            }
+            int shared;
+            if (amax == 0) {
+                shared = -127;
+            } else if (amax >= 0x00800000u) {
+                shared = (int)(amax >> 23) - 127;
+            } else {
+                float value;
+                memcpy(&value, &amax, sizeof value);
+                int exponent;
+                frexpf(value, &exponent);
+                shared = exponent - 1;
+            }
+            shared = shared < -127 ? -127 : shared;
+            scales[r * nb + b] = (uint8_t)(shared + 127);
+            double factor = ldexp(1.0, 6 - shared);
+            for (int64_t t = start; t < end; t++) {
+                double v = ((double)w[t] * factor + ROUNDER) - ROUNDER;
+                v = v > 127.0 ? 127.0 : v < -127.0 ? -127.0 : v;
+                codes[t] = (int8_t)v;
+            }
+        }
+}
 
 /* ---------------------------------------------------------------- entry points */
 
