@@ -45,3 +45,17 @@ def test_tables_have_one_row_per_case():
     dequant = bench_dequantize(CPU, sizes=[1], warmup=0, repeats=1)
     assert [row["Mi elements"] for row in dequant.rows] == [1]
     assert dequant.rows[0]["ratio"] == pytest.approx(dequant.rows[0]["dequantize GB/s"] / dequant.rows[0]["copy GB/s"])
+
+
+def test_cpu_sections_compare_side_by_side(monkeypatch):
+    from mase_lite.bench import mxint8_cpu
+
+    monkeypatch.setitem(__import__("sys").modules, "torchao.quantization", None)  # as if torchao were not installed
+    assert mxint8_cpu.torchao_linear(torch.ones(4, 4), torch.ones(4)) is None
+    linear = mxint8_cpu.bench_cpu_linear(64, [1, 40], [1], rounds=2, min_run_time=0.001)
+    assert [(r["threads"], r["batch"], r["torchao int8 ms"]) for r in linear.rows] == [(1, 1, "-"), (1, 40, "-")]
+    assert "torchao: not installed" in linear.notes[0]
+    (bandwidth,) = mxint8_cpu.bench_cpu_bandwidth(64, [1], rounds=1, min_run_time=0.001).rows
+    assert bandwidth["packed MiB"] * 2**20 == 64 * 64 + 64 * 2
+    assert bandwidth["mxint8 / copy"] == pytest.approx(bandwidth["mxint8 GB/s"] / bandwidth["copy GB/s"])
+    assert mxint8_cpu.ratio([2.0, 3.0, 8.0], [1.0, 1.0, 2.0]) == 3.0
