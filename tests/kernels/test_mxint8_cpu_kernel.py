@@ -239,3 +239,10 @@ def test_native_encoder_equals_the_torch_encoder(block_size, columns):
     codes, scales = mxint_encode(w, 8, block_size, "floor")
     assert torch.equal(native[0], codes) and torch.equal(native[1], scales)
     assert cpu_kernel.quantize(w, block_size, "ceil") is None and cpu_kernel.quantize(w.double(), block_size, "floor") is None
+
+
+@pytest.mark.parametrize("rows", [1, 40])
+def test_results_are_contiguous_like_the_fake_kernel_says(rows):
+    codes, scales = quantize(torch.randn(12, 64))
+    out = mxint8_linear(torch.randn(2, rows, 64), codes, scales)
+    assert out.shape == (2, rows, 12) and out.is_contiguous()

@@ -180,7 +180,7 @@ def _panels(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block
             torch.mm(panel, x.t(), out=out_t[first:last])
         else:
             torch.addmm(bias[first:last, None], panel, x.t(), out=out_t[first:last])
-    return out_t.t()
+    return out_t.t().contiguous()  # the strides the fake kernel promises
 
 
 def _dequantize_into(codes: Tensor, scales: Tensor, block_size: int, out: Tensor, lvl: int, workers: int) -> None:
