@@ -46,7 +46,7 @@ def main() -> None:
         sections.append(mxint8_cpu.bench_cpu_bandwidth(args.features, args.threads, args.rounds, args.min_run_time))
     if "model" in args.parts:
         config = mxint8_cpu.LLAMA_085B if args.llama == "0.85b" else SMALL_LLAMA
-        sections.append(mxint8_cpu.bench_cpu_model(config, args.tokens, max(args.threads), args.rounds,
+        sections.append(mxint8_cpu.bench_cpu_model(config, args.tokens, args.threads, args.rounds,
                                                    args.min_run_time))
     for section in sections:
         print(section.markdown(), "\n")

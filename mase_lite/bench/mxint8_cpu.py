@@ -128,9 +128,10 @@ def resident_bytes() -> int:
         return 0
 
 
-def bench_cpu_model(config: dict, tokens: list[int], threads: int, rounds: int, min_run_time: float) -> Section:
+def bench_cpu_model(config: dict, tokens: list[int], threads: list[int], rounds: int, min_run_time: float) -> Section:
     """A Llama from ``config`` (random weights): resident memory before and after packing every Linear,
-    packing seconds, and forward ms float vs packed at 1 x ``tokens`` (no KV cache)."""
+    packing seconds (on the most threads), and forward ms float vs packed at 1 x ``tokens`` (no KV cache)
+    on each thread count."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     def build() -> nn.Module:
@@ -138,7 +139,7 @@ def bench_cpu_model(config: dict, tokens: list[int], threads: int, rounds: int, 
         return LlamaForCausalLM(LlamaConfig(**config)).eval()
 
     previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    torch.set_num_threads(max(threads))
     try:
         gc.collect()
         base = resident_bytes()
@@ -157,15 +158,15 @@ def bench_cpu_model(config: dict, tokens: list[int], threads: int, rounds: int, 
              "packed / float": after / with_float if with_float else "-"},
             {"measure": "RSS grown by the model (MiB)", "float": (with_float - base) / MIB, "packed": (after - base) / MIB,
              "packed / float": (after - base) / (with_float - base) if with_float > base else "-"}]
-    for count in tokens:
-        ids = torch.randint(0, config["vocab_size"], (1, count))
+    for count, length in ((c, n) for c in threads for n in tokens):
+        ids = torch.randint(0, config["vocab_size"], (1, length))
         with torch.no_grad():
             t = side_by_side({"float": lambda: reference(input_ids=ids, use_cache=False),
-                              "packed": lambda: packed(input_ids=ids, use_cache=False)}, threads, rounds, min_run_time)
-        rows.append({"measure": f"forward 1x{count} tokens (ms)", "float": _ms(t["float"]), "packed": _ms(t["packed"]),
-                     "packed / float": ratio(t["packed"], t["float"])})
+                              "packed": lambda: packed(input_ids=ids, use_cache=False)}, count, rounds, min_run_time)
+        rows.append({"measure": f"forward 1x{length} tokens, {count} thread{'s' * (count > 1)} (ms)",
+                     "float": _ms(t["float"]), "packed": _ms(t["packed"]), "packed / float": ratio(t["packed"], t["float"])})
     notes = [f"LlamaForCausalLM({config}), random weights, float32; {layers} Linear layers packed "
-             f"({weights / 1e6:.1f} M weights) in {pack_seconds:.2f} s by pack_linears; {threads} threads; "
+             f"({weights / 1e6:.1f} M weights) in {pack_seconds:.2f} s by pack_linears on {max(threads)} threads; "
              f"forward ratios: median of {rounds} rounds (below 1: packed is faster)."]
     return Section("cpu_model", "CPU: Llama forward, float vs packed MXINT8", list(rows[0]), rows, notes)
 

@@ -97,7 +97,7 @@ def run_part(part: str, device: torch.device, sizes: Sizes) -> list[Section]:
             sections += [
                 mxint8_cpu.bench_cpu_linear(features, list(sizes.cpu_batches), threads, rounds, sizes.cpu_min_run_time),
                 mxint8_cpu.bench_cpu_bandwidth(features, threads, rounds, sizes.cpu_min_run_time),
-                mxint8_cpu.bench_cpu_model(sizes.cpu_llama, list(sizes.cpu_tokens), max(threads), rounds,
+                mxint8_cpu.bench_cpu_model(sizes.cpu_llama, list(sizes.cpu_tokens), threads, rounds,
                                            sizes.cpu_min_run_time)]
         return [*sections, bench_dequantize(device, list(sizes.dequantize_mi), w, r)]
     if part == "codegen":

@@ -23,7 +23,7 @@ def test_quick_bench_writes_table_json_and_plots(tmp_path, capsys):
     assert [(r["threads"], r["batch"]) for r in sections["cpu_linear"]["rows"]] == [(1, 1), (1, 8), (1, 64)]
     assert all(r["fp32 / mxint8"] > 0 and r["bf16 / mxint8 bf16"] > 0 for r in sections["cpu_linear"]["rows"])
     assert [r["measure"] for r in sections["cpu_model"]["rows"]] == [
-        "process RSS (MiB)", "RSS grown by the model (MiB)", "forward 1x1 tokens (ms)", "forward 1x16 tokens (ms)"]
+        "process RSS (MiB)", "RSS grown by the model (MiB)", "forward 1x1 tokens, 1 thread (ms)", "forward 1x16 tokens, 1 thread (ms)"]
     assert [r["model"] for r in sections["codegen"]["rows"]] == ["float", "packed"]
     assert all(r["bit-identical"] for r in sections["codegen"]["rows"])
     assert sections["memory"]["rows"][0]["of theory"] == "100.0%"  # every quick layer's width divides by 32
