@@ -4,8 +4,8 @@
 Up to ``FUSED_MAX_ROWS`` rows of input, :func:`linear` decodes each weight inside the dot product
 (reads one byte per weight instead of four, never materialises the float weight), with rows of W
 split over ``torch.get_num_threads()`` threads (ctypes lets go of the GIL). Above that the layer is
-compute-bound: panels of W, about ``PANEL_BYTES`` each, are dequantized (on all threads) into one
-buffer that lives for the call and handed to torch's GEMM. Weights are exact (see ``mxint8_cpu.c``); sums are float32 sums in the
+compute-bound: panels of W, about ``PANEL_BYTES`` each, are dequantized (on all threads) into a
+buffer kept per calling thread and handed to torch's GEMM. Weights are exact (see ``mxint8_cpu.c``); sums are float32 sums in the
 kernel's own order, so the result equals the float64 reference up to float32 accumulation error.
 
 The vector level is the best this CPU runs (AVX-512, AVX2, plain C); ``MASE_LITE_MXINT8_CPU``
@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -168,8 +169,8 @@ def _panels(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block
     out_features = codes.shape[0]
     dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32  # float16 computes in float32
     x = x.to(dtype)
-    panel_rows = max(_ALIGN, PANEL_BYTES // (in_features * x.element_size()))
-    buffer = torch.empty(min(panel_rows, out_features), in_features, dtype=dtype)
+    panel_rows = min(out_features, max(_ALIGN, PANEL_BYTES // (in_features * x.element_size())))
+    buffer = _scratch(panel_rows * in_features * x.element_size()).view(dtype).view(panel_rows, in_features)
     out_t = torch.empty(out_features, rows, dtype=dtype)
     bias = None if bias is None else bias.to(dtype)
     for first in range(0, out_features, panel_rows):
@@ -181,6 +182,18 @@ def _panels(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block
         else:
             torch.addmm(bias[first:last, None], panel, x.t(), out=out_t[first:last])
     return out_t.t().contiguous()  # the strides the fake kernel promises
+
+
+_local = threading.local()
+
+
+def _scratch(nbytes: int) -> Tensor:
+    """This thread's panel buffer, at least ``nbytes`` long: kept between calls, so its pages are not
+    faulted in again on every call (it holds one panel, about ``PANEL_BYTES``)."""
+    buffer = getattr(_local, "buffer", None)
+    if buffer is None or buffer.numel() < nbytes:
+        buffer = _local.buffer = torch.empty(nbytes, dtype=torch.uint8)
+    return buffer[:nbytes]
 
 
 def _dequantize_into(codes: Tensor, scales: Tensor, block_size: int, out: Tensor, lvl: int, workers: int) -> None:
