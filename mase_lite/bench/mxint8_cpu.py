@@ -108,15 +108,40 @@ def bench_cpu_bandwidth(features: int, threads: list[int], rounds: int, min_run_
     codes_copy, scales_copy = torch.empty_like(codes), torch.empty_like(scales)
     x = torch.randn(1, features)
     packed = codes.numel() + scales.numel()
+    fns = {"mx": lambda: mxint8_linear(x, codes, scales),
+           "copy": lambda: (codes_copy.copy_(codes), scales_copy.copy_(scales))}
     rows = []
     for count in threads:
-        t = side_by_side({"mx": lambda: mxint8_linear(x, codes, scales),
-                          "copy": lambda: (codes_copy.copy_(codes), scales_copy.copy_(scales))}, count, rounds, min_run_time)
+        t = side_by_side(fns, count, rounds, min_run_time)
         rows.append({"threads": count, "packed MiB": packed / MIB, "mxint8 GB/s": packed / statistics.median(t["mx"]) / 1e9,
                      "copy GB/s": packed / statistics.median(t["copy"]) / 1e9, "mxint8 / copy": ratio(t["copy"], t["mx"])})
+    cpu = thread_seconds(fns, rounds)
+    rows.append({"threads": "1, CPU time", "packed MiB": packed / MIB, "mxint8 GB/s": packed / statistics.median(cpu["mx"]) / 1e9,
+                 "copy GB/s": packed / statistics.median(cpu["copy"]) / 1e9, "mxint8 / copy": ratio(cpu["copy"], cpu["mx"])})
     return Section("cpu_bandwidth", "CPU: batch-1 mxint8_linear bandwidth vs a copy of the packed bytes",
                    list(rows[0]), rows, ["GB/s = packed bytes (codes + scales) / seconds per call; the copy reads "
-                                         "and writes them once (into buffers allocated before timing)."])
+                                         "and writes them once (into buffers allocated before timing). The last row "
+                                         "counts this thread's CPU time (one thread), which other processes' "
+                                         "scheduling does not stretch."])
+
+
+def thread_seconds(fns: dict[str, Callable[[], object]], rounds: int, calls: int = 20) -> dict[str, list[float]]:
+    """CPU seconds per call of each function on one thread (``time.thread_time``), in turn each round."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        for fn in fns.values():
+            fn()
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                start = time.thread_time()
+                for _ in range(calls):
+                    fn()
+                times[name].append((time.thread_time() - start) / calls)
+        return times
+    finally:
+        torch.set_num_threads(previous)
 
 
 def resident_bytes() -> int:
