@@ -88,8 +88,8 @@ def bench_cpu_linear(features: int, batches: list[int], threads: list[int], roun
                 fns["torchao"] = lambda: ao(x)
             with torch.no_grad():
                 t = side_by_side(fns, count, rounds, min_run_time)
-            row = {"threads": count, "batch": batch, "F.linear fp32 ms": _ms(t["fp32"]),
-                   "F.linear bf16 ms": _ms(t["bf16"]), "mxint8 fp32 ms": _ms(t["mx"]), "mxint8 bf16 ms": _ms(t["mx bf16"]),
+            row = {"threads": count, "batch": batch, "F.linear fp32 ms": _ms(t["fp32"]), "F.linear bf16 ms": _ms(t["bf16"]),
+                   "mxint8 fp32 ms": _ms(t["mx"]), "mxint8 bf16 ms": _ms(t["mx bf16"]),
                    "torchao int8 ms": _ms(t["torchao"]) if ao is not None else "-",
                    "fp32 / mxint8": ratio(t["fp32"], t["mx"]), "bf16 / mxint8 bf16": ratio(t["bf16"], t["mx bf16"]),
                    "torchao / mxint8": ratio(t["torchao"], t["mx"]) if ao is not None else "-"}
@@ -110,14 +110,13 @@ def bench_cpu_bandwidth(features: int, threads: list[int], rounds: int, min_run_
     packed = codes.numel() + scales.numel()
     fns = {"mx": lambda: mxint8_linear(x, codes, scales),
            "copy": lambda: (codes_copy.copy_(codes), scales_copy.copy_(scales))}
-    rows = []
-    for count in threads:
-        t = side_by_side(fns, count, rounds, min_run_time)
-        rows.append({"threads": count, "packed MiB": packed / MIB, "mxint8 GB/s": packed / statistics.median(t["mx"]) / 1e9,
-                     "copy GB/s": packed / statistics.median(t["copy"]) / 1e9, "mxint8 / copy": ratio(t["copy"], t["mx"])})
-    cpu = thread_seconds(fns, rounds)
-    rows.append({"threads": "1, CPU time", "packed MiB": packed / MIB, "mxint8 GB/s": packed / statistics.median(cpu["mx"]) / 1e9,
-                 "copy GB/s": packed / statistics.median(cpu["copy"]) / 1e9, "mxint8 / copy": ratio(cpu["copy"], cpu["mx"])})
+
+    def row(threads: int | str, t: dict[str, list[float]]) -> dict:
+        return {"threads": threads, "packed MiB": packed / MIB, "mxint8 GB/s": packed / statistics.median(t["mx"]) / 1e9,
+                "copy GB/s": packed / statistics.median(t["copy"]) / 1e9, "mxint8 / copy": ratio(t["copy"], t["mx"])}
+
+    rows = [row(count, side_by_side(fns, count, rounds, min_run_time)) for count in threads]
+    rows.append(row("1, CPU time", thread_seconds(fns, rounds)))
     return Section("cpu_bandwidth", "CPU: batch-1 mxint8_linear bandwidth vs a copy of the packed bytes",
                    list(rows[0]), rows, ["GB/s = packed bytes (codes + scales) / seconds per call; the copy reads "
                                          "and writes them once (into buffers allocated before timing). The last row "
@@ -181,7 +180,8 @@ def bench_cpu_model(config: dict, tokens: list[int], threads: list[int], rounds:
     weights = sum(m.codes.numel() for m in packed.modules() if isinstance(m, MXInt8Linear))
     rows = [{"measure": "process RSS (MiB)", "float": with_float / MIB, "packed": after / MIB,
              "packed / float": after / with_float if with_float else "-"},
-            {"measure": "RSS grown by the model (MiB)", "float": (with_float - base) / MIB, "packed": (after - base) / MIB,
+            {"measure": "RSS grown by the model (MiB)", "float": (with_float - base) / MIB,
+             "packed": (after - base) / MIB,
              "packed / float": (after - base) / (with_float - base) if with_float > base else "-"}]
     for count, length in ((c, n) for c in threads for n in tokens):
         ids = torch.randint(0, config["vocab_size"], (1, length))
@@ -189,7 +189,8 @@ def bench_cpu_model(config: dict, tokens: list[int], threads: list[int], rounds:
             t = side_by_side({"float": lambda: reference(input_ids=ids, use_cache=False),
                               "packed": lambda: packed(input_ids=ids, use_cache=False)}, count, rounds, min_run_time)
         rows.append({"measure": f"forward 1x{length} tokens, {count} thread{'s' * (count > 1)} (ms)",
-                     "float": _ms(t["float"]), "packed": _ms(t["packed"]), "packed / float": ratio(t["packed"], t["float"])})
+                     "float": _ms(t["float"]), "packed": _ms(t["packed"]),
+                     "packed / float": ratio(t["packed"], t["float"])})
     notes = [f"LlamaForCausalLM({config}), random weights, float32; {layers} Linear layers packed "
              f"({weights / 1e6:.1f} M weights) by pack_linears on {max(threads)} threads in {pack_seconds:.2f} s "
              f"({pack_cpu_seconds:.2f} s of CPU time); "

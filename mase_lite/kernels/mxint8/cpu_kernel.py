@@ -5,8 +5,9 @@ Up to ``FUSED_MAX_ROWS`` rows of input, :func:`linear` decodes each weight insid
 (reads one byte per weight instead of four, never materialises the float weight), with rows of W
 split over ``torch.get_num_threads()`` threads (ctypes lets go of the GIL). Above that the layer is
 compute-bound: panels of W, about ``PANEL_BYTES`` each, are dequantized (on all threads) into a
-buffer kept per calling thread and handed to torch's GEMM. Weights are exact (see ``mxint8_cpu.c``); sums are float32 sums in the
-kernel's own order, so the result equals the float64 reference up to float32 accumulation error.
+buffer kept per calling thread and handed to torch's GEMM. Weights are exact (see ``mxint8_cpu.c``);
+sums are float32 sums in the kernel's own order, so the result equals the float64 reference up to
+float32 accumulation error (the tolerance the tests hold it to is in ``tests/kernels/mxint8_cases.py``).
 
 The vector level is the best this CPU runs (AVX-512, AVX2, plain C); ``MASE_LITE_MXINT8_CPU``
 forces ``avx512``, ``avx2``, ``c`` or ``torch`` (the torch reference). Functions return None where

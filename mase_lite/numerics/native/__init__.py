@@ -1,4 +1,5 @@
-"""Optional native kernels: C sources (beside this file unless a caller names their folder), compiled on first use and loaded with ctypes.
+"""Optional native kernels: C sources (beside this file unless a caller names their folder), compiled
+on first use and loaded with ctypes.
 
 The system C compiler (``$CC``, else ``cc``) builds each source once per machine into
 ``$MASE_LITE_CACHE/native`` (default ``~/.cache/mase_lite/native``), named by a digest of the
@@ -46,12 +47,14 @@ def _compiler() -> tuple[str, str] | None:
     name = os.environ.get("CC", "cc")
     path = shutil.which(name)
     if path is None:
-        logger.warning("no C compiler (%s) found: quantizers run as slower torch operations; install one or set CC", name)
+        logger.warning("no C compiler (%s) found: quantizers and packed MXINT8 layers run as slower torch "
+                       "operations; install one or set CC", name)
         return None
     try:
         return path, subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as err:
-        logger.warning("the C compiler %s does not run (%s): quantizers run as slower torch operations", path, err)
+        logger.warning("the C compiler %s does not run (%s): quantizers and packed MXINT8 layers run as slower "
+                       "torch operations", path, err)
         return None
 
 
