@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from mase_lite.bench.section import Plot, Section
 from mase_lite.bench.timing import median_seconds, synchronize
-from mase_lite.kernels.mxint8 import MXInt8Linear, dequantize, mxint8_linear, quantize
+from mase_lite.kernels.mxint8 import MXInt8Linear, dequantize, mxint8_linear, pack_linears, quantize
 
 MIB = 2 ** 20
 THEORETICAL_SAVING = 1 - (8 + 8 / 32) / 32  # 74.2 %: one int8 element + 1/32 of a uint8 scale vs float32
@@ -41,15 +41,6 @@ def bench_dequantize(device: torch.device, sizes: list[int], warmup: int, repeat
                    Plot(x="Mi elements", ys=["dequantize GB/s", "copy GB/s"], ylabel="GB/s", logx=True))
 
 
-def pack_linears(model: torch.nn.Module, skip: str = "classifier") -> None:
-    """Replace every nn.Linear except ``skip`` by MXInt8Linear."""
-    for name, module in list(model.named_modules()):
-        if isinstance(module, torch.nn.Linear) and not name.startswith(skip):
-            parent_name, _, child = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, MXInt8Linear.from_linear(module))
-
-
 def tensor_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
@@ -65,7 +56,7 @@ def bench_memory(device: torch.device, bert_config: dict, batch: int, seq: int) 
 
     def packed_model() -> torch.nn.Module:
         model = fp32_model()
-        pack_linears(model)
+        pack_linears(model, skip=("classifier",))
         return model
 
     inputs = {"input_ids": torch.randint(0, 1000, (batch, seq))}

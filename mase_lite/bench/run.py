@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,10 @@ DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_BERT = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512)
 BIG_BERT = dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048)
 QUICK_BERT = dict(DEFAULT_BERT, vocab_size=1000)
+QUICK_LLAMA = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=128, vocab_size=1000)
+CPU_LLAMA = dict(hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4,
+                 intermediate_size=2816, vocab_size=32000)
 
 
 @dataclass(frozen=True)
@@ -44,9 +48,15 @@ class Sizes:
     memory_bert: dict
     linear_features: int
     linear_batches: tuple[int, ...] = (1, 16, 256)
+    cpu_batches: tuple[int, ...] = (1, 8, 64, 128)  # the CPU section (mase_lite/bench/mxint8_cpu.py)
+    cpu_threads: tuple[int, ...] = (1, 2)
+    cpu_llama: dict = field(default_factory=lambda: dict(CPU_LLAMA))
+    cpu_tokens: tuple[int, ...] = (1, 128)
+    cpu_min_run_time: float = 0.2
 
 
-QUICK = Sizes(1, 3, 2, 16, {"bert-tiny shape": QUICK_BERT}, (32, 64), (2, 2, 16), (1,), QUICK_BERT, 256)
+QUICK = Sizes(1, 3, 2, 16, {"bert-tiny shape": QUICK_BERT}, (32, 64), (2, 2, 16), (1,), QUICK_BERT, 256,
+              cpu_batches=(1, 8, 64), cpu_threads=(1,), cpu_llama=QUICK_LLAMA, cpu_tokens=(1, 16), cpu_min_run_time=0.01)
 CPU = Sizes(3, 20, 8, 128, {"bert-tiny shape": DEFAULT_BERT, "bert h512 x4": BIG_BERT}, (128, 256, 512),
             (8, 12, 64), (1, 4, 16), {}, 4096)
 CUDA = Sizes(10, 50, 8, 128, {"bert-tiny shape": DEFAULT_BERT, "bert h512 x4": BIG_BERT}, (128, 256, 512, 1024),
@@ -78,9 +88,18 @@ def run_part(part: str, device: torch.device, sizes: Sizes) -> list[Section]:
     if part == "mxint8":
         from mase_lite.bench.mxint8 import bench_dequantize, bench_linear, bench_memory
 
-        return [bench_memory(device, sizes.memory_bert, sizes.batch, sizes.seq),
-                bench_linear(device, sizes.linear_features, list(sizes.linear_batches), w, r),
-                bench_dequantize(device, list(sizes.dequantize_mi), w, r)]
+        sections = [bench_memory(device, sizes.memory_bert, sizes.batch, sizes.seq),
+                    bench_linear(device, sizes.linear_features, list(sizes.linear_batches), w, r)]
+        if device.type == "cpu":
+            from mase_lite.bench import mxint8_cpu
+
+            rounds, features, threads = max(1, min(r, 3)), sizes.linear_features, list(sizes.cpu_threads)
+            sections += [
+                mxint8_cpu.bench_cpu_linear(features, list(sizes.cpu_batches), threads, rounds, sizes.cpu_min_run_time),
+                mxint8_cpu.bench_cpu_bandwidth(features, threads, rounds, sizes.cpu_min_run_time),
+                mxint8_cpu.bench_cpu_model(sizes.cpu_llama, list(sizes.cpu_tokens), threads, rounds,
+                                           sizes.cpu_min_run_time)]
+        return [*sections, bench_dequantize(device, list(sizes.dequantize_mi), w, r)]
     if part == "codegen":
         from mase_lite.bench.codegen import bench_codegen
 

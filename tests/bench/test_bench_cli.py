@@ -16,9 +16,14 @@ def test_quick_bench_writes_table_json_and_plots(tmp_path, capsys):
     result = json.loads((out / "results.json").read_text())
     assert result["device"] == "cpu" and result["quick"] is True
     sections = {s["name"]: s for s in result["sections"]}
-    assert list(sections) == ["compile", "attention", "memory", "linear", "dequantize", "codegen"]
+    assert list(sections) == ["compile", "attention", "memory", "linear", "cpu_linear", "cpu_bandwidth", "cpu_model",
+                              "dequantize", "codegen"]
     assert [r["seq"] for r in sections["attention"]["rows"]] == [32, 64]
     assert [r["batch"] for r in sections["linear"]["rows"]] == [1, 16, 256]
+    assert [(r["threads"], r["batch"]) for r in sections["cpu_linear"]["rows"]] == [(1, 1), (1, 8), (1, 64)]
+    assert all(r["fp32 / mxint8"] > 0 and r["bf16 / mxint8 bf16"] > 0 for r in sections["cpu_linear"]["rows"])
+    assert [r["measure"] for r in sections["cpu_model"]["rows"]] == [
+        "process RSS (MiB)", "RSS grown by the model (MiB)", "forward 1x1 tokens, 1 thread (ms)", "forward 1x16 tokens, 1 thread (ms)"]
     assert [r["model"] for r in sections["codegen"]["rows"]] == ["float", "packed"]
     assert all(r["bit-identical"] for r in sections["codegen"]["rows"])
     assert sections["memory"]["rows"][0]["of theory"] == "100.0%"  # every quick layer's width divides by 32
@@ -27,7 +32,8 @@ def test_quick_bench_writes_table_json_and_plots(tmp_path, capsys):
     markdown = (out / "results.md").read_text()
     assert "### Naive attention vs fuse_sdpa" in markdown and "| bert-tiny shape |" in markdown
     assert markdown in capsys.readouterr().out
-    assert sorted(result["plots"]) == ["attention.png", "codegen.png", "compile.png", "dequantize.png", "linear.png"]
+    assert sorted(result["plots"]) == ["attention.png", "codegen.png", "compile.png", "cpu_linear.png", "dequantize.png",
+                                       "linear.png"]
     for name in result["plots"]:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

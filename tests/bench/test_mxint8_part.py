@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from mase_lite.bench.mxint8 import THEORETICAL_SAVING, bench_dequantize, bench_linear, bench_memory, pack_linears
-from mase_lite.kernels.mxint8 import MXInt8Linear
+from mase_lite.bench.mxint8 import THEORETICAL_SAVING, bench_dequantize, bench_linear, bench_memory
+from mase_lite.kernels.mxint8 import MXInt8Linear, pack_linears
 
 CPU = torch.device("cpu")
 
@@ -18,7 +18,7 @@ def test_pack_linears_packs_all_but_the_classifier(tiny_bert):
     with torch.no_grad():
         expected = tiny_bert(**inputs).logits
     linears = [name for name, m in tiny_bert.named_modules() if isinstance(m, torch.nn.Linear)]
-    pack_linears(tiny_bert)
+    assert pack_linears(tiny_bert, skip=("classifier",)) == len(linears) - 1
     packed = [name for name, m in tiny_bert.named_modules() if isinstance(m, MXInt8Linear)]
     assert packed == [name for name in linears if name != "classifier"]
     assert isinstance(tiny_bert.classifier, torch.nn.Linear)
@@ -45,3 +45,19 @@ def test_tables_have_one_row_per_case():
     dequant = bench_dequantize(CPU, sizes=[1], warmup=0, repeats=1)
     assert [row["Mi elements"] for row in dequant.rows] == [1]
     assert dequant.rows[0]["ratio"] == pytest.approx(dequant.rows[0]["dequantize GB/s"] / dequant.rows[0]["copy GB/s"])
+
+
+def test_cpu_sections_compare_side_by_side(monkeypatch):
+    from mase_lite.bench import mxint8_cpu
+
+    monkeypatch.setitem(__import__("sys").modules, "torchao.quantization", None)  # as if torchao were not installed
+    assert mxint8_cpu.torchao_linear(torch.ones(4, 4), torch.ones(4)) is None
+    linear = mxint8_cpu.bench_cpu_linear(64, [1, 40], [1], rounds=2, min_run_time=0.001)
+    assert [(r["threads"], r["batch"], r["torchao int8 ms"]) for r in linear.rows] == [(1, 1, "-"), (1, 40, "-")]
+    assert "torchao: not installed" in linear.notes[0]
+    rows = mxint8_cpu.bench_cpu_bandwidth(64, [1], rounds=1, min_run_time=0.001).rows
+    assert [row["threads"] for row in rows] == [1, "1, CPU time"]
+    for bandwidth in rows:
+        assert bandwidth["packed MiB"] * 2**20 == 64 * 64 + 64 * 2
+        assert bandwidth["mxint8 / copy"] == pytest.approx(bandwidth["mxint8 GB/s"] / bandwidth["copy GB/s"])
+    assert mxint8_cpu.ratio([2.0, 3.0, 8.0], [1.0, 1.0, 2.0]) == 3.0

@@ -227,7 +227,7 @@ def test_without_a_compiler_the_torch_implementation_runs(monkeypatch, fresh_cac
         assert native.library("blocks") is None and native.library("elements") is None
     compiler = os.environ.get("CC", "cc")
     assert [r.getMessage() for r in caplog.records] == [
-        f"no C compiler ({compiler}) found: quantizers run as slower torch operations; install one or set CC"]
+        f"no C compiler ({compiler}) found: quantizers and packed MXINT8 layers run as slower torch operations; install one or set CC"]
     assert not list(fresh_cache.rglob("*.so"))
 
 

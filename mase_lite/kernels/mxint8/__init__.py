@@ -1,4 +1,4 @@
-"""MXINT8 weights: codec, torch custom ops with CPU/CUDA/fake kernels, and a packed Linear.
+"""MXINT8 weights: codec, torch custom ops with CPU/CUDA/fake kernels, a packed Linear, and in-place packing.
 
 Example::
 
@@ -13,6 +13,7 @@ from mase_lite.kernels.mxint8.codec import DEFAULT_BLOCK_SIZE, dequantize_refere
 from mase_lite.kernels.mxint8.cuda_build import cuda_extension
 from mase_lite.kernels.mxint8.module import MXInt8Linear
 from mase_lite.kernels.mxint8.ops import GEMV_MAX_ROWS, dequantize, mxint8_linear
+from mase_lite.kernels.mxint8.packing import pack_linears
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -22,5 +23,6 @@ __all__ = [
     "dequantize",
     "dequantize_reference",
     "mxint8_linear",
+    "pack_linears",
     "quantize",
 ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from mase_lite.kernels.mxint8 import cpu_kernel
 from mase_lite.numerics.mx import mxint_decode, mxint_encode
 
 ELEMENT_WIDTH = 8
@@ -26,9 +27,11 @@ DEFAULT_BLOCK_SIZE = 32
 def quantize(w: Tensor, block_size: int = DEFAULT_BLOCK_SIZE, scale_rule: str = "floor") -> tuple[Tensor, Tensor]:
     """MXINT8 codes (int8, shape of ``w``) and E8M0 scales (uint8, ``(*w.shape[:-1], ceil(K / block_size))``).
 
-    Blocks run along the last dimension; each row is padded on its own.
+    Blocks run along the last dimension; each row is padded on its own. A float32 CPU tensor with the
+    ``floor`` rule is encoded by the native kernel (same bits, one pass), anything else in torch.
     """
-    return mxint_encode(w, ELEMENT_WIDTH, block_size, scale_rule)
+    native = cpu_kernel.quantize(w, block_size, scale_rule)
+    return mxint_encode(w, ELEMENT_WIDTH, block_size, scale_rule) if native is None else native
 
 
 def dequantize_reference(codes: Tensor, scales: Tensor, block_size: int = DEFAULT_BLOCK_SIZE,

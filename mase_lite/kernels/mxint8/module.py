@@ -55,10 +55,8 @@ class MXInt8Linear(nn.Module):
         """Pack ``linear``'s weight on its own device; the bias is copied with its dtype."""
         weight = linear.weight.detach()
         module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                     block_size=block_size, scale_rule=scale_rule, device=weight.device, dtype=weight.dtype)
-        codes, scales = quantize(weight, block_size, scale_rule)
-        module.codes.copy_(codes)
-        module.scales.copy_(scales)
+                     block_size=block_size, scale_rule=scale_rule, device="meta", dtype=weight.dtype)
+        module.codes, module.scales = quantize(weight, block_size, scale_rule)  # the encoder's tensors, no copy
         if linear.bias is not None:
             module.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=linear.bias.requires_grad)
         return module

@@ -1,8 +1,10 @@
 """Torch custom ops ``mase_lite::mxint8_dequantize`` and ``mase_lite::mxint8_linear``.
 
-Each op has a CPU kernel (the bit-exact torch reference), a CUDA kernel (the JIT-built
-``mxint8_kernels.cu``, or the same torch code on the GPU where it cannot be built) and a fake
-kernel, so both ops trace under ``torch.export`` and ``torch.compile``.
+Each op has a CPU kernel (the native ``mxint8_cpu.c`` through :mod:`~mase_lite.kernels.mxint8.cpu_kernel`,
+or the torch reference where that does not apply), a CUDA kernel (the JIT-built ``mxint8_kernels.cu``,
+or the same torch code on the GPU where it cannot be built) and a fake kernel, so both ops trace
+under ``torch.export`` and ``torch.compile`` as single nodes: traced code holds the op, and the
+native code runs only when the op is called on real tensors.
 
 CUDA strategy for the linear: up to ``GEMV_MAX_ROWS`` rows of input, a GEMV kernel dequantizes
 inside the dot product and never materialises the float weight; above that the layer is
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mase_lite.errors import UserError
+from mase_lite.kernels.mxint8 import cpu_kernel
 from mase_lite.kernels.mxint8.codec import DEFAULT_BLOCK_SIZE, dequantize_reference
 from mase_lite.kernels.mxint8.cuda_build import cuda_extension
 from mase_lite.numerics.mx import check_decode_args
@@ -53,7 +56,9 @@ def mxint8_linear(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None 
 
 @torch.library.custom_op("mase_lite::mxint8_dequantize", mutates_args=(), device_types="cpu")
 def _dequantize_op(codes: Tensor, scales: Tensor, block_size: int, dtype: torch.dtype) -> Tensor:
-    return dequantize_reference(codes, scales, block_size, dtype)
+    check_decode_args(codes, scales, block_size, dtype)
+    native = cpu_kernel.dequantize(codes, scales, block_size, dtype)
+    return dequantize_reference(codes, scales, block_size, dtype) if native is None else native
 
 
 @_dequantize_op.register_kernel("cuda")
@@ -78,7 +83,8 @@ def _dequantize_fake(codes: Tensor, scales: Tensor, block_size: int, dtype: torc
 @torch.library.custom_op("mase_lite::mxint8_linear", mutates_args=(), device_types="cpu")
 def _linear_op(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_size: int) -> Tensor:
     _check_linear_args(x, codes, scales, bias, block_size)
-    return F.linear(x, dequantize_reference(codes, scales, block_size, x.dtype), bias)
+    native = cpu_kernel.linear(x, codes, scales, bias, block_size)
+    return F.linear(x, dequantize_reference(codes, scales, block_size, x.dtype), bias) if native is None else native
 
 
 @_linear_op.register_kernel("cuda")

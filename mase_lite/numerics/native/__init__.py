@@ -1,4 +1,5 @@
-"""Optional native kernels: C sources beside this file, compiled on first use and loaded with ctypes.
+"""Optional native kernels: C sources (beside this file unless a caller names their folder), compiled
+on first use and loaded with ctypes.
 
 The system C compiler (``$CC``, else ``cc``) builds each source once per machine into
 ``$MASE_LITE_CACHE/native`` (default ``~/.cache/mase_lite/native``), named by a digest of the
@@ -46,24 +47,26 @@ def _compiler() -> tuple[str, str] | None:
     name = os.environ.get("CC", "cc")
     path = shutil.which(name)
     if path is None:
-        logger.warning("no C compiler (%s) found: quantizers run as slower torch operations; install one or set CC", name)
+        logger.warning("no C compiler (%s) found: quantizers and packed MXINT8 layers run as slower torch "
+                       "operations; install one or set CC", name)
         return None
     try:
         return path, subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as err:
-        logger.warning("the C compiler %s does not run (%s): quantizers run as slower torch operations", path, err)
+        logger.warning("the C compiler %s does not run (%s): quantizers and packed MXINT8 layers run as slower "
+                       "torch operations", path, err)
         return None
 
 
 @functools.cache
-def library(name: str) -> ctypes.CDLL | None:
-    """The compiled ``<name>.c`` loaded, or None (native kernels disabled, no compiler, failed build)."""
+def library(name: str, directory: Path = SOURCES) -> ctypes.CDLL | None:
+    """The compiled ``<directory>/<name>.c`` loaded, or None (native kernels disabled, no compiler, failed build)."""
     if not enabled() or _compiler() is None:
         return None
     compiler, version = _compiler()
-    source = SOURCES / f"{name}.c"
+    source = Path(directory) / f"{name}.c"
     try:
-        texts = [p.read_text() for p in (source, *sorted(SOURCES.glob("*.h")))]  # the headers it may include
+        texts = [p.read_text() for p in (source, *sorted(source.parent.glob("*.h")))]  # the headers it may include
         key = hashlib.sha256("\0".join([*texts, *FLAGS, version, platform.machine()]).encode())
         target = cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
         if not target.exists():
@@ -72,7 +75,11 @@ def library(name: str) -> ctypes.CDLL | None:
             return ctypes.CDLL(str(target))
         except OSError:  # a damaged file in the cache: build it again
             _build(compiler, source, target)
-            return ctypes.CDLL(str(target))
+            try:
+                return ctypes.CDLL(str(target))
+            except OSError:  # the compiler's own output does not load: keep nothing of it
+                target.unlink(missing_ok=True)
+                raise
     except (OSError, subprocess.SubprocessError) as err:
         logger.warning("building the native %s kernel failed (%s): its torch implementation runs instead", name, err)
         return None

@@ -52,15 +52,22 @@ def run_rows(kernel: Callable, x: Tensor, arguments: Callable[[int], tuple]) -> 
     def run(first: int, last: int) -> None:
         kernel(src.data_ptr() + first * row_bytes, out.data_ptr() + first * row_bytes, last - first, *args)
 
-    workers = min(torch.get_num_threads(), rows) if src.numel() >= PARALLEL_FROM_ELEMENTS else 1
-    if workers == 1:
-        run(0, rows)
-        return out
-    bounds = [rows * i // workers for i in range(workers + 1)]
-    futures = [_pool(workers).submit(run, a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-    for future in futures:
-        future.result()
+    run_split(run, rows, torch.get_num_threads() if src.numel() >= PARALLEL_FROM_ELEMENTS else 1)
     return out
+
+
+def run_split(run: Callable[[int, int], None], rows: int, workers: int, align: int = 1) -> None:
+    """``run(first, last)`` on ``rows`` cut into at most ``workers`` runs whose bounds are multiples of
+    ``align``; the last run goes in the calling thread, the others in the worker threads."""
+    units = -(-rows // align)
+    workers = max(1, min(workers, units))
+    bounds = [min(rows, units * i // workers * align) for i in range(workers + 1)]
+    futures = [_pool(workers).submit(run, a, b) for a, b in zip(bounds[:-2], bounds[1:-1])]
+    try:
+        run(bounds[-2], bounds[-1])
+    finally:
+        for future in futures:
+            future.result()
 
 
 _lock = threading.Lock()

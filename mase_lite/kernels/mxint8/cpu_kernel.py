@@ -1,0 +1,210 @@
+"""The native CPU path of the MXINT8 ops (``mxint8_cpu.c``, built on first use by
+:mod:`mase_lite.numerics.native`, with its cache and its fallback when there is no compiler).
+
+Up to ``FUSED_MAX_ROWS`` rows of input, :func:`linear` decodes each weight inside the dot product
+(reads one byte per weight instead of four, never materialises the float weight), with rows of W
+split over ``torch.get_num_threads()`` threads (ctypes lets go of the GIL). Above that the layer is
+compute-bound: panels of W, about ``PANEL_BYTES`` each, are dequantized (on all threads) into a
+buffer kept per calling thread and handed to torch's GEMM. Weights are exact (see ``mxint8_cpu.c``);
+sums are float32 sums in the kernel's own order, so the result equals the float64 reference up to
+float32 accumulation error (the tolerance the tests hold it to is in ``tests/kernels/mxint8_cases.py``).
+
+The vector level is the best this CPU runs (AVX-512, AVX2, plain C); ``MASE_LITE_MXINT8_CPU``
+forces ``avx512``, ``avx2``, ``c`` or ``torch`` (the torch reference). Functions return None where
+the kernel does not apply (an input dtype it does not compute, a traced or mode-wrapped call, no
+compiled kernel) and the caller runs the torch reference.
+
+>>> import torch
+>>> from mase_lite.kernels.mxint8.codec import quantize
+>>> codes, scales = quantize(torch.ones(4, 64))
+>>> y = linear(torch.ones(2, 64), codes, scales, None, 32)
+>>> y is None or y.tolist() == [[64.0] * 4] * 2
+True
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from mase_lite.errors import UserError
+from mase_lite.numerics.native import library
+from mase_lite.numerics.native.launch import run_split
+
+LEVELS = ("c", "avx2", "avx512")
+LEVEL_ENV = "MASE_LITE_MXINT8_CPU"
+FUSED_MAX_ROWS = 32
+"""Input rows up to which the fused kernel runs; above, dequantized panels go to torch's GEMM."""
+PANEL_BYTES = 8 << 20
+"""Bytes of one dequantized panel of W: it stays in the last-level cache while the GEMM reads it.
+Smaller panels cost more: torch's GEMM packs the input again for every panel (measured in
+benchmarks/RESULTS.md, MXINT8 on CPU)."""
+PARALLEL_FROM_MACS = 1 << 18
+"""Smaller products run in the calling thread (a hand-off costs more than it saves)."""
+INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_ALIGN = 4  # thread bounds on multiples of the kernel's tile of rows of W
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    lib = library("mxint8_cpu", Path(__file__).parent)
+    if lib is None:
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.mxint8_cpu_levels.argtypes, lib.mxint8_cpu_levels.restype = [], ctypes.c_int
+    lib.mxint8_linear_rows.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, i64, i64, ctypes.c_int]
+    lib.mxint8_dequantize_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, ctypes.c_int, ctypes.c_int]
+    lib.mxint8_quantize_rows.argtypes = [ptr, i64, i64, i64, ptr, ptr]
+    lib.mxint8_linear_rows.restype = lib.mxint8_dequantize_rows.restype = lib.mxint8_quantize_rows.restype = None
+    return lib
+
+
+def available_levels() -> tuple[str, ...]:
+    """The vector levels this CPU runs, lowest first (empty where the kernel could not be built)."""
+    lib = _library()
+    if lib is None:
+        return ()
+    mask = lib.mxint8_cpu_levels()
+    return tuple(name for bit, name in enumerate(LEVELS) if mask >> bit & 1)
+
+
+def level() -> str | None:
+    """The level calls take now: ``MASE_LITE_MXINT8_CPU`` if set, else the best available; None for torch."""
+    forced = os.environ.get(LEVEL_ENV, "")
+    if forced == "torch":
+        return None
+    available = available_levels()
+    if not forced:
+        return available[-1] if available else None
+    if forced not in LEVELS:
+        raise UserError(f"{LEVEL_ENV}={forced!r} is unknown; allowed: {', '.join((*LEVELS, 'torch'))}")
+    if forced not in available:
+        raise UserError(f"{LEVEL_ENV}={forced!r}: not available here (available: {', '.join(available) or 'none'})")
+    return forced
+
+
+def applies(x: Tensor) -> bool:
+    """Whether the kernel may compute on ``x``: a plain CPU tensor (not a fake or traced one), outside
+    torch.compile tracing and torch function/dispatch modes (they would not see the kernel's work)."""
+    return (type(x) is Tensor and x.device.type == "cpu" and not torch.compiler.is_compiling()
+            and not torch._C._len_torch_function_stack() and not torch._C._len_torch_dispatch_stack())
+
+
+def linear(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_size: int) -> Tensor | None:
+    """``x @ W.T + bias`` in ``x``'s dtype, W = MXINT8 ``codes`` and ``scales``; None where it does not apply."""
+    out_features, in_features = codes.shape
+    rows = x.numel() // in_features if in_features else 0
+    if not rows or not out_features or x.dtype not in INPUT_DTYPES or not applies(x):
+        return None
+    chosen = level()
+    if chosen is None:
+        return None
+    x_rows = x.reshape(rows, in_features)
+    codes, scales = codes.contiguous(), scales.contiguous()
+    if rows <= FUSED_MAX_ROWS:
+        out = _fused(x_rows, codes, scales, bias, block_size, LEVELS.index(chosen))
+    else:
+        out = _panels(x_rows, codes, scales, bias, block_size, LEVELS.index(chosen))
+    return out.to(x.dtype).reshape(*x.shape[:-1], out_features)
+
+
+def dequantize(codes: Tensor, scales: Tensor, block_size: int, dtype: torch.dtype) -> Tensor | None:
+    """The float32 or bfloat16 weights, bit for bit the reference decoder's; None where it does not apply."""
+    if dtype not in (torch.float32, torch.bfloat16) or codes.dim() < 1 or not codes.numel() or not applies(codes):
+        return None
+    chosen = level()
+    if chosen is None:
+        return None
+    length = codes.shape[-1]
+    codes, scales = codes.contiguous(), scales.contiguous()
+    out = torch.empty(codes.shape, dtype=dtype)
+    _dequantize_into(codes.reshape(-1, length), scales.reshape(codes.numel() // length, -1), block_size,
+                     out.reshape(-1, length), LEVELS.index(chosen), torch.get_num_threads())
+    return out
+
+
+def quantize(w: Tensor, block_size: int, scale_rule: str) -> tuple[Tensor, Tensor] | None:
+    """MXINT8 codes and scales of float32 ``w`` (rule ``floor``), bit for bit the torch encoder's; None
+    where the kernel does not apply (another rule or dtype, no kernel, ``MASE_LITE_MXINT8_CPU=torch``)."""
+    if (scale_rule != "floor" or type(block_size) is not int or block_size < 1 or w.dtype != torch.float32
+            or w.dim() < 1 or not w.numel() or not applies(w) or level() is None):
+        return None
+    length = w.shape[-1]
+    rows = w.numel() // length
+    src = w.detach().contiguous()
+    codes = torch.empty(w.shape, dtype=torch.int8)
+    scales = torch.empty(*w.shape[:-1], -(-length // block_size), dtype=torch.uint8)
+    kernel, blocks = _library().mxint8_quantize_rows, scales.shape[-1]
+
+    def run(first: int, last: int) -> None:
+        kernel(src.data_ptr() + first * length * 4, length, block_size, last - first,
+               codes.data_ptr() + first * length, scales.data_ptr() + first * blocks)
+
+    run_split(run, rows, torch.get_num_threads() if w.numel() >= PARALLEL_FROM_MACS else 1)
+    return codes, scales
+
+
+def _fused(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_size: int, lvl: int) -> Tensor:
+    rows, in_features = x.shape
+    out_features = codes.shape[0]
+    x32 = x.to(torch.float32).contiguous()
+    bias32 = None if bias is None else bias.to(torch.float32).contiguous()
+    out = torch.empty(rows, out_features, dtype=torch.float32)
+    args = (x32.data_ptr(), rows, in_features, codes.data_ptr(), scales.data_ptr(), block_size,
+            None if bias32 is None else bias32.data_ptr(), out.data_ptr(), out_features)
+    kernel = _library().mxint8_linear_rows
+    workers = torch.get_num_threads() if rows * out_features * in_features >= PARALLEL_FROM_MACS else 1
+    run_split(lambda first, last: kernel(*args, first, last, lvl), out_features, workers, _ALIGN)
+    return out
+
+
+def _panels(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_size: int, lvl: int) -> Tensor:
+    """``out.T`` one panel of rows of W at a time: dequantize the panel, then ``panel @ x.T`` by torch's GEMM."""
+    rows, in_features = x.shape
+    out_features = codes.shape[0]
+    dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32  # float16 computes in float32
+    x = x.to(dtype)
+    panel_rows = min(out_features, max(_ALIGN, PANEL_BYTES // (in_features * x.element_size())))
+    buffer = _scratch(panel_rows * in_features * x.element_size()).view(dtype).view(panel_rows, in_features)
+    out_t = torch.empty(out_features, rows, dtype=dtype)
+    bias = None if bias is None else bias.to(dtype)
+    for first in range(0, out_features, panel_rows):
+        last = min(first + panel_rows, out_features)
+        panel = buffer[: last - first]
+        _dequantize_into(codes[first:last], scales[first:last], block_size, panel, lvl, torch.get_num_threads())
+        if bias is None:
+            torch.mm(panel, x.t(), out=out_t[first:last])
+        else:
+            torch.addmm(bias[first:last, None], panel, x.t(), out=out_t[first:last])
+    return out_t.t().contiguous()  # the strides the fake kernel promises
+
+
+_local = threading.local()
+
+
+def _scratch(nbytes: int) -> Tensor:
+    """This thread's panel buffer, at least ``nbytes`` long: kept between calls, so its pages are not
+    faulted in again on every call (it holds one panel, about ``PANEL_BYTES``)."""
+    buffer = getattr(_local, "buffer", None)
+    if buffer is None or buffer.numel() < nbytes:
+        buffer = _local.buffer = torch.empty(nbytes, dtype=torch.uint8)
+    return buffer[:nbytes]
+
+
+def _dequantize_into(codes: Tensor, scales: Tensor, block_size: int, out: Tensor, lvl: int, workers: int) -> None:
+    """Rows of contiguous ``codes`` decoded into the contiguous float32/bfloat16 rows of ``out``."""
+    rows, length = codes.shape
+    kernel, bf16 = _library().mxint8_dequantize_rows, int(out.dtype == torch.bfloat16)
+    blocks, row_bytes = scales.shape[1], out.element_size() * length
+
+    def run(first: int, last: int) -> None:
+        kernel(codes.data_ptr() + first * length, scales.data_ptr() + first * blocks, length, block_size,
+               last - first, out.data_ptr() + first * row_bytes, bf16, lvl)
+
+    run_split(run, rows, workers if codes.numel() >= PARALLEL_FROM_MACS else 1)

@@ -1,0 +1,355 @@
+/* MXINT8 on the CPU: the linear layer y = x . W^T + b with W held as int8 codes and E8M0 scales,
+ * the dequantization of whole rows of W, and their encoding (scale rule "floor").
+ *
+ * A weight is code * step, step = 2**(scale - 133) (2**-6 for the element, 2**(scale-127) for the
+ * block), a NaN for scale 0xFF. The product of an int8 and a power of two at least 2**-133 is exact in
+ * float32 (it needs at most 8 significant bits, none below 2**-149), so each weight this file forms
+ * is bit for bit the float32 weight of the reference decoder; only -128 * 2**121 overflows, to -inf,
+ * as it does there. The linear layer then sums x[k] * w[k] in float32: its result differs from the
+ * float64 reference only by float32 accumulation (each level sums in its own fixed order).
+ *
+ * Three levels, chosen by the caller from mxint8_cpu_levels(): plain C, AVX2+FMA (8 lanes), AVX-512
+ * (16 lanes, masked loads for ragged blocks). Each output element is computed by the same sequence
+ * of operations whatever range of rows a call covers, so splitting rows over threads changes no bit.
+ * Compiled without -ffast-math and with C11 (no contraction of a * b + c into an FMA in plain C).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define MX_X86 1
+#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+#endif
+
+#define INLINE static inline __attribute__((always_inline))
+
+enum { LEVEL_C = 0, LEVEL_AVX2 = 1, LEVEL_AVX512 = 2 };
+enum { TILE_ROWS = 4 }; /* output rows (rows of W) computed together: 4 independent accumulators */
+
+static float STEP[256];
+
+__attribute__((constructor)) static void fill_steps(void) {
+    for (int s = 0; s < 255; s++) STEP[s] = ldexpf(1.0f, s - 133);
+    STEP[255] = NAN;
+}
+
+/* Bit i set where level i runs on this CPU (the OS saving the vector registers included). */
+int mxint8_cpu_levels(void) {
+    int levels = 1 << LEVEL_C;
+#ifdef MX_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) levels |= 1 << LEVEL_AVX2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        levels |= 1 << LEVEL_AVX512;
+#endif
+    return levels;
+}
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* float32 bits to bfloat16, rounded to nearest even (NaN stays NaN: its quiet bit is above the cut). */
+static inline uint16_t bf16_bits(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* ---------------------------------------------------------------- plain C */
+
+static void linear_c(const float *x, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales,
+                     int64_t bs, const float *bias, float *out, int64_t n, int64_t first, int64_t last) {
+    int64_t nb = (k + bs - 1) / bs;
+    for (int64_t j = first; j < last; j++) {
+        const int8_t *q = codes + j * k;
+        const uint8_t *s = scales + j * nb;
+        for (int64_t i = 0; i < m; i++) {
+            const float *xi = x + i * k;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                float step = STEP[s[b]];
+                for (int64_t t = b * bs, end = min64(t + bs, k); t < end; t++) acc += ((float)q[t] * step) * xi[t];
+            }
+            out[i * n + j] = bias ? acc + bias[j] : acc;
+        }
+    }
+}
+
+static void dequantize_c(const int8_t *codes, const uint8_t *scales, int64_t k, int64_t bs, int64_t rows,
+                         void *out, int bf16) {
+    int64_t nb = (k + bs - 1) / bs;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            float step = STEP[scales[r * nb + b]];
+            for (int64_t t = r * k + b * bs, end = r * k + min64((b + 1) * bs, k); t < end; t++) {
+                float w = (float)codes[t] * step;
+                if (bf16) ((uint16_t *)out)[t] = bf16_bits(w);
+                else ((float *)out)[t] = w;
+            }
+        }
+}
+
+#ifdef MX_X86
+/* ---------------------------------------------------------------- AVX2 + FMA */
+
+AVX2 INLINE float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2 INLINE __m256 weights8(const int8_t *q, __m256 step) {
+    __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(wide), step);
+}
+
+/* sums[r][i] = row j+r of W . row i of x, for R rows of W and MB rows of x. Tails (a block's last
+ * len % 8 elements) are summed in scalar accumulators of their own, added at the end. */
+AVX2 INLINE void tile_avx2(const float *x, int64_t k, const int8_t *codes, const uint8_t *scales, int64_t bs,
+                           int64_t j, const int R, const int MB, float sums[TILE_ROWS][4]) {
+    int64_t nb = (k + bs - 1) / bs;
+    __m256 acc[TILE_ROWS][2];
+    float tail[TILE_ROWS][2];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < MB; i++) acc[r][i] = _mm256_setzero_ps(), tail[r][i] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t start = b * bs, len = min64(bs, k - start), full = len & ~(int64_t)7;
+        float step[TILE_ROWS];
+        for (int r = 0; r < R; r++) step[r] = STEP[scales[(j + r) * nb + b]];
+        for (int64_t t = start; t < start + full; t += 8) {
+            __m256 xv[2];
+            for (int i = 0; i < MB; i++) xv[i] = _mm256_loadu_ps(x + i * k + t);
+            for (int r = 0; r < R; r++) {
+                __m256 w = weights8(codes + (j + r) * k + t, _mm256_set1_ps(step[r]));
+                for (int i = 0; i < MB; i++) acc[r][i] = _mm256_fmadd_ps(w, xv[i], acc[r][i]);
+            }
+        }
+        for (int64_t t = start + full; t < start + len; t++)
+            for (int r = 0; r < R; r++)
+                for (int i = 0; i < MB; i++) tail[r][i] += ((float)codes[(j + r) * k + t] * step[r]) * x[i * k + t];
+    }
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < MB; i++) sums[r][i] = hsum256(acc[r][i]) + tail[r][i];
+}
+
+AVX2 INLINE void rows_avx2(const float *x, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales,
+                           int64_t bs, const float *bias, float *out, int64_t n, int64_t j, const int R) {
+    float sums[TILE_ROWS][4];
+    for (int64_t i0 = 0; i0 < m; i0 += 2) {
+        const float *xi = x + i0 * k;
+        int mb = (int)min64(2, m - i0);
+        if (mb == 2) tile_avx2(xi, k, codes, scales, bs, j, R, 2, sums);
+        else tile_avx2(xi, k, codes, scales, bs, j, R, 1, sums);
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < mb; i++) out[(i0 + i) * n + j + r] = bias ? sums[r][i] + bias[j + r] : sums[r][i];
+    }
+}
+
+AVX2 static void linear_avx2(const float *x, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales,
+                             int64_t bs, const float *bias, float *out, int64_t n, int64_t first, int64_t last) {
+    int64_t j = first;
+    for (; j + TILE_ROWS <= last; j += TILE_ROWS) rows_avx2(x, m, k, codes, scales, bs, bias, out, n, j, TILE_ROWS);
+    for (; j < last; j++) rows_avx2(x, m, k, codes, scales, bs, bias, out, n, j, 1);
+}
+
+AVX2 static void dequantize_avx2(const int8_t *codes, const uint8_t *scales, int64_t k, int64_t bs, int64_t rows,
+                                 void *out, int bf16) {
+    int64_t nb = (k + bs - 1) / bs;
+    const __m256i half = _mm256_set1_epi32(0x7FFF), one = _mm256_set1_epi32(1);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            int64_t start = r * k + b * bs, len = min64(bs, k - b * bs), full = len & ~(int64_t)7;
+            float step = STEP[scales[r * nb + b]];
+            __m256 vstep = _mm256_set1_ps(step);
+            for (int64_t t = start; t < start + full; t += 8) {
+                __m256 w = weights8(codes + t, vstep);
+                if (!bf16) {
+                    _mm256_storeu_ps((float *)out + t, w);
+                    continue;
+                }
+                __m256i bits = _mm256_castps_si256(w);
+                __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), one);
+                __m256i h = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, half), lsb), 16);
+                __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08);
+                _mm_storeu_si128((__m128i *)((uint16_t *)out + t), _mm256_castsi256_si128(packed));
+            }
+            for (int64_t t = start + full; t < start + len; t++) {
+                float w = (float)codes[t] * step;
+                if (bf16) ((uint16_t *)out)[t] = bf16_bits(w);
+                else ((float *)out)[t] = w;
+            }
+        }
+}
+
+/* ---------------------------------------------------------------- AVX-512 */
+
+AVX512 INLINE __mmask16 lanes(int64_t remaining) {
+    return remaining >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << remaining) - 1u);
+}
+
+AVX512 INLINE __m512 weights16(const int8_t *q, __mmask16 mask, __m512 step) {
+    __m512i wide = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, q));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(wide), step);
+}
+
+/* As tile_avx2 with 16 lanes; a ragged block's last elements are masked lanes (zeros elsewhere). */
+AVX512 INLINE void tile_avx512(const float *x, int64_t k, const int8_t *codes, const uint8_t *scales, int64_t bs,
+                               int64_t j, const int R, const int MB, float sums[TILE_ROWS][4]) {
+    int64_t nb = (k + bs - 1) / bs;
+    __m512 acc[TILE_ROWS][4];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < MB; i++) acc[r][i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t start = b * bs, end = min64(start + bs, k);
+        __m512 step[TILE_ROWS];
+        for (int r = 0; r < R; r++) step[r] = _mm512_set1_ps(STEP[scales[(j + r) * nb + b]]);
+        for (int64_t t = start; t < end; t += 16) {
+            __mmask16 mask = lanes(end - t);
+            __m512 xv[4];
+            for (int i = 0; i < MB; i++) xv[i] = _mm512_maskz_loadu_ps(mask, x + i * k + t);
+            for (int r = 0; r < R; r++) {
+                __m512 w = weights16(codes + (j + r) * k + t, mask, step[r]);
+                for (int i = 0; i < MB; i++) acc[r][i] = _mm512_fmadd_ps(w, xv[i], acc[r][i]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < MB; i++) sums[r][i] = _mm512_reduce_add_ps(acc[r][i]);
+}
+
+AVX512 INLINE void rows_avx512(const float *x, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales,
+                               int64_t bs, const float *bias, float *out, int64_t n, int64_t j, const int R) {
+    float sums[TILE_ROWS][4];
+    for (int64_t i0 = 0; i0 < m; i0 += 4) {
+        const float *xi = x + i0 * k;
+        int mb = (int)min64(4, m - i0);
+        switch (mb) {
+        case 4: tile_avx512(xi, k, codes, scales, bs, j, R, 4, sums); break;
+        case 3: tile_avx512(xi, k, codes, scales, bs, j, R, 3, sums); break;
+        case 2: tile_avx512(xi, k, codes, scales, bs, j, R, 2, sums); break;
+        default: tile_avx512(xi, k, codes, scales, bs, j, R, 1, sums);
+        }
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < mb; i++) out[(i0 + i) * n + j + r] = bias ? sums[r][i] + bias[j + r] : sums[r][i];
+    }
+}
+
+AVX512 static void linear_avx512(const float *x, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales,
+                                 int64_t bs, const float *bias, float *out, int64_t n, int64_t first, int64_t last) {
+    int64_t j = first;
+    for (; j + TILE_ROWS <= last; j += TILE_ROWS) rows_avx512(x, m, k, codes, scales, bs, bias, out, n, j, TILE_ROWS);
+    for (; j < last; j++) rows_avx512(x, m, k, codes, scales, bs, bias, out, n, j, 1);
+}
+
+AVX512 static void dequantize_avx512(const int8_t *codes, const uint8_t *scales, int64_t k, int64_t bs,
+                                     int64_t rows, void *out, int bf16) {
+    int64_t nb = (k + bs - 1) / bs;
+    const __m512i half = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            int64_t start = r * k + b * bs, end = r * k + min64((b + 1) * bs, k);
+            __m512 step = _mm512_set1_ps(STEP[scales[r * nb + b]]);
+            for (int64_t t = start; t < end; t += 16) {
+                __mmask16 mask = lanes(end - t);
+                __m512 w = weights16(codes + t, mask, step);
+                if (!bf16) {
+                    _mm512_mask_storeu_ps((float *)out + t, mask, w);
+                    continue;
+                }
+                __m512i bits = _mm512_castps_si512(w);
+                __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
+                __m512i h = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, half), lsb), 16);
+                _mm256_mask_storeu_epi16((uint16_t *)out + t, mask, _mm512_cvtepi32_epi16(h));
+            }
+        }
+}
+#endif
+
+/* ---------------------------------------------------------------- encoding */
+
+/* Rows of k float32 weights to int8 codes and E8M0 scales, bit for bit mase_lite.numerics.mx.mxint_encode
+ * with the "floor" rule: shared exponent E = floor(log2(amax)) read from the exponent bits (frexp for a
+ * subnormal amax), -127 for an all-zero block, clamped to [-127, 127]; code = x * 2**(6 - E) rounded to
+ * nearest even (exact in double: one power-of-two product, then 1.5 * 2**52 added and taken away, the
+ * magnitude being below 2**8), clamped to +-127; -0.0 gives code 0. A block holding NaN or Inf gets
+ * codes 0 and scale 0xFF. */
+void mxint8_quantize_rows(const float *w, int64_t k, int64_t bs, int64_t rows, int8_t *codes, uint8_t *scales) {
+    static const double ROUNDER = 6755399441055744.0; /* 1.5 * 2**52 */
+    int64_t nb = (k + bs - 1) / bs;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            int64_t start = r * k + b * bs, end = r * k + min64((b + 1) * bs, k);
+            uint32_t amax = 0;
+            for (int64_t t = start; t < end; t++) {
+                uint32_t bits;
+                memcpy(&bits, w + t, sizeof bits);
+                bits &= 0x7FFFFFFFu;
+                amax = bits > amax ? bits : amax;
+            }
+            if (amax >= 0x7F800000u) { /* Inf or NaN in the block */
+                memset(codes + start, 0, (size_t)(end - start));
+                scales[r * nb + b] = 0xFF;
+                continue;
+            }
+            int shared;
+            if (amax == 0) {
+                shared = -127;
+            } else if (amax >= 0x00800000u) {
+                shared = (int)(amax >> 23) - 127;
+            } else {
+                float value;
+                memcpy(&value, &amax, sizeof value);
+                int exponent;
+                frexpf(value, &exponent);
+                shared = exponent - 1;
+            }
+            shared = shared < -127 ? -127 : shared;
+            scales[r * nb + b] = (uint8_t)(shared + 127);
+            double factor = ldexp(1.0, 6 - shared);
+            for (int64_t t = start; t < end; t++) {
+                double v = ((double)w[t] * factor + ROUNDER) - ROUNDER;
+                v = v > 127.0 ? 127.0 : v < -127.0 ? -127.0 : v;
+                codes[t] = (int8_t)v;
+            }
+        }
+}
+
+/* ---------------------------------------------------------------- entry points */
+
+/* out[i * n + j] = sum_t x[i * k + t] * W[j, t] (+ bias[j]) for rows i < m of x and first <= j < last.
+ * x: m rows of k float32; codes: n rows of k int8; scales: n rows of ceil(k / bs) uint8; bias: n or NULL. */
+void mxint8_linear_rows(const float *x, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales,
+                        int64_t bs, const float *bias, float *out, int64_t n, int64_t first, int64_t last,
+                        int level) {
+#ifdef MX_X86
+    if (level == LEVEL_AVX512) {
+        linear_avx512(x, m, k, codes, scales, bs, bias, out, n, first, last);
+        return;
+    }
+    if (level == LEVEL_AVX2) {
+        linear_avx2(x, m, k, codes, scales, bs, bias, out, n, first, last);
+        return;
+    }
+#endif
+    linear_c(x, m, k, codes, scales, bs, bias, out, n, first, last);
+}
+
+/* rows x k weights decoded into out, as float32 (bf16 = 0) or bfloat16 (bf16 = 1, round to nearest even). */
+void mxint8_dequantize_rows(const int8_t *codes, const uint8_t *scales, int64_t k, int64_t bs, int64_t rows,
+                            void *out, int bf16, int level) {
+#ifdef MX_X86
+    if (level == LEVEL_AVX512) {
+        dequantize_avx512(codes, scales, k, bs, rows, out, bf16);
+        return;
+    }
+    if (level == LEVEL_AVX2) {
+        dequantize_avx2(codes, scales, k, bs, rows, out, bf16);
+        return;
+    }
+#endif
+    dequantize_c(codes, scales, k, bs, rows, out, bf16);
+}

@@ -1,0 +1,57 @@
+"""Pack a model's Linear layers to MXINT8 in place, one layer at a time, each float weight released
+before the next is packed; then hand the freed memory back to the operating system.
+
+Resident memory after packing is then about the packed layers plus the rest of the model, and the
+peak while packing is the model plus one layer's packed copy. (A float weight something else still
+holds — a tied embedding, an optimizer — stays, of course.) glibc keeps freed memory of smaller
+allocations in its heap; ``malloc_trim`` returns its free pages, where glibc is the C library.
+
+Example::
+
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    >>> pack_linears(model, skip=("2",))
+    1
+    >>> type(model[0]).__name__, type(model[2]).__name__
+    ('MXInt8Linear', 'Linear')
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+from torch import nn
+
+from mase_lite.kernels.mxint8.codec import DEFAULT_BLOCK_SIZE
+from mase_lite.kernels.mxint8.module import MXInt8Linear
+
+
+def pack_linears(model: nn.Module, skip: tuple[str, ...] = (), block_size: int = DEFAULT_BLOCK_SIZE,
+                 scale_rule: str = "floor") -> int:
+    """Replace every ``nn.Linear`` of ``model`` whose name does not start with one of ``skip`` by an
+    :class:`MXInt8Linear`; returns how many were packed."""
+    names = [name for name, module in model.named_modules()
+             if isinstance(module, nn.Linear) and not name.startswith(tuple(skip))]  # names only: no module kept
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, MXInt8Linear.from_linear(getattr(parent, child), block_size, scale_rule))
+    return_free_memory()
+    return len(names)
+
+
+def return_free_memory() -> bool:
+    """Give the C heap's free pages back to the OS (glibc ``malloc_trim``); False where there is none."""
+    trim = _malloc_trim()
+    return trim is not None and bool(trim(0))
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
