@@ -189,11 +189,15 @@ def _grid_left(study: Study) -> bool:
 
 
 def _grid_point_taken(study: Study, trial: optuna.Trial) -> bool:
-    """Whether another trial holds ``trial``'s grid point: running, complete or failed by its own error.
+    """Whether another trial holds ``trial``'s grid point: an earlier trial still running, or one complete
+    or failed by its own error.
 
     Optuna's grid sampler hands out a visited point again when two workers ask at the same moment
-    (the last free point goes to one; the other gets a random one). A point whose trial a killed
-    worker left is not held: it is queued again (a retry carries fixed params, not a grid point).
+    (the last free point goes to one; the other gets a random one). Of two running trials on one point
+    the earlier keeps it: were each to yield to the other, both would be pruned, the point left with no
+    trial, and the sampler (which counts pruned points as visited) would hand out taken points until it
+    drew that one by chance. A point whose trial a killed worker left is not held: it is queued again
+    (a retry carries fixed params, not a grid point).
     """
     if not isinstance(study.sampler, optuna.samplers.GridSampler):
         return False
@@ -203,6 +207,7 @@ def _grid_point_taken(study: Study, trial: optuna.Trial) -> bool:
     states = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL)
     return any(
         t.number != trial.number and t.system_attrs.get("grid_id") == point
+        and (t.state != TrialState.RUNNING or t.number < trial.number)
         and (t.state != TrialState.FAIL or "error" in t.user_attrs)
         for t in study.study.get_trials(deepcopy=False, states=states)
     )

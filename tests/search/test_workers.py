@@ -79,7 +79,12 @@ def test_two_workers_on_postgresql(tmp_path, tiny_search, postgres_url):
     study = optuna.load_study(study_name="search", storage=postgres_url)
     complete = [t.params[WIDTH] for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))]
     assert sorted(complete) == WIDTHS
-    assert len(study.trials) == 3
+    # two workers asking at the same moment may draw one point: the later trial is pruned unrun, once,
+    # never both (which left the point without a trial and had the workers draw taken points in a loop)
+    others = [t for t in study.trials if t.state != optuna.trial.TrialState.COMPLETE]
+    assert all(t.state == optuna.trial.TrialState.PRUNED and t.user_attrs == {"status": "duplicate grid point"}
+               for t in others), others
+    assert len(others) <= 1, [(t.number, t.state.name, t.system_attrs.get("grid_id")) for t in study.trials]
     assert not (tmp_path / "search" / "study.journal").exists()
 
 
