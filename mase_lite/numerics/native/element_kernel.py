@@ -20,9 +20,8 @@ import functools
 from torch import Tensor
 
 from mase_lite.numerics.native import library
-from mase_lite.numerics.native.launch import applies, run_rows
+from mase_lite.numerics.native.launch import ROW_ARGS, applies, run_rows
 
-_ROWS = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
 
 
 @functools.cache
@@ -31,8 +30,8 @@ def _kernels() -> dict | None:
     if lib is None:
         return None
     integer_fn, grid_fn = lib.fake_quantize_integer, lib.fake_quantize_float_grid
-    integer_fn.argtypes = [*_ROWS, *[ctypes.c_float] * 4, ctypes.c_int]
-    grid_fn.argtypes = [*_ROWS, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double]
+    integer_fn.argtypes = [*ROW_ARGS, *[ctypes.c_float] * 4, ctypes.c_int]
+    grid_fn.argtypes = [*ROW_ARGS, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_double]
     integer_fn.restype = grid_fn.restype = None
     return {"integer": integer_fn, "float_grid": grid_fn}
 

@@ -15,6 +15,7 @@ at once. The result comes from :func:`~mase_lite.numerics.memory.empty_like_advi
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import threading
@@ -36,6 +37,10 @@ def applies(x: Tensor) -> bool:
             and not (torch.is_grad_enabled() and x.requires_grad)
             and not torch.compiler.is_compiling() and not torch._C._len_torch_function_stack()
             and not torch._C._len_torch_dispatch_stack())
+
+
+# ctypes argtypes every row kernel starts with: source, output, rows, row length (what run_rows passes)
+ROW_ARGS = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
 
 
 def run_rows(kernel: Callable, x: Tensor, arguments: Callable[[int], tuple]) -> Tensor:

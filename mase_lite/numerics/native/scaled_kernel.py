@@ -22,10 +22,9 @@ import functools
 from torch import Tensor
 
 from mase_lite.numerics.native import library
-from mase_lite.numerics.native.launch import applies, run_rows
+from mase_lite.numerics.native.launch import ROW_ARGS, applies, run_rows
 
 SCALE_DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2, "pow2": 3}
-_ROWS = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
 
 
 @functools.cache
@@ -34,9 +33,9 @@ def _kernels() -> dict | None:
     if lib is None:
         return None
     integer_fn, nvfp4_fn, range_fn = lib.fake_quantize_scaled_integer, lib.fake_quantize_nvfp4, lib.finite_range
-    integer_fn.argtypes = [*_ROWS, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float, ctypes.c_int,
+    integer_fn.argtypes = [*ROW_ARGS, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float, ctypes.c_int,
                            ctypes.c_int, ctypes.c_float, ctypes.c_float]
-    nvfp4_fn.argtypes = [*_ROWS, ctypes.c_float]
+    nvfp4_fn.argtypes = [*ROW_ARGS, ctypes.c_float]
     range_fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     integer_fn.restype = nvfp4_fn.restype = range_fn.restype = None
     return {"scaled_integer": integer_fn, "nvfp4": nvfp4_fn, "finite_range": range_fn}
