@@ -23,7 +23,6 @@ from mase_lite.numerics.native import library
 from mase_lite.numerics.native.launch import ROW_ARGS, applies, run_rows
 
 
-
 @functools.cache
 def _kernels() -> dict | None:
     lib = library("elements")
