@@ -14,11 +14,15 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
+import os
 import re
 import sys
+import threading
 from pathlib import Path
+from typing import NoReturn
 
 from mase_lite import __version__
 from mase_lite.errors import UserError, describe, shown_paths
@@ -199,5 +203,26 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run() -> NoReturn:
+    """The ``mase-lite`` command: :func:`main`, then exit without tearing the interpreter down.
+
+    Freeing the modules of torch and transformers one by one takes about a second once a run has
+    finished (benchmarks/RESULTS.md, quickstart). After ``main`` returns, the exit handlers run
+    (``atexit``: temporary files, loggers, child processes), the standard streams are flushed and the
+    process ends. While a thread that is not a daemon still runs, the exit is the ordinary one, which
+    waits for it.
+    """
+    code = main()
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed stream or a reader gone: nothing left to write
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
