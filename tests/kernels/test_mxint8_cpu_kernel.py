@@ -46,9 +46,12 @@ def test_levels_follow_the_cpu_flags():
     assert cpu_kernel.level() == levels[-1]
 
 
-# rows of x (1..32: fused; 40, 70: dequantized panels and torch's GEMM), out_features, in_features, block size
+# rows of x (1..32: fused; 40, 70: dequantized panels and torch's GEMM), out_features, in_features, block size;
+# blocks of a multiple of 16 that tile in_features take the regular kernel (tiles of 8, 6 and 4 rows of W
+# against 1, 2 and 3 rows of x; the rows of W left over one by one), the others the masked one
 SHAPES = [(1, 37, 100, 32), (3, 130, 96, 32), (5, 8, 33, 32), (1, 4, 1, 32), (17, 9, 64, 32), (32, 13, 40, 32),
-          (40, 67, 160, 32), (70, 5, 50, 32), (2, 11, 75, 16), (4, 6, 70, 7), (33, 6, 70, 7)]
+          (40, 67, 160, 32), (70, 5, 50, 32), (2, 11, 75, 16), (4, 6, 70, 7), (33, 6, 70, 7),
+          (1, 37, 64, 32), (2, 13, 128, 32), (4, 19, 96, 32), (7, 23, 64, 16), (1, 9, 96, 48), (6, 3, 32, 32)]
 
 
 @pytest.mark.parametrize("rows, n, k, block_size", SHAPES)
@@ -145,6 +148,54 @@ def test_threads_give_the_same_bits_as_one_thread(level, rows, monkeypatch):
             assert torch.equal(cpu_kernel.linear(x, codes, scales, bias, 32), one)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("k, block_size", [(160, 32), (100, 32), (96, 16)])
+def test_a_row_gets_the_same_bits_in_any_batch(level, k, block_size):
+    """Each output element takes the same operations whatever tile computes it: a row of x alone, or
+    among 2..32 others (every grouping of rows of x and of W), gives the same bits."""
+    torch.manual_seed(k)
+    codes, scales = quantize(torch.randn(29, k), block_size)
+    x, bias = torch.randn(32, k), torch.randn(29)
+    alone = torch.cat([native_linear(x[i : i + 1], codes, scales, bias, block_size) for i in range(32)])
+    for rows in range(2, 33):
+        assert torch.equal(native_linear(x[:rows], codes, scales, bias, block_size), alone[:rows])
+
+
+@needs_compiler
+def test_without_openmp_python_threads_give_the_same_bits(monkeypatch):
+    """A build without OpenMP (a compiler that has none) splits rows over Python threads instead."""
+    plain = cpu_kernel._declared(native.library("mxint8_cpu", Path(cpu_kernel.__file__).parent, openmp=False))
+    assert plain.mxint8_cpu_openmp() == 0
+    torch.manual_seed(5)
+    codes, scales = quantize(torch.randn(67, 160))
+    x, bias = torch.randn(3, 160), torch.randn(67)
+    expected = cpu_kernel.linear(x, codes, scales, bias, 32)
+    monkeypatch.setattr(cpu_kernel, "_library", lambda: plain)
+    monkeypatch.setattr(cpu_kernel, "PARALLEL_FROM_MACS", 0)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            assert torch.equal(cpu_kernel.linear(x, codes, scales, bias, 32), expected)
+            assert_bitwise_equal(cpu_kernel.dequantize(codes, scales, 32, torch.float32), dequantize_reference(codes, scales))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_compiler
+def test_a_compiler_without_openmp_builds_the_kernel_without_it(no_library, monkeypatch, caplog):
+    cc = shutil.which("cc")
+    script = no_library / "cc"
+    script.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && exit 1; done\nexec {cc} "$@"\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("CC", str(script))
+    with caplog.at_level(logging.WARNING, logger="mase_lite.numerics.native"):
+        lib = cpu_kernel._library()
+    assert lib is not None and lib.mxint8_cpu_openmp() == 0 and not caplog.records
+    codes, scales = quantize(torch.randn(6, 64))
+    x = torch.randn(3, 64)
+    assert_within_accumulation_error(native_linear(x, codes, scales), x, codes, scales)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -48,18 +48,23 @@ benchmarks/RESULTS.md, MXINT8 on CPU)."""
 PARALLEL_FROM_MACS = 1 << 18
 """Smaller products run in the calling thread (a hand-off costs more than it saves)."""
 INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_ALIGN = 4  # thread bounds on multiples of the kernel's tile of rows of W
+_ALIGN = 8  # thread bounds on multiples of the kernel's widest tile of rows of W
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    lib = library("mxint8_cpu", Path(__file__).parent)
+    return _declared(library("mxint8_cpu", Path(__file__).parent, openmp=True))
+
+
+def _declared(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
+    """``lib`` with the argument and result types of its functions declared."""
     if lib is None:
         return None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.mxint8_cpu_levels.argtypes, lib.mxint8_cpu_levels.restype = [], ctypes.c_int
-    lib.mxint8_linear_rows.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, i64, i64, ctypes.c_int]
-    lib.mxint8_dequantize_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, ctypes.c_int, ctypes.c_int]
+    i64, ptr, int_ = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.mxint8_cpu_levels.argtypes, lib.mxint8_cpu_levels.restype = [], int_
+    lib.mxint8_cpu_openmp.argtypes, lib.mxint8_cpu_openmp.restype = [], int_
+    lib.mxint8_linear_rows.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, i64, i64, int_, int_]
+    lib.mxint8_dequantize_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, int_, int_, int_]
     lib.mxint8_quantize_rows.argtypes = [ptr, i64, i64, i64, ptr, ptr]
     lib.mxint8_linear_rows.restype = lib.mxint8_dequantize_rows.restype = lib.mxint8_quantize_rows.restype = None
     return lib
@@ -160,7 +165,7 @@ def _fused(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_
             None if bias32 is None else bias32.data_ptr(), out.data_ptr(), out_features)
     kernel = _library().mxint8_linear_rows
     workers = torch.get_num_threads() if rows * out_features * in_features >= PARALLEL_FROM_MACS else 1
-    run_split(lambda first, last: kernel(*args, first, last, lvl), out_features, workers, _ALIGN)
+    _parallel(lambda first, last, threads: kernel(*args, first, last, lvl, threads), out_features, workers)
     return out
 
 
@@ -203,8 +208,17 @@ def _dequantize_into(codes: Tensor, scales: Tensor, block_size: int, out: Tensor
     kernel, bf16 = _library().mxint8_dequantize_rows, int(out.dtype == torch.bfloat16)
     blocks, row_bytes = scales.shape[1], out.element_size() * length
 
-    def run(first: int, last: int) -> None:
+    def run(first: int, last: int, threads: int) -> None:
         kernel(codes.data_ptr() + first * length, scales.data_ptr() + first * blocks, length, block_size,
-               last - first, out.data_ptr() + first * row_bytes, bf16, lvl)
+               last - first, out.data_ptr() + first * row_bytes, bf16, lvl, threads)
 
-    run_split(run, rows, workers if codes.numel() >= PARALLEL_FROM_MACS else 1)
+    _parallel(run, rows, workers if codes.numel() >= PARALLEL_FROM_MACS else 1)
+
+
+def _parallel(call, rows: int, workers: int) -> None:
+    """``call(first, last, threads)`` over ``rows``: one call on ``workers`` of torch's OpenMP threads where
+    the kernel was built with OpenMP, else runs of rows on Python threads (ctypes lets go of the GIL)."""
+    if _library().mxint8_cpu_openmp():
+        call(0, rows, workers)
+    else:
+        run_split(lambda first, last: call(first, last, 1), rows, workers, _ALIGN)

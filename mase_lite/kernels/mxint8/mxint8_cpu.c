@@ -238,8 +238,92 @@ AVX512 INLINE void rows_avx512(const float *x, int64_t m, int64_t k, const int8_
     }
 }
 
+/* The regular layout (blocks of a multiple of 16 elements that tile a row exactly, as 32 | 4096):
+ * no masks, and each block's products code * x summed in float32 first, then scaled by its step into
+ * the row's sum: one multiply per block instead of one per weight. The step is a power of two, so this
+ * regroups the reference sum without rounding it otherwise, except where code * x itself leaves
+ * float32's range (inputs beyond 2**120 at the smallest steps). Each output element gets the same
+ * operations whatever tile computes it, so results depend neither on threads nor on the batch. */
+
+AVX512 INLINE __m512 codes16(const int8_t *q) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+}
+
+/* sums[r * MB + i] = row j + r of W . row i of x for R rows of W and MB rows of x (sizes known when
+ * compiled, so the accumulators stay in registers). */
+#define REGULAR_TILE(R, MB)                                                                                  \
+    AVX512 INLINE void tile_##R##x##MB##_body(const float *x, int64_t k, const int8_t *q, const uint8_t *s,   \
+                                              const int64_t bs, float *sums) {                              \
+        int64_t nb = k / bs;                                                                                \
+        __m512 acc[R][MB], part[R][MB];                                                                     \
+        for (int r = 0; r < R; r++)                                                                         \
+            for (int i = 0; i < MB; i++) acc[r][i] = _mm512_setzero_ps();                                   \
+        for (int64_t b = 0; b < nb; b++) {                                                                  \
+            const int64_t start = b * bs;                                                                   \
+            for (int i = 0; i < MB; i++) {                                                                  \
+                __m512 xv = _mm512_loadu_ps(x + i * k + start);                                             \
+                for (int r = 0; r < R; r++) part[r][i] = _mm512_mul_ps(codes16(q + r * k + start), xv);     \
+            }                                                                                               \
+            for (int64_t t = start + 16; t < start + bs; t += 16) {                                         \
+                __m512 xv[MB];                                                                              \
+                for (int i = 0; i < MB; i++) xv[i] = _mm512_loadu_ps(x + i * k + t);                        \
+                for (int r = 0; r < R; r++) {                                                               \
+                    __m512 w = codes16(q + r * k + t);                                                      \
+                    for (int i = 0; i < MB; i++) part[r][i] = _mm512_fmadd_ps(w, xv[i], part[r][i]);       \
+                }                                                                                           \
+            }                                                                                               \
+            for (int r = 0; r < R; r++) {                                                                   \
+                __m512 step = _mm512_set1_ps(STEP[s[r * nb + b]]);                                          \
+                for (int i = 0; i < MB; i++) acc[r][i] = _mm512_fmadd_ps(part[r][i], step, acc[r][i]);     \
+            }                                                                                               \
+        }                                                                                                   \
+        for (int r = 0; r < R; r++)                                                                         \
+            for (int i = 0; i < MB; i++) sums[r * MB + i] = _mm512_reduce_add_ps(acc[r][i]);               \
+    }                                                                                                       \
+    AVX512 static void tile_##R##x##MB(const float *x, int64_t k, const int8_t *q, const uint8_t *s,         \
+                                       int64_t bs, float *sums) {                                           \
+        if (bs == 32) tile_##R##x##MB##_body(x, k, q, s, 32, sums); /* the common block: unrolled */        \
+        else tile_##R##x##MB##_body(x, k, q, s, bs, sums);                                                  \
+    }
+REGULAR_TILE(8, 1)
+REGULAR_TILE(6, 2)
+REGULAR_TILE(4, 3)
+REGULAR_TILE(1, 1)
+REGULAR_TILE(1, 2)
+REGULAR_TILE(1, 3)
+
+typedef void (*regular_tile_fn)(const float *, int64_t, const int8_t *, const uint8_t *, int64_t, float *);
+
+/* Output rows first .. last for all m rows of x, regular layout: rows of x three at a time, each group
+ * against tiles of rows of W (8 against one row of x, 6 against two, 4 against three: what fits in the
+ * 32 vector registers), the rows of W left over one at a time. */
+AVX512 static void linear_avx512_regular(const float *x, int64_t m, int64_t k, const int8_t *codes,
+                                         const uint8_t *scales, int64_t bs, const float *bias, float *out,
+                                         int64_t n, int64_t first, int64_t last) {
+    static const regular_tile_fn wide[3] = {tile_8x1, tile_6x2, tile_4x3};
+    static const regular_tile_fn single[3] = {tile_1x1, tile_1x2, tile_1x3};
+    static const int tile_rows[3] = {8, 6, 4};
+    int64_t nb = k / bs;
+    float sums[12];
+    for (int64_t i0 = 0; i0 < m; i0 += 3) {
+        const int mb = (int)min64(3, m - i0), R = tile_rows[mb - 1];
+        for (int64_t j = first; j < last;) {
+            const int take = last - j >= R ? R : 1;
+            (take == R ? wide : single)[mb - 1](x + i0 * k, k, codes + j * k, scales + j * nb, bs, sums);
+            for (int r = 0; r < take; r++)
+                for (int i = 0; i < mb; i++)
+                    out[(i0 + i) * n + j + r] = bias ? sums[r * mb + i] + bias[j + r] : sums[r * mb + i];
+            j += take;
+        }
+    }
+}
+
 AVX512 static void linear_avx512(const float *x, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales,
                                  int64_t bs, const float *bias, float *out, int64_t n, int64_t first, int64_t last) {
+    if (bs % 16 == 0 && k % bs == 0) {
+        linear_avx512_regular(x, m, k, codes, scales, bs, bias, out, n, first, last);
+        return;
+    }
     int64_t j = first;
     for (; j + TILE_ROWS <= last; j += TILE_ROWS) rows_avx512(x, m, k, codes, scales, bs, bias, out, n, j, TILE_ROWS);
     for (; j < last; j++) rows_avx512(x, m, k, codes, scales, bs, bias, out, n, j, 1);
@@ -320,36 +404,100 @@ void mxint8_quantize_rows(const float *w, int64_t k, int64_t bs, int64_t rows, i
 
 /* ---------------------------------------------------------------- entry points */
 
-/* out[i * n + j] = sum_t x[i * k + t] * W[j, t] (+ bias[j]) for rows i < m of x and first <= j < last.
- * x: m rows of k float32; codes: n rows of k int8; scales: n rows of ceil(k / bs) uint8; bias: n or NULL. */
-void mxint8_linear_rows(const float *x, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales,
-                        int64_t bs, const float *bias, float *out, int64_t n, int64_t first, int64_t last,
-                        int level) {
-#ifdef MX_X86
-    if (level == LEVEL_AVX512) {
-        linear_avx512(x, m, k, codes, scales, bs, bias, out, n, first, last);
-        return;
-    }
-    if (level == LEVEL_AVX2) {
-        linear_avx2(x, m, k, codes, scales, bs, bias, out, n, first, last);
-        return;
-    }
+/* Whether this build runs its threads on OpenMP (built with -fopenmp). The library then shares the
+ * OpenMP runtime torch has loaded (same soname), so its threads are torch's own team: no second
+ * set of threads competes for the cores with torch's spinning ones. */
+int mxint8_cpu_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
 #endif
-    linear_c(x, m, k, codes, scales, bs, bias, out, n, first, last);
 }
 
-/* rows x k weights decoded into out, as float32 (bf16 = 0) or bfloat16 (bf16 = 1, round to nearest even). */
-void mxint8_dequantize_rows(const int8_t *codes, const uint8_t *scales, int64_t k, int64_t bs, int64_t rows,
-                            void *out, int bf16, int level) {
+typedef void (*rows_fn)(const void *args, int64_t first, int64_t last);
+
+/* fn(args, first, last) on [0, rows) cut into at most `threads` runs on multiples of `align` rows, in
+ * parallel where built with OpenMP (else one after another: the caller splits over its own threads). */
+static void split_rows(rows_fn fn, const void *args, int64_t rows, int64_t align, int threads) {
+    int64_t units = (rows + align - 1) / align;
+    int parts = (int)min64(threads < 1 ? 1 : threads, units < 1 ? 1 : units);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(parts) schedule(static, 1) if (parts > 1)
+#endif
+    for (int t = 0; t < parts; t++)
+        fn(args, min64(rows, units * t / parts * align), min64(rows, units * (t + 1) / parts * align));
+}
+
+struct linear_args {
+    const float *x;
+    int64_t m, k;
+    const int8_t *codes;
+    const uint8_t *scales;
+    int64_t bs;
+    const float *bias;
+    float *out;
+    int64_t n;
+    int level;
+};
+
+static void linear_range(const void *p, int64_t first, int64_t last) {
+    const struct linear_args *a = p;
 #ifdef MX_X86
-    if (level == LEVEL_AVX512) {
-        dequantize_avx512(codes, scales, k, bs, rows, out, bf16);
+    if (a->level == LEVEL_AVX512) {
+        linear_avx512(a->x, a->m, a->k, a->codes, a->scales, a->bs, a->bias, a->out, a->n, first, last);
         return;
     }
-    if (level == LEVEL_AVX2) {
-        dequantize_avx2(codes, scales, k, bs, rows, out, bf16);
+    if (a->level == LEVEL_AVX2) {
+        linear_avx2(a->x, a->m, a->k, a->codes, a->scales, a->bs, a->bias, a->out, a->n, first, last);
         return;
     }
 #endif
-    dequantize_c(codes, scales, k, bs, rows, out, bf16);
+    linear_c(a->x, a->m, a->k, a->codes, a->scales, a->bs, a->bias, a->out, a->n, first, last);
+}
+
+/* out[i * n + j] = sum_t x[i * k + t] * W[j, t] (+ bias[j]) for rows i < m of x and first <= j < last,
+ * on `threads` threads (OpenMP builds). x: m rows of k float32; codes: n rows of k int8; scales: n rows of
+ * ceil(k / bs) uint8; bias: n or NULL. Threads take runs of 8 rows of W (the widest tile). */
+void mxint8_linear_rows(const float *x, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales,
+                        int64_t bs, const float *bias, float *out, int64_t n, int64_t first, int64_t last,
+                        int level, int threads) {
+    struct linear_args a = {x, m, k, codes + first * k, scales + first * ((k + bs - 1) / bs), bs,
+                            bias ? bias + first : NULL, out + first, n, level};
+    split_rows(linear_range, &a, last - first, 8, threads);
+}
+
+struct dequantize_args {
+    const int8_t *codes;
+    const uint8_t *scales;
+    int64_t k, bs;
+    void *out;
+    int bf16, level;
+};
+
+static void dequantize_range(const void *p, int64_t first, int64_t last) {
+    const struct dequantize_args *a = p;
+    int64_t nb = (a->k + a->bs - 1) / a->bs;
+    const int8_t *codes = a->codes + first * a->k;
+    const uint8_t *scales = a->scales + first * nb;
+    void *out = (char *)a->out + first * a->k * (a->bf16 ? 2 : 4);
+#ifdef MX_X86
+    if (a->level == LEVEL_AVX512) {
+        dequantize_avx512(codes, scales, a->k, a->bs, last - first, out, a->bf16);
+        return;
+    }
+    if (a->level == LEVEL_AVX2) {
+        dequantize_avx2(codes, scales, a->k, a->bs, last - first, out, a->bf16);
+        return;
+    }
+#endif
+    dequantize_c(codes, scales, a->k, a->bs, last - first, out, a->bf16);
+}
+
+/* rows x k weights decoded into out, as float32 (bf16 = 0) or bfloat16 (bf16 = 1, round to nearest even),
+ * on `threads` threads (OpenMP builds). */
+void mxint8_dequantize_rows(const int8_t *codes, const uint8_t *scales, int64_t k, int64_t bs, int64_t rows,
+                            void *out, int bf16, int level, int threads) {
+    struct dequantize_args a = {codes, scales, k, bs, out, bf16, level};
+    split_rows(dequantize_range, &a, rows, 1, threads);
 }

@@ -59,38 +59,53 @@ def _compiler() -> tuple[str, str] | None:
 
 
 @functools.cache
-def library(name: str, directory: Path = SOURCES) -> ctypes.CDLL | None:
-    """The compiled ``<directory>/<name>.c`` loaded, or None (native kernels disabled, no compiler, failed build)."""
+def library(name: str, directory: Path = SOURCES, openmp: bool = False) -> ctypes.CDLL | None:
+    """The compiled ``<directory>/<name>.c`` loaded, or None (native kernels disabled, no compiler, failed build).
+
+    ``openmp`` builds it with ``-fopenmp`` where the compiler can (else without: the source must build
+    both ways). Torch is loaded first, so the library's ``libgomp.so.1`` is the one torch already has
+    (the loader reuses a loaded soname): its parallel regions run on torch's own OpenMP threads.
+    """
     if not enabled() or _compiler() is None:
         return None
-    compiler, version = _compiler()
+    compiler, _ = _compiler()
     source = Path(directory) / f"{name}.c"
     try:
-        texts = [p.read_text() for p in (source, *sorted(source.parent.glob("*.h")))]  # the headers it may include
-        key = hashlib.sha256("\0".join([*texts, *FLAGS, version, platform.machine()]).encode())
-        target = cache_dir() / f"{name}-{key.hexdigest()[:16]}.so"
-        if not target.exists():
-            _build(compiler, source, target)
-        try:
-            return ctypes.CDLL(str(target))
-        except OSError:  # a damaged file in the cache: build it again
-            _build(compiler, source, target)
+        if openmp:
             try:
-                return ctypes.CDLL(str(target))
-            except OSError:  # the compiler's own output does not load: keep nothing of it
-                target.unlink(missing_ok=True)
-                raise
+                return _load(compiler, source, ("-fopenmp",))
+            except (OSError, subprocess.SubprocessError) as err:
+                logger.info("building %s with OpenMP failed (%s): building it without", name, err)
+        return _load(compiler, source, ())
     except (OSError, subprocess.SubprocessError) as err:
         logger.warning("building the native %s kernel failed (%s): its torch implementation runs instead", name, err)
         return None
 
 
-def _build(compiler: str, source: Path, target: Path) -> None:
+def _load(compiler: str, source: Path, extra: tuple[str, ...]) -> ctypes.CDLL:
+    """``source`` built with ``extra`` flags (once: the cache) and loaded."""
+    texts = [p.read_text() for p in (source, *sorted(source.parent.glob("*.h")))]  # the headers it may include
+    key = hashlib.sha256("\0".join([*texts, *FLAGS, *extra, _compiler()[1], platform.machine()]).encode())
+    target = cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
+    if not target.exists():
+        _build(compiler, source, target, extra)
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError:  # a damaged file in the cache: build it again
+        _build(compiler, source, target, extra)
+        try:
+            return ctypes.CDLL(str(target))
+        except OSError:  # the compiler's own output does not load: keep nothing of it
+            target.unlink(missing_ok=True)
+            raise
+
+
+def _build(compiler: str, source: Path, target: Path, extra: tuple[str, ...] = ()) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     os.close(fd)
     try:
-        result = subprocess.run([compiler, *FLAGS, str(source), "-o", tmp, "-lm"],
+        result = subprocess.run([compiler, *FLAGS, *extra, str(source), "-o", tmp, "-lm"],
                                 capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             raise OSError(f"{compiler} exited {result.returncode}: {result.stderr.strip()[:2000]}")
