@@ -46,12 +46,15 @@ def test_levels_follow_the_cpu_flags():
     assert cpu_kernel.level() == levels[-1]
 
 
-# rows of x (1..32: fused; 40, 70: dequantized panels and torch's GEMM), out_features, in_features, block size;
-# blocks of a multiple of 16 that tile in_features take the regular kernel (tiles of 8, 6 and 4 rows of W
-# against 1, 2 and 3 rows of x; the rows of W left over one by one), the others the masked one
+# rows of x (fused below GEMM_FROM_ROWS, the GEMM from there with AVX-512, else fused up to 32 and then
+# dequantized panels and torch's GEMM), out_features, in_features, block size; blocks of a multiple of 16
+# that tile in_features take the regular kernels (fused: tiles of 8, 6 and 4 rows of W against 1, 2 and 3
+# rows of x, the rows of W left over one by one; GEMM: 6 rows of W against 64 rows of x), the others the
+# masked fused kernel or the panels
 SHAPES = [(1, 37, 100, 32), (3, 130, 96, 32), (5, 8, 33, 32), (1, 4, 1, 32), (17, 9, 64, 32), (32, 13, 40, 32),
           (40, 67, 160, 32), (70, 5, 50, 32), (2, 11, 75, 16), (4, 6, 70, 7), (33, 6, 70, 7),
-          (1, 37, 64, 32), (2, 13, 128, 32), (4, 19, 96, 32), (7, 23, 64, 16), (1, 9, 96, 48), (6, 3, 32, 32)]
+          (1, 37, 64, 32), (2, 13, 128, 32), (4, 19, 96, 32), (7, 23, 64, 16), (1, 9, 96, 48), (6, 3, 32, 32),
+          (14, 7, 64, 32), (65, 13, 96, 16), (130, 6, 256, 64), (20, 5, 4160, 32)]
 
 
 @pytest.mark.parametrize("rows, n, k, block_size", SHAPES)
@@ -96,9 +99,10 @@ def adversarial_cases():
 def test_adversarial_blocks_at_every_level(level, case, with_bias):
     _, x, codes, scales = case
     bias = torch.randn(codes.shape[0]) if with_bias else None
-    out = native_linear(x, codes, scales, bias)
-    assert out.isfinite().all()
-    assert_within_accumulation_error(out, x, codes, scales, bias)
+    for rows in (x, x.repeat(10, 1)[:20]):  # the fused kernel, then (AVX-512) the GEMM
+        out = native_linear(rows, codes, scales, bias)
+        assert out.isfinite().all()
+        assert_within_accumulation_error(out, rows, codes, scales, bias)
 
 
 def test_saturated_block_sums_are_exact(level):
@@ -151,15 +155,25 @@ def test_threads_give_the_same_bits_as_one_thread(level, rows, monkeypatch):
 
 
 @pytest.mark.parametrize("k, block_size", [(160, 32), (100, 32), (96, 16)])
-def test_a_row_gets_the_same_bits_in_any_batch(level, k, block_size):
-    """Each output element takes the same operations whatever tile computes it: a row of x alone, or
-    among 2..32 others (every grouping of rows of x and of W), gives the same bits."""
+def test_a_row_gets_the_same_bits_in_any_batch_of_one_path(level, k, block_size):
+    """Each output element takes the same operations whatever tile computes it: a row of x alone or
+    among others (every grouping of rows of x and of W) gives the same bits in the fused kernel, and
+    likewise in the GEMM of AVX-512 (past 64 rows of x: a second tile, ragged vectors masked)."""
     torch.manual_seed(k)
     codes, scales = quantize(torch.randn(29, k), block_size)
-    x, bias = torch.randn(32, k), torch.randn(29)
-    alone = torch.cat([native_linear(x[i : i + 1], codes, scales, bias, block_size) for i in range(32)])
-    for rows in range(2, 33):
+    x, bias = torch.randn(150, k), torch.randn(29)
+    gemm = level == "avx512" and block_size % 16 == 0 and k % block_size == 0
+    gemm_from = cpu_kernel.GEMM_FROM_ROWS if gemm else cpu_kernel.FUSED_MAX_ROWS + 1
+    alone = torch.cat([native_linear(x[i : i + 1], codes, scales, bias, block_size) for i in range(gemm_from)])
+    for rows in range(2, gemm_from):
         assert torch.equal(native_linear(x[:rows], codes, scales, bias, block_size), alone[:rows])
+    if not gemm:
+        return
+    largest = native_linear(x, codes, scales, bias, block_size)
+    for rows in (gemm_from, 16, 17, 33, 64, 65, 129):
+        assert torch.equal(native_linear(x[:rows], codes, scales, bias, block_size), largest[:rows])
+        assert torch.equal(native_linear(x[rows - gemm_from : rows], codes, scales, bias, block_size),
+                           largest[rows - gemm_from : rows])
 
 
 @needs_compiler

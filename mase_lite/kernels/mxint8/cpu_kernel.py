@@ -1,13 +1,16 @@
 """The native CPU path of the MXINT8 ops (``mxint8_cpu.c``, built on first use by
 :mod:`mase_lite.numerics.native`, with its cache and its fallback when there is no compiler).
 
-Up to ``FUSED_MAX_ROWS`` rows of input, :func:`linear` decodes each weight inside the dot product
-(reads one byte per weight instead of four, never materialises the float weight), with rows of W
-split over ``torch.get_num_threads()`` threads (ctypes lets go of the GIL). Above that the layer is
-compute-bound: panels of W, about ``PANEL_BYTES`` each, are dequantized (on all threads) into a
-buffer kept per calling thread and handed to torch's GEMM. Weights are exact (see ``mxint8_cpu.c``);
-sums are float32 sums in the kernel's own order, so the result equals the float64 reference up to
-float32 accumulation error (the tolerance the tests hold it to is in ``tests/kernels/mxint8_cases.py``).
+For a few rows of input (up to ``FUSED_MAX_ROWS``), :func:`linear` decodes each weight inside the dot
+product (reads one byte per weight instead of four, never materialises the float weight). From
+``GEMM_FROM_ROWS`` rows the layer is compute-bound: with AVX-512 the kernel's own GEMM decodes each
+weight into the core's caches just before it multiplies; elsewhere (and for bfloat16 input) panels of
+W, about ``PANEL_BYTES`` each, are dequantized into a buffer kept per calling thread and handed to
+torch's GEMM. Rows of W are split over ``torch.get_num_threads()`` threads: torch's own OpenMP team
+where the kernel was built with OpenMP, else Python threads (ctypes lets go of the GIL). Weights are
+exact (see ``mxint8_cpu.c``); sums are float32 sums in the kernel's own order, so the result equals
+the float64 reference up to float32 accumulation error (the tolerance the tests hold it to is in
+``tests/kernels/mxint8_cases.py``).
 
 The vector level is the best this CPU runs (AVX-512, AVX2, plain C); ``MASE_LITE_MXINT8_CPU``
 forces ``avx512``, ``avx2``, ``c`` or ``torch`` (the torch reference). Functions return None where
@@ -41,6 +44,10 @@ LEVELS = ("c", "avx2", "avx512")
 LEVEL_ENV = "MASE_LITE_MXINT8_CPU"
 FUSED_MAX_ROWS = 32
 """Input rows up to which the fused kernel runs; above, dequantized panels go to torch's GEMM."""
+GEMM_FROM_ROWS = 14
+"""Input rows from which the kernel's own GEMM runs where it applies (AVX-512, float32 or float16 input,
+blocks of a multiple of 16 that tile a row): it overtakes the fused kernel between 12 and 16 rows
+(4096 x 4096, benchmarks/RESULTS.md)."""
 PANEL_BYTES = 8 << 20
 """Bytes of one dequantized panel of W: it stays in the last-level cache while the GEMM reads it.
 Smaller panels cost more: torch's GEMM packs the input again for every panel (measured in
@@ -66,6 +73,8 @@ def _declared(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
     lib.mxint8_linear_rows.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, i64, i64, int_, int_]
     lib.mxint8_dequantize_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, int_, int_, int_]
     lib.mxint8_quantize_rows.argtypes = [ptr, i64, i64, i64, ptr, ptr]
+    lib.mxint8_gemm.argtypes, lib.mxint8_gemm.restype = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, int_], int_
+    lib.mxint8_gemm_buffer.argtypes, lib.mxint8_gemm_buffer.restype = [i64, i64], i64
     lib.mxint8_linear_rows.restype = lib.mxint8_dequantize_rows.restype = lib.mxint8_quantize_rows.restype = None
     return lib
 
@@ -112,9 +121,12 @@ def linear(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_
         return None
     x_rows = x.reshape(rows, in_features)
     codes, scales = codes.contiguous(), scales.contiguous()
-    if rows <= FUSED_MAX_ROWS:
+    out = None
+    if rows >= GEMM_FROM_ROWS and x.dtype != torch.bfloat16 and chosen == "avx512":
+        out = _gemm(x_rows, codes, scales, bias, block_size)
+    if out is None and rows <= FUSED_MAX_ROWS:
         out = _fused(x_rows, codes, scales, bias, block_size, LEVELS.index(chosen))
-    else:
+    if out is None:
         out = _panels(x_rows, codes, scales, bias, block_size, LEVELS.index(chosen))
     return out.to(x.dtype).reshape(*x.shape[:-1], out_features)
 
@@ -167,6 +179,28 @@ def _fused(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_
     workers = torch.get_num_threads() if rows * out_features * in_features >= PARALLEL_FROM_MACS else 1
     _parallel(lambda first, last, threads: kernel(*args, first, last, lvl, threads), out_features, workers)
     return out
+
+
+def _gemm(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_size: int) -> Tensor | None:
+    """``x @ W.T + bias`` in float32 by the kernel's own GEMM (AVX-512, blocks of a multiple of 16 that tile
+    a row), which decodes each weight once into the core's caches; None where it does not apply."""
+    rows, in_features = x.shape
+    out_features = codes.shape[0]
+    lib, threads, tiles = _library(), torch.get_num_threads(), -(-rows // 64)
+    decoded_floats = threads * lib.mxint8_gemm_buffer(in_features, block_size)
+    scratch = _scratch(4 * (tiles * in_features * 64 + decoded_floats)).view(torch.float32)
+    xp = scratch[: tiles * in_features * 64].view(tiles, in_features, 64)  # x^T in tiles of 64 rows of x
+    for tile in range(tiles):
+        part = x[tile * 64 : tile * 64 + 64]
+        if len(part) < 64:
+            xp[tile, :, len(part):].zero_()
+        xp[tile, :, : len(part)].copy_(part.t())
+    out = torch.empty(rows, out_features)
+    bias32 = None if bias is None else bias.to(torch.float32).contiguous()
+    status = lib.mxint8_gemm(xp.data_ptr(), rows, in_features, codes.data_ptr(), scales.data_ptr(), block_size,
+                             None if bias32 is None else bias32.data_ptr(), out.data_ptr(), out_features,
+                             scratch[tiles * in_features * 64 :].data_ptr(), threads)
+    return out if status == 0 else None
 
 
 def _panels(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_size: int, lvl: int) -> Tensor:

@@ -318,6 +318,91 @@ AVX512 static void linear_avx512_regular(const float *x, int64_t m, int64_t k, c
     }
 }
 
+/* Larger batches, regular layout: a GEMM of our own, so each weight is decoded into the core's caches
+ * right before the multiply reads it (no float32 copy of W through memory). x^T comes packed in tiles
+ * of 64 rows of x, xp[tile][t][64] (zeros past the last row). For each tile, a chunk of k (kc columns,
+ * whole blocks, up to GEMM_CHUNK: fewer chunks measured faster than chunks that fit the first-level
+ * cache) and 6 rows of W: decode those 6 x kc weights (exact, as the reference decoder), then 24
+ * accumulators (6 rows of W x 4 vectors of 16 rows of x) take one fused multiply-add per weight and row
+ * of x, starting from the bias, and are scattered into out[i][j] (gathered back for the next chunk,
+ * exactly). Each output is bias + x[i] . w[j] summed in the order of k in float32 fused multiply-adds. */
+enum { GEMM_NR = 6, GEMM_MV = 4, GEMM_TILE_ROWS = 16 * GEMM_MV, GEMM_CHUNK = 4096 };
+
+struct gemm_out {
+    float *out;  /* row i0 of out, column j0 */
+    int64_t n;   /* out's row length */
+    int64_t m;   /* rows of x left from i0 (the lanes past them are masked) */
+    const float *bias; /* bias + j0, or NULL */
+};
+
+#define GEMM_TILE(NR, MV)                                                                                  \
+    AVX512 static void gemm_tile_##NR##x##MV(const float *xp, const float *wd, int64_t kc,                 \
+                                             const struct gemm_out *o, int first_chunk) {                  \
+        __m512 acc[NR][MV];                                                                                \
+        __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, \
+                                                           1, 0), _mm512_set1_epi32((int)o->n));           \
+        __mmask16 live[MV];                                                                                \
+        for (int v = 0; v < MV; v++) live[v] = lanes(o->m - 16 * v);                                       \
+        for (int r = 0; r < NR; r++)                                                                       \
+            for (int v = 0; v < MV; v++)                                                                   \
+                acc[r][v] = !first_chunk                                                                   \
+                    ? _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live[v], rows,                         \
+                                               o->out + 16 * v * o->n + r, 4)                               \
+                    : o->bias ? _mm512_set1_ps(o->bias[r]) : _mm512_setzero_ps();                          \
+        for (int64_t t = 0; t < kc; t++) {                                                                 \
+            __m512 xv[MV];                                                                                 \
+            for (int v = 0; v < MV; v++) xv[v] = _mm512_loadu_ps(xp + t * GEMM_TILE_ROWS + 16 * v);        \
+            for (int r = 0; r < NR; r++) {                                                                 \
+                __m512 w = _mm512_set1_ps(wd[r * kc + t]);                                                 \
+                for (int v = 0; v < MV; v++) acc[r][v] = _mm512_fmadd_ps(xv[v], w, acc[r][v]);            \
+            }                                                                                              \
+        }                                                                                                  \
+        for (int r = 0; r < NR; r++)                                                                       \
+            for (int v = 0; v < MV; v++)                                                                   \
+                _mm512_mask_i32scatter_ps(o->out + 16 * v * o->n + r, live[v], rows, acc[r][v], 4);        \
+    }
+#define GEMM_TILES(NR) GEMM_TILE(NR, 1) GEMM_TILE(NR, 2) GEMM_TILE(NR, 3) GEMM_TILE(NR, 4)
+GEMM_TILES(1)
+GEMM_TILES(2)
+GEMM_TILES(3)
+GEMM_TILES(4)
+GEMM_TILES(5)
+GEMM_TILES(6)
+
+typedef void (*gemm_tile_fn)(const float *, const float *, int64_t, const struct gemm_out *, int);
+
+/* Columns first .. last of out (rows of W), all m rows of x; wd: room for GEMM_NR * kc_max floats. */
+AVX512 static void gemm_avx512(const float *xp, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales,
+                               int64_t bs, const float *bias, float *out, int64_t n, int64_t first, int64_t last,
+                               float *wd, int64_t kc_max) {
+#define ROW_OF_TILES(NR) {gemm_tile_##NR##x1, gemm_tile_##NR##x2, gemm_tile_##NR##x3, gemm_tile_##NR##x4}
+    static const gemm_tile_fn tiles[GEMM_NR][GEMM_MV] = {ROW_OF_TILES(1), ROW_OF_TILES(2), ROW_OF_TILES(3),
+                                                          ROW_OF_TILES(4), ROW_OF_TILES(5), ROW_OF_TILES(6)};
+#undef ROW_OF_TILES
+    int64_t nb = k / bs;
+    for (int64_t i0 = 0; i0 < m; i0 += GEMM_TILE_ROWS) {
+        int mv = (int)min64(GEMM_MV, (m - i0 + 15) / 16);
+        const float *tile = xp + i0 * k;
+        for (int64_t kc0 = 0; kc0 < k; kc0 += kc_max) {
+            int64_t kc = min64(kc_max, k - kc0);
+            for (int64_t j0 = first; j0 < last; j0 += GEMM_NR) {
+                int nr = (int)min64(GEMM_NR, last - j0);
+                for (int r = 0; r < nr; r++) {
+                    const int8_t *q = codes + (j0 + r) * k + kc0;
+                    const uint8_t *s = scales + (j0 + r) * nb + kc0 / bs;
+                    for (int64_t t = 0; t < kc; t += bs, s++) {
+                        __m512 step = _mm512_set1_ps(STEP[*s]);
+                        for (int64_t u = t; u < t + bs; u += 16)
+                            _mm512_storeu_ps(wd + r * kc + u, _mm512_mul_ps(codes16(q + u), step));
+                    }
+                }
+                struct gemm_out o = {out + i0 * n + j0, n, m - i0, bias ? bias + j0 : NULL};
+                tiles[nr - 1][mv - 1](tile + kc0 * GEMM_TILE_ROWS, wd, kc, &o, kc0 == 0);
+            }
+        }
+    }
+}
+
 AVX512 static void linear_avx512(const float *x, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales,
                                  int64_t bs, const float *bias, float *out, int64_t n, int64_t first, int64_t last) {
     if (bs % 16 == 0 && k % bs == 0) {
@@ -415,10 +500,11 @@ int mxint8_cpu_openmp(void) {
 #endif
 }
 
-typedef void (*rows_fn)(const void *args, int64_t first, int64_t last);
+typedef void (*rows_fn)(const void *args, int part, int64_t first, int64_t last);
 
-/* fn(args, first, last) on [0, rows) cut into at most `threads` runs on multiples of `align` rows, in
- * parallel where built with OpenMP (else one after another: the caller splits over its own threads). */
+/* fn(args, part, first, last) on [0, rows) cut into at most `threads` runs (part 0, 1, ...) on multiples
+ * of `align` rows, in parallel where built with OpenMP (else one after another: the caller splits over
+ * its own threads). */
 static void split_rows(rows_fn fn, const void *args, int64_t rows, int64_t align, int threads) {
     int64_t units = (rows + align - 1) / align;
     int parts = (int)min64(threads < 1 ? 1 : threads, units < 1 ? 1 : units);
@@ -426,7 +512,7 @@ static void split_rows(rows_fn fn, const void *args, int64_t rows, int64_t align
 #pragma omp parallel for num_threads(parts) schedule(static, 1) if (parts > 1)
 #endif
     for (int t = 0; t < parts; t++)
-        fn(args, min64(rows, units * t / parts * align), min64(rows, units * (t + 1) / parts * align));
+        fn(args, t, min64(rows, units * t / parts * align), min64(rows, units * (t + 1) / parts * align));
 }
 
 struct linear_args {
@@ -441,8 +527,9 @@ struct linear_args {
     int level;
 };
 
-static void linear_range(const void *p, int64_t first, int64_t last) {
+static void linear_range(const void *p, int part, int64_t first, int64_t last) {
     const struct linear_args *a = p;
+    (void)part;
 #ifdef MX_X86
     if (a->level == LEVEL_AVX512) {
         linear_avx512(a->x, a->m, a->k, a->codes, a->scales, a->bs, a->bias, a->out, a->n, first, last);
@@ -475,8 +562,9 @@ struct dequantize_args {
     int bf16, level;
 };
 
-static void dequantize_range(const void *p, int64_t first, int64_t last) {
+static void dequantize_range(const void *p, int part, int64_t first, int64_t last) {
     const struct dequantize_args *a = p;
+    (void)part;
     int64_t nb = (a->k + a->bs - 1) / a->bs;
     const int8_t *codes = a->codes + first * a->k;
     const uint8_t *scales = a->scales + first * nb;
@@ -492,6 +580,54 @@ static void dequantize_range(const void *p, int64_t first, int64_t last) {
     }
 #endif
     dequantize_c(codes, scales, a->k, a->bs, last - first, out, a->bf16);
+}
+
+struct gemm_args {
+    const float *xp;
+    int64_t m, k;
+    const int8_t *codes;
+    const uint8_t *scales;
+    int64_t bs;
+    const float *bias;
+    float *out;
+    int64_t n;
+    float *wd;
+};
+
+/* Columns of k per chunk: whole blocks, up to GEMM_CHUNK (at least one block). */
+static int64_t gemm_chunk(int64_t k, int64_t bs) { return min64(k, bs * (bs >= GEMM_CHUNK ? 1 : GEMM_CHUNK / bs)); }
+
+static void gemm_range(const void *p, int part, int64_t first, int64_t last) {
+#ifdef MX_X86
+    const struct gemm_args *a = p;
+    int64_t kc_max = gemm_chunk(a->k, a->bs);
+    gemm_avx512(a->xp, a->m, a->k, a->codes, a->scales, a->bs, a->bias, a->out, a->n, first, last,
+                a->wd + (int64_t)part * GEMM_NR * kc_max, kc_max);
+#else
+    (void)p, (void)part, (void)first, (void)last;
+#endif
+}
+
+/* Floats of decoding buffer mxint8_gemm needs per thread. */
+int64_t mxint8_gemm_buffer(int64_t k, int64_t bs) { return GEMM_NR * gemm_chunk(k, bs); }
+
+/* out[i * n + j] = bias[j] + sum_t x[i, t] * W[j, t] for i < m, j < n (AVX-512, the regular layout: blocks of
+ * a multiple of 16 that tile k; n * 15 < 2**31), on `threads` threads (OpenMP builds), runs of 6 rows of W
+ * each. xp: x^T in tiles of 64 rows of x, [ceil(m / 64)][k][64] floats, zeros past row m; bias: n or NULL;
+ * wd: threads * mxint8_gemm_buffer(k, bs) floats for the decoded weights. Returns 0, or -1 where it does
+ * not apply. */
+int mxint8_gemm(const float *xp, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales, int64_t bs,
+                const float *bias, float *out, int64_t n, float *wd, int threads) {
+#ifdef MX_X86
+    if (!(mxint8_cpu_levels() >> LEVEL_AVX512 & 1) || bs % 16 || k % bs || n * 15 >= (int64_t)1 << 31) return -1;
+    struct gemm_args a = {xp, m, k, codes, scales, bs, bias, out, n, wd};
+    split_rows(gemm_range, &a, n, GEMM_NR, threads);
+    return 0;
+#else
+    (void)xp, (void)m, (void)k, (void)codes, (void)scales, (void)bs, (void)bias, (void)out, (void)n, (void)wd;
+    (void)threads;
+    return -1;
+#endif
 }
 
 /* rows x k weights decoded into out, as float32 (bf16 = 0) or bfloat16 (bf16 = 1, round to nearest even),
