@@ -84,8 +84,10 @@ def available_levels() -> tuple[str, ...]:
     lib = _library()
     if lib is None:
         return ()
-    mask = lib.mxint8_cpu_levels()
-    return tuple(name for bit, name in enumerate(LEVELS) if mask >> bit & 1)
+    if getattr(lib, "levels", None) is None:  # asked of the library once
+        mask = lib.mxint8_cpu_levels()
+        lib.levels = tuple(name for bit, name in enumerate(LEVELS) if mask >> bit & 1)
+    return lib.levels
 
 
 def level() -> str | None:
@@ -175,9 +177,12 @@ def _fused(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_
     out = torch.empty(rows, out_features, dtype=torch.float32)
     args = (x32.data_ptr(), rows, in_features, codes.data_ptr(), scales.data_ptr(), block_size,
             None if bias32 is None else bias32.data_ptr(), out.data_ptr(), out_features)
-    kernel = _library().mxint8_linear_rows
+    lib = _library()
     workers = torch.get_num_threads() if rows * out_features * in_features >= PARALLEL_FROM_MACS else 1
-    _parallel(lambda first, last, threads: kernel(*args, first, last, lvl, threads), out_features, workers)
+    if workers == 1 or _openmp():
+        lib.mxint8_linear_rows(*args, 0, out_features, lvl, workers)
+    else:
+        run_split(lambda first, last: lib.mxint8_linear_rows(*args, first, last, lvl, 1), out_features, workers, _ALIGN)
     return out
 
 
@@ -252,7 +257,15 @@ def _dequantize_into(codes: Tensor, scales: Tensor, block_size: int, out: Tensor
 def _parallel(call, rows: int, workers: int) -> None:
     """``call(first, last, threads)`` over ``rows``: one call on ``workers`` of torch's OpenMP threads where
     the kernel was built with OpenMP, else runs of rows on Python threads (ctypes lets go of the GIL)."""
-    if _library().mxint8_cpu_openmp():
+    if workers == 1 or _openmp():
         call(0, rows, workers)
     else:
         run_split(lambda first, last: call(first, last, 1), rows, workers, _ALIGN)
+
+
+def _openmp() -> bool:
+    """Whether the loaded kernel runs its threads on OpenMP (asked of the library once)."""
+    lib = _library()
+    if getattr(lib, "openmp", None) is None:
+        lib.openmp = bool(lib.mxint8_cpu_openmp())
+    return lib.openmp
