@@ -31,8 +31,11 @@ the ``calibrate`` pass run before — by ``calibration.method`` (minmax, percent
 from __future__ import annotations
 
 import copy
+import functools
+import gc
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +48,7 @@ from pydantic_core import PydanticCustomError
 from mase_lite.errors import UserError
 from mase_lite.ir.meta import module_class
 from mase_lite.ir.ops import function_packet_name
+from mase_lite.kernels.mxint8.packing import return_free_memory
 from mase_lite.nn.quant_config import FUNCTION_OPERANDS, LAYER_OPERANDS, OperandFormat, QuantConfig, QuantSpec, resolve
 from mase_lite.numerics.calibration import AUTO, Method, auto_keys, choose
 from mase_lite.nn.quant_functional import QUANTIZED_FUNCTIONS, QuantizedFunction
@@ -157,13 +161,15 @@ def _unwrapped(value: Any) -> Any:
 
 @dataclass
 class _Planned:
-    """One replacement decided before anything changes."""
+    """One replacement decided before anything changes. A packed layer is built when it is put in
+    (``build``), one at a time, so the plan never holds every packed copy beside the float model."""
 
     nodes: list[fx.Node]
     rule: str
     config: QuantConfig
-    module: nn.Module
+    module: nn.Module | None
     kind: str  # "layer" or "function"
+    build: Callable[[], nn.Module] | None = None
 
 
 def _kind(node: fx.Node, modules: dict[str, nn.Module]) -> str | None:
@@ -276,13 +282,18 @@ def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str]]:
                     f"with different configs ({planned.rule} and {where}); one module has one config"
                 )
             if planned is None:
+                build = None
                 if config.storage == "packed":
                     _check_weight_unshared(mg, node, where)
+                    if not isinstance(modules[node.target], nn.Linear):
+                        raise PassError(f"node {node.name!r}: storage 'packed' is available for Linear only, "
+                                        f"not {type(modules[node.target]).__name__}", location=(where,))
+                    build = functools.partial(quantize_module, modules[node.target], config)
                 try:
-                    module = quantize_module(modules[node.target], config)
+                    module = None if build else quantize_module(modules[node.target], config)
                 except ValueError as err:
                     raise PassError(f"node {node.name!r}: {err}", location=(where,)) from None
-                layers[node.target] = _Planned([node], where, config, module, kind)
+                layers[node.target] = _Planned([node], where, config, module, kind, build)
             else:
                 planned.nodes.append(node)
         else:
@@ -362,6 +373,8 @@ def _free_name(mg, base: str) -> str:
 
 
 def _apply(mg, planned: _Planned) -> None:
+    if planned.build is not None:
+        planned.module, planned.build = planned.build(), None
     node = planned.nodes[0]
     if planned.kind == "layer" or node.op == "call_module":
         mg.replace_module(node.target, planned.module)
@@ -434,6 +447,9 @@ def quantize(mg, params: QuantizeParams):
         return PassResult({"bypassed": True, "replaced": [], "skipped": []})
     plan, skipped = _plan(mg, params)
     _apply_all(mg, plan)
+    if any(p.config.storage == "packed" for p in plan):
+        gc.collect()
+        return_free_memory()  # the float weights of packed layers: back to the operating system
     replaced = []
     for planned in plan:
         for node in planned.nodes:
