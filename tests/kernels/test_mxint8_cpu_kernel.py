@@ -137,7 +137,7 @@ def test_non_contiguous_inputs_and_weights(level, rows):
     assert_within_accumulation_error(native_linear(batched, codes, scales), batched, codes, scales)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 40])
+@pytest.mark.parametrize("rows", [1, 5, 40, 130])
 def test_threads_give_the_same_bits_as_one_thread(level, rows, monkeypatch):
     monkeypatch.setattr(cpu_kernel, "PARALLEL_FROM_MACS", 0)  # split even these small layers
     torch.manual_seed(rows)

@@ -73,7 +73,7 @@ def _declared(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
     lib.mxint8_linear_rows.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, i64, i64, int_, int_]
     lib.mxint8_dequantize_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, int_, int_, int_]
     lib.mxint8_quantize_rows.argtypes = [ptr, i64, i64, i64, ptr, ptr]
-    lib.mxint8_gemm.argtypes, lib.mxint8_gemm.restype = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, int_], int_
+    lib.mxint8_gemm.argtypes, lib.mxint8_gemm.restype = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, int_], int_
     lib.mxint8_gemm_buffer.argtypes, lib.mxint8_gemm_buffer.restype = [i64, i64], i64
     lib.mxint8_linear_rows.restype = lib.mxint8_dequantize_rows.restype = lib.mxint8_quantize_rows.restype = None
     return lib
@@ -191,20 +191,16 @@ def _gemm(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_s
     a row), which decodes each weight once into the core's caches; None where it does not apply."""
     rows, in_features = x.shape
     out_features = codes.shape[0]
-    lib, threads, tiles = _library(), torch.get_num_threads(), -(-rows // 64)
-    decoded_floats = threads * lib.mxint8_gemm_buffer(in_features, block_size)
-    scratch = _scratch(4 * (tiles * in_features * 64 + decoded_floats)).view(torch.float32)
-    xp = scratch[: tiles * in_features * 64].view(tiles, in_features, 64)  # x^T in tiles of 64 rows of x
-    for tile in range(tiles):
-        part = x[tile * 64 : tile * 64 + 64]
-        if len(part) < 64:
-            xp[tile, :, len(part):].zero_()
-        xp[tile, :, : len(part)].copy_(part.t())
-    out = torch.empty(rows, out_features)
+    lib, threads = _library(), torch.get_num_threads()
+    packed_floats = -(-rows // 64) * 64 * in_features  # x^T in tiles of 64 rows, packed by the kernel
+    scratch = _scratch(4 * (packed_floats + threads * lib.mxint8_gemm_buffer(in_features, block_size)))
+    scratch = scratch.view(torch.float32)
+    x32 = x.to(torch.float32).contiguous()
     bias32 = None if bias is None else bias.to(torch.float32).contiguous()
-    status = lib.mxint8_gemm(xp.data_ptr(), rows, in_features, codes.data_ptr(), scales.data_ptr(), block_size,
+    out = torch.empty(rows, out_features)
+    status = lib.mxint8_gemm(x32.data_ptr(), rows, in_features, codes.data_ptr(), scales.data_ptr(), block_size,
                              None if bias32 is None else bias32.data_ptr(), out.data_ptr(), out_features,
-                             scratch[tiles * in_features * 64 :].data_ptr(), threads)
+                             scratch.data_ptr(), scratch[packed_floats:].data_ptr(), threads)
     return out if status == 0 else None
 
 

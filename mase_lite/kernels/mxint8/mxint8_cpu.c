@@ -376,16 +376,17 @@ GEMM_TILES(6)
 
 typedef void (*gemm_tile_fn)(const float *, const float *, int64_t, const struct gemm_out *, int);
 
-/* Columns first .. last of out (rows of W), all m rows of x; wd: room for GEMM_NR * kc_max floats. */
+/* Columns first .. last of out (rows of W) for the tiles of rows of x from tile_first up to row m_last;
+ * wd: room for GEMM_NR * kc_max floats. */
 AVX512 static void gemm_avx512(const float *xp, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales,
                                int64_t bs, const float *bias, float *out, int64_t n, int64_t first, int64_t last,
-                               float *wd, int64_t kc_max) {
+                               int64_t tile_first, int64_t m_last, float *wd, int64_t kc_max) {
 #define ROW_OF_TILES(NR) {gemm_tile_##NR##x1, gemm_tile_##NR##x2, gemm_tile_##NR##x3, gemm_tile_##NR##x4}
     static const gemm_tile_fn tiles[GEMM_NR][GEMM_MV] = {ROW_OF_TILES(1), ROW_OF_TILES(2), ROW_OF_TILES(3),
                                                           ROW_OF_TILES(4), ROW_OF_TILES(5), ROW_OF_TILES(6)};
 #undef ROW_OF_TILES
     int64_t nb = k / bs;
-    for (int64_t i0 = 0; i0 < m; i0 += GEMM_TILE_ROWS) {
+    for (int64_t i0 = tile_first * GEMM_TILE_ROWS; i0 < m_last; i0 += GEMM_TILE_ROWS) {
         int mv = (int)min64(GEMM_MV, (m - i0 + 15) / 16);
         const float *tile = xp + i0 * k;
         for (int64_t kc0 = 0; kc0 < k; kc0 += kc_max) {
@@ -598,6 +599,7 @@ struct gemm_args {
     float *out;
     int64_t n;
     float *wd;
+    int by_tiles;
 };
 
 /* Columns of k per chunk: k cut into the fewest chunks of whole blocks of at most GEMM_CHUNK columns
@@ -607,12 +609,40 @@ static int64_t gemm_chunk(int64_t k, int64_t bs) {
     return bs * ((blocks + chunks - 1) / chunks);
 }
 
+struct pack_args {
+    const float *x;
+    int64_t m, k;
+    float *xp;
+};
+
+/* Columns first .. last of x^T into every tile of xp (zeros past row m). */
+static void pack_range(const void *p, int part, int64_t first, int64_t last) {
+    const struct pack_args *a = p;
+    (void)part;
+    int64_t tiles = (a->m + GEMM_TILE_ROWS - 1) / GEMM_TILE_ROWS;
+    for (int64_t tile = 0; tile < tiles; tile++) {
+        const float *src = a->x + tile * GEMM_TILE_ROWS * a->k;
+        int rows = (int)min64(GEMM_TILE_ROWS, a->m - tile * GEMM_TILE_ROWS);
+        for (int64_t t = first; t < last; t++) { /* writes in order; the tile's rows of x stay in cache */
+            float *dst = a->xp + (tile * a->k + t) * GEMM_TILE_ROWS;
+            for (int i = 0; i < rows; i++) dst[i] = src[i * a->k + t];
+            for (int i = rows; i < GEMM_TILE_ROWS; i++) dst[i] = 0.0f;
+        }
+    }
+}
+
+/* A run of rows of W for every tile of x, or (by_tiles) a run of tiles of x for every row of W. */
 static void gemm_range(const void *p, int part, int64_t first, int64_t last) {
 #ifdef MX_X86
     const struct gemm_args *a = p;
     int64_t kc_max = gemm_chunk(a->k, a->bs);
-    gemm_avx512(a->xp, a->m, a->k, a->codes, a->scales, a->bs, a->bias, a->out, a->n, first, last,
-                a->wd + (int64_t)part * GEMM_NR * kc_max, kc_max);
+    float *wd = a->wd + (int64_t)part * GEMM_NR * kc_max;
+    if (a->by_tiles)
+        gemm_avx512(a->xp, a->m, a->k, a->codes, a->scales, a->bs, a->bias, a->out, a->n, 0, a->n, first,
+                    min64(a->m, last * GEMM_TILE_ROWS), wd, kc_max);
+    else
+        gemm_avx512(a->xp, a->m, a->k, a->codes, a->scales, a->bs, a->bias, a->out, a->n, first, last, 0, a->m,
+                    wd, kc_max);
 #else
     (void)p, (void)part, (void)first, (void)last;
 #endif
@@ -622,20 +652,27 @@ static void gemm_range(const void *p, int part, int64_t first, int64_t last) {
 int64_t mxint8_gemm_buffer(int64_t k, int64_t bs) { return GEMM_NR * gemm_chunk(k, bs); }
 
 /* out[i * n + j] = bias[j] + sum_t x[i, t] * W[j, t] for i < m, j < n (AVX-512, the regular layout: blocks of
- * a multiple of 16 that tile k; n * 15 < 2**31), on `threads` threads (OpenMP builds), runs of 6 rows of W
- * each. xp: x^T in tiles of 64 rows of x, [ceil(m / 64)][k][64] floats, zeros past row m; bias: n or NULL;
- * wd: threads * mxint8_gemm_buffer(k, bs) floats for the decoded weights. Returns 0, or -1 where it does
- * not apply. */
-int mxint8_gemm(const float *xp, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales, int64_t bs,
-                const float *bias, float *out, int64_t n, float *wd, int threads) {
+ * a multiple of 16 that tile k; n * 15 < 2**31), on `threads` threads (OpenMP builds): x (m rows of k
+ * floats) is packed into xp first, x^T in tiles of 64 rows ([ceil(m / 64)][k][64] floats, zeros past row
+ * m), then each thread takes a run of tiles where there are as many tiles as threads, else a run of 6
+ * rows of W. bias: n or NULL; wd: threads * mxint8_gemm_buffer(k, bs) floats for the decoded weights.
+ * Returns 0, or -1 where it does not apply. */
+int mxint8_gemm(const float *x, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales, int64_t bs,
+                const float *bias, float *out, int64_t n, float *xp, float *wd, int threads) {
 #ifdef MX_X86
     if (!(mxint8_cpu_levels() >> LEVEL_AVX512 & 1) || bs % 16 || k % bs || n * 15 >= (int64_t)1 << 31) return -1;
-    struct gemm_args a = {xp, m, k, codes, scales, bs, bias, out, n, wd};
-    split_rows(gemm_range, &a, n, GEMM_NR, threads);
+    struct pack_args packing = {x, m, k, xp};
+    split_rows(pack_range, &packing, k, 16, threads);
+    int64_t tiles = (m + GEMM_TILE_ROWS - 1) / GEMM_TILE_ROWS;
+    struct gemm_args a = {xp, m, k, codes, scales, bs, bias, out, n, wd, tiles >= threads};
+    if (a.by_tiles) /* each thread its own tiles of x: its share of xp stays in its core's cache */
+        split_rows(gemm_range, &a, tiles, 1, threads);
+    else
+        split_rows(gemm_range, &a, n, GEMM_NR, threads);
     return 0;
 #else
-    (void)xp, (void)m, (void)k, (void)codes, (void)scales, (void)bs, (void)bias, (void)out, (void)n, (void)wd;
-    (void)threads;
+    (void)x, (void)m, (void)k, (void)codes, (void)scales, (void)bs, (void)bias, (void)out, (void)n, (void)xp;
+    (void)wd, (void)threads;
     return -1;
 #endif
 }
