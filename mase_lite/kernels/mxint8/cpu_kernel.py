@@ -121,7 +121,7 @@ def linear(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_
     chosen = level()
     if chosen is None:
         return None
-    x_rows = x.reshape(rows, in_features)
+    x_rows = x if x.dim() == 2 else x.reshape(rows, in_features)
     codes, scales = codes.contiguous(), scales.contiguous()
     out = None
     if rows >= GEMM_FROM_ROWS and x.dtype != torch.bfloat16 and chosen == "avx512":
@@ -130,7 +130,9 @@ def linear(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_
         out = _fused(x_rows, codes, scales, bias, block_size, LEVELS.index(chosen))
     if out is None:
         out = _panels(x_rows, codes, scales, bias, block_size, LEVELS.index(chosen))
-    return out.to(x.dtype).reshape(*x.shape[:-1], out_features)
+    if x.dtype != torch.float32:
+        out = out.to(x.dtype)
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], out_features)
 
 
 def dequantize(codes: Tensor, scales: Tensor, block_size: int, dtype: torch.dtype) -> Tensor | None:
@@ -172,9 +174,9 @@ def quantize(w: Tensor, block_size: int, scale_rule: str) -> tuple[Tensor, Tenso
 def _fused(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_size: int, lvl: int) -> Tensor:
     rows, in_features = x.shape
     out_features = codes.shape[0]
-    x32 = x.to(torch.float32).contiguous()
+    x32 = x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()
     bias32 = None if bias is None else bias.to(torch.float32).contiguous()
-    out = torch.empty(rows, out_features, dtype=torch.float32)
+    out = torch.empty(rows, out_features)
     args = (x32.data_ptr(), rows, in_features, codes.data_ptr(), scales.data_ptr(), block_size,
             None if bias32 is None else bias32.data_ptr(), out.data_ptr(), out_features)
     lib = _library()
