@@ -4,8 +4,8 @@
 The module tree is the model's own, so state-dict keys are the model's and a checkpoint of it loads;
 each submodule's forward is cut from the graph (:mod:`mase_lite.codegen.classes`), aten calls print as
 torch functions, tensor methods and operators, and identical blocks share one class. Packed MXINT8
-Linear layers call ``torch.ops.mase_lite.mxint8_linear``; fake-quantized layers come from
-``mase_lite.nn``. The package imports torch, safetensors and (for those layers) ``mase_lite.kernels``
+Linear layers call ``mase_lite.kernels.mxint8.mxint8_linear`` (the op ``torch.ops.mase_lite.mxint8_linear``);
+fake-quantized layers come from ``mase_lite.nn``. The package imports torch, safetensors and (for those layers) ``mase_lite.kernels``
 and ``mase_lite.nn`` only.
 
 Example::

@@ -47,8 +47,9 @@ PACKED_CLASS = '''class PackedLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mase_lite.mxint8_linear(x, self.codes, self.scales, self.bias, self.block_size)'''
-PACKED_IMPORT = "import mase_lite.kernels.mxint8  # registers torch.ops.mase_lite.mxint8_linear"
+        return mxint8_linear(x, self.codes, self.scales, self.bias, self.block_size)'''
+PACKED_IMPORT = ("from mase_lite.kernels.mxint8 import mxint8_linear  # the op torch.ops.mase_lite.mxint8_linear; "
+                 "eager CPU calls skip its dispatcher")
 
 
 @dataclass
