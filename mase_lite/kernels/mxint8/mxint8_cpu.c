@@ -152,8 +152,87 @@ AVX2 INLINE void rows_avx2(const float *x, int64_t m, int64_t k, const int8_t *c
     }
 }
 
+/* The regular layout with AVX2 (blocks of a multiple of 8 that tile a row), as the AVX-512 one below:
+ * each block's code * x summed in float32, then scaled by its step; tiles of 4 rows of W against 1 row
+ * of x, 3 against 2, 2 against 3 (what fits in 16 vector registers). */
+AVX2 INLINE __m256 codes8(const int8_t *q) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+}
+
+#define REGULAR_TILE_AVX2(R, MB)                                                                             \
+    AVX2 INLINE void tile2_##R##x##MB##_body(const float *x, int64_t k, const int8_t *q, const uint8_t *s,   \
+                                             const int64_t bs, float *sums) {                               \
+        int64_t nb = k / bs;                                                                                \
+        __m256 acc[R][MB], part[R][MB];                                                                     \
+        for (int r = 0; r < R; r++)                                                                         \
+            for (int i = 0; i < MB; i++) acc[r][i] = _mm256_setzero_ps();                                   \
+        for (int64_t b = 0; b < nb; b++) {                                                                  \
+            const int64_t start = b * bs;                                                                   \
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(q + r * k + start) + PREFETCH_AHEAD, _MM_HINT_T0); \
+            for (int i = 0; i < MB; i++) {                                                                  \
+                __m256 xv = _mm256_loadu_ps(x + i * k + start);                                             \
+                for (int r = 0; r < R; r++) part[r][i] = _mm256_mul_ps(codes8(q + r * k + start), xv);      \
+            }                                                                                               \
+            for (int64_t t = start + 8; t < start + bs; t += 8) {                                           \
+                __m256 xv[MB];                                                                              \
+                for (int i = 0; i < MB; i++) xv[i] = _mm256_loadu_ps(x + i * k + t);                        \
+                for (int r = 0; r < R; r++) {                                                               \
+                    __m256 w = codes8(q + r * k + t);                                                       \
+                    for (int i = 0; i < MB; i++) part[r][i] = _mm256_fmadd_ps(w, xv[i], part[r][i]);       \
+                }                                                                                           \
+            }                                                                                               \
+            for (int r = 0; r < R; r++) {                                                                   \
+                __m256 step = _mm256_set1_ps(STEP[s[r * nb + b]]);                                          \
+                for (int i = 0; i < MB; i++) acc[r][i] = _mm256_fmadd_ps(part[r][i], step, acc[r][i]);     \
+            }                                                                                               \
+        }                                                                                                   \
+        for (int r = 0; r < R; r++)                                                                         \
+            for (int i = 0; i < MB; i++) sums[r * MB + i] = hsum256(acc[r][i]);                             \
+    }                                                                                                       \
+    AVX2 static void tile2_##R##x##MB(const float *x, int64_t k, const int8_t *q, const uint8_t *s,          \
+                                      int64_t bs, float *sums) {                                            \
+        if (bs == 32) tile2_##R##x##MB##_body(x, k, q, s, 32, sums); /* the common block: unrolled */       \
+        else tile2_##R##x##MB##_body(x, k, q, s, bs, sums);                                                 \
+    }
+REGULAR_TILE_AVX2(4, 1)
+REGULAR_TILE_AVX2(3, 2)
+REGULAR_TILE_AVX2(2, 3)
+REGULAR_TILE_AVX2(1, 1)
+REGULAR_TILE_AVX2(1, 2)
+REGULAR_TILE_AVX2(1, 3)
+
+typedef void (*regular_tile_fn)(const float *, int64_t, const int8_t *, const uint8_t *, int64_t, float *);
+
+/* Output rows first .. last for all m rows of x, regular layout: rows of x three at a time, each group
+ * against tiles of rows of W (wide[mb - 1], tile_rows[mb - 1] rows), the rows of W left over one at a
+ * time (single[mb - 1]). */
+static void linear_regular(const regular_tile_fn wide[3], const regular_tile_fn single[3], const int tile_rows[3],
+                           const float *x, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales,
+                           int64_t bs, const float *bias, float *out, int64_t n, int64_t first, int64_t last) {
+    int64_t nb = k / bs;
+    float sums[12];
+    for (int64_t i0 = 0; i0 < m; i0 += 3) {
+        const int mb = (int)min64(3, m - i0), R = tile_rows[mb - 1];
+        for (int64_t j = first; j < last;) {
+            const int take = last - j >= R ? R : 1;
+            (take == R ? wide : single)[mb - 1](x + i0 * k, k, codes + j * k, scales + j * nb, bs, sums);
+            for (int r = 0; r < take; r++)
+                for (int i = 0; i < mb; i++)
+                    out[(i0 + i) * n + j + r] = bias ? sums[r * mb + i] + bias[j + r] : sums[r * mb + i];
+            j += take;
+        }
+    }
+}
+
 AVX2 static void linear_avx2(const float *x, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales,
                              int64_t bs, const float *bias, float *out, int64_t n, int64_t first, int64_t last) {
+    if (bs % 8 == 0 && k % bs == 0) {
+        static const regular_tile_fn wide[3] = {tile2_4x1, tile2_3x2, tile2_2x3};
+        static const regular_tile_fn single[3] = {tile2_1x1, tile2_1x2, tile2_1x3};
+        static const int tile_rows[3] = {4, 3, 2};
+        linear_regular(wide, single, tile_rows, x, m, k, codes, scales, bs, bias, out, n, first, last);
+        return;
+    }
     int64_t j = first;
     for (; j + TILE_ROWS <= last; j += TILE_ROWS) rows_avx2(x, m, k, codes, scales, bs, bias, out, n, j, TILE_ROWS);
     for (; j < last; j++) rows_avx2(x, m, k, codes, scales, bs, bias, out, n, j, 1);
@@ -296,30 +375,15 @@ REGULAR_TILE(1, 1)
 REGULAR_TILE(1, 2)
 REGULAR_TILE(1, 3)
 
-typedef void (*regular_tile_fn)(const float *, int64_t, const int8_t *, const uint8_t *, int64_t, float *);
-
-/* Output rows first .. last for all m rows of x, regular layout: rows of x three at a time, each group
- * against tiles of rows of W (8 against one row of x, 6 against two, 4 against three: what fits in the
- * 32 vector registers), the rows of W left over one at a time. */
+/* Output rows first .. last for all m rows of x, regular layout, AVX-512: tiles of 8 rows of W against
+ * one row of x, 6 against two, 4 against three (what fits in the 32 vector registers). */
 AVX512 static void linear_avx512_regular(const float *x, int64_t m, int64_t k, const int8_t *codes,
                                          const uint8_t *scales, int64_t bs, const float *bias, float *out,
                                          int64_t n, int64_t first, int64_t last) {
     static const regular_tile_fn wide[3] = {tile_8x1, tile_6x2, tile_4x3};
     static const regular_tile_fn single[3] = {tile_1x1, tile_1x2, tile_1x3};
     static const int tile_rows[3] = {8, 6, 4};
-    int64_t nb = k / bs;
-    float sums[12];
-    for (int64_t i0 = 0; i0 < m; i0 += 3) {
-        const int mb = (int)min64(3, m - i0), R = tile_rows[mb - 1];
-        for (int64_t j = first; j < last;) {
-            const int take = last - j >= R ? R : 1;
-            (take == R ? wide : single)[mb - 1](x + i0 * k, k, codes + j * k, scales + j * nb, bs, sums);
-            for (int r = 0; r < take; r++)
-                for (int i = 0; i < mb; i++)
-                    out[(i0 + i) * n + j + r] = bias ? sums[r * mb + i] + bias[j + r] : sums[r * mb + i];
-            j += take;
-        }
-    }
+    linear_regular(wide, single, tile_rows, x, m, k, codes, scales, bs, bias, out, n, first, last);
 }
 
 /* Larger batches, regular layout: a GEMM of our own, so each weight is decoded into the core's caches
