@@ -142,25 +142,11 @@ def save(mg, directory: str | Path) -> Path:
         "transforms": mg.history,
         "capture": getattr(mg, "capture", "graph"),
     }
-    state = {k: v.detach().to("cpu") for k, v in mg.model.state_dict().items()}
-    with staged_directory(directory) as tmp:
-        safetensors.torch.save_file(_drop_aliases(state), str(tmp / WEIGHTS), metadata={"format": "pt"})
+    with staged_directory(directory) as tmp:  # one name per tied tensor; the model ties the rest again
+        safetensors.torch.save_model(mg.model, str(tmp / WEIGHTS), metadata={"format": "pt"})
         follow_umask(tmp / WEIGHTS)
         (tmp / RECIPE).write_text(json.dumps(recipe, indent=2, default=str))
     return directory
-
-
-def _drop_aliases(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Keep one name per shared tensor (tied weights); the rest are restored by the model itself."""
-    seen: dict[tuple, str] = {}
-    unique = {}
-    for name, t in state.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
-        if t.numel() and key in seen:
-            continue
-        seen[key] = name
-        unique[name] = t.contiguous()
-    return unique
 
 
 def read_recipe(directory: Path) -> Recipe:
@@ -176,41 +162,41 @@ def read_recipe(directory: Path) -> Recipe:
 
 
 def _load_weights(model: nn.Module, path: Path) -> None:
+    """Every tensor checked (names, shapes, dtypes, some finite value) before any is written into
+    ``model``; then ``safetensors.torch.load_model``, which ties shared tensors again."""
+    expected = model.state_dict()
     try:
-        state = safetensors.torch.load_file(str(path), device="cpu")
+        with safetensors.safe_open(str(path), "pt", device="cpu") as saved:
+            names = set(saved.keys())
+            unexpected = sorted(names - set(expected))
+            if unexpected:
+                raise UserError(f"{path}: checkpoint has tensors the model lacks: {', '.join(unexpected[:5])}")
+            for name in (n for n in expected if n in names):  # in the model's order
+                _check_tensor(path, name, saved.get_tensor(name), expected[name])
     except (safetensors.SafetensorError, OSError, ValueError) as err:
         raise UserError(f"{path} is not a readable safetensors checkpoint: {err}") from None
-    expected = model.state_dict()
-    unexpected = sorted(set(state) - set(expected))
-    if unexpected:
-        raise UserError(f"{path}: checkpoint has tensors the model lacks: {', '.join(unexpected[:5])}")
-    missing = []
-    for name, target in expected.items():
-        if name not in state:
-            missing.append(name)
-            continue
-        saved = state[name]
-        if tuple(saved.shape) != tuple(target.shape):
-            raise UserError(
-                f"{path}: tensor {name!r} has shape {list(saved.shape)} in the checkpoint "
-                f"but {list(target.shape)} in the model"
-            )
-        if saved.dtype != target.dtype:
-            raise UserError(f"{path}: tensor {name!r} is {saved.dtype} in the checkpoint but {target.dtype} in the model")
-        if saved.is_floating_point() and saved.numel() and not saved.isfinite().any():
-            raise UserError(f"{path}: tensor {name!r} holds no finite value (all NaN or infinite)")
-    tied = _tied_names(model)
-    really_missing = [m for m in missing if m not in tied]
-    if really_missing:
-        raise UserError(f"{path}: checkpoint lacks tensors the model needs: {', '.join(really_missing[:5])}")
-    model.load_state_dict(state, strict=False)
+    missing = [group[0] for group in _tie_groups(model) if not names.intersection(group)]
+    if missing:
+        raise UserError(f"{path}: checkpoint lacks tensors the model needs: {', '.join(missing[:5])}")
+    safetensors.torch.load_model(model, str(path), strict=True)
 
 
-def _tied_names(model: nn.Module) -> set[str]:
-    names: dict[int, list[str]] = {}
+def _check_tensor(path: Path, name: str, saved: torch.Tensor, target: torch.Tensor) -> None:
+    if tuple(saved.shape) != tuple(target.shape):
+        raise UserError(f"{path}: tensor {name!r} has shape {list(saved.shape)} in the checkpoint "
+                        f"but {list(target.shape)} in the model")
+    if saved.dtype != target.dtype:
+        raise UserError(f"{path}: tensor {name!r} is {saved.dtype} in the checkpoint but {target.dtype} in the model")
+    if saved.is_floating_point() and saved.numel() and not saved.isfinite().any():
+        raise UserError(f"{path}: tensor {name!r} holds no finite value (all NaN or infinite)")
+
+
+def _tie_groups(model: nn.Module) -> list[list[str]]:
+    """The model's state-dict names, grouped by the tensor they name (tied weights share a group)."""
+    groups: dict[int, list[str]] = {}
     for name, t in model.state_dict(keep_vars=True).items():
-        names.setdefault(id(t), []).append(name)
-    return {n for group in names.values() if len(group) > 1 for n in group}
+        groups.setdefault(id(t), []).append(name)
+    return list(groups.values())
 
 
 def saved_capture(directory: str | Path) -> str:

@@ -102,3 +102,37 @@ def test_example_input_specs_make_tensors_and_name_a_bad_dtype():
     assert torch.equal(made["ids"], torch.zeros(2, dtype=torch.int64))
     with pytest.raises(UserError, match=r"example_inputs.x.dtype: 'float33' is not a torch dtype"):
         example_inputs_from_specs({"x": {"shape": [2], "dtype": "float33"}})
+
+
+def test_a_refused_checkpoint_leaves_the_model_untouched(tmp_path):
+    """Every tensor is checked before any is written: a bad last tensor changes nothing."""
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    MaseGraph(small_cnn(classes=5), example_inputs={"x": torch.randn(2, 3, 8, 8)}).save(tmp_path / "c")
+    weights = tmp_path / "c" / "model.safetensors"
+    state = load_file(str(weights))
+    last = list(small_cnn(classes=5).state_dict())[-1]
+    save_file({**state, last: torch.zeros(3)}, str(weights))
+    target = small_cnn(classes=5)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises(UserError, match=rf"tensor '{last}' has shape \[3\] in the checkpoint"):
+        MaseGraph.load(tmp_path / "c", model=target)
+    assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
+
+
+def test_tied_weights_are_saved_once_and_a_checkpoint_without_either_name_is_refused(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=300, n_positions=64)).eval()
+    MaseGraph(model, hf_input_names=["input_ids"]).save(tmp_path / "gpt2")
+    weights = tmp_path / "gpt2" / "model.safetensors"
+    with safe_open(str(weights), "pt") as f:
+        tied = {"lm_head.weight", "transformer.wte.weight"} & set(f.keys())
+    assert len(tied) == 1  # one copy of the shared matrix
+    state = load_file(str(weights))
+    save_file({k: v for k, v in state.items() if k not in tied}, str(weights))
+    with pytest.raises(UserError, match=r"checkpoint lacks tensors the model needs: (lm_head|transformer\.wte)\.weight"):
+        MaseGraph.load(tmp_path / "gpt2")
