@@ -50,7 +50,7 @@ from mase_lite.ir.meta import module_class
 from mase_lite.ir.ops import function_packet_name
 from mase_lite.kernels.mxint8.packing import return_free_memory
 from mase_lite.nn.quant_config import FUNCTION_OPERANDS, LAYER_OPERANDS, OperandFormat, QuantConfig, QuantSpec, resolve
-from mase_lite.numerics.calibration import AUTO, Method, auto_keys, choose
+from mase_lite.numerics.calibration import Method, auto_keys, choose
 from mase_lite.nn.quant_functional import QUANTIZED_FUNCTIONS, QuantizedFunction
 from mase_lite.nn.quantized import is_quantizable_layer, quantize_module
 from mase_lite.passes.registry import PassError, PassParams, PassResult, register_pass
