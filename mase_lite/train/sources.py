@@ -190,27 +190,6 @@ def read_local(
     test_split: str = "test",
 ) -> tuple[TextSplit, TextSplit]:
     """Train and test splits of labelled texts from a directory of split files, or from one file split at random."""
-    tables = local_tables(fmt, path, train_split, test_split)
-    if "all" in tables:
-        source, rows = tables["all"]
-        everything = rows_to_split(rows, text_column, label_column, source)
-        train, test = divide(len(everything), test_fraction, seed, source)
-        return everything.take(train), everything.take(test)
-    train, test = (rows_to_split(rows, text_column, label_column, source) for source, rows in tables.values())
-    return train, test
-
-
-def read_local(
-    fmt: str,
-    path: Path,
-    text_column: str,
-    label_column: str,
-    test_fraction: float,
-    seed: int,
-    train_split: str = "train",
-    test_split: str = "test",
-) -> tuple[TextSplit, TextSplit]:
-    """Train and test splits of labelled texts from a directory of split files, or from one file split at random."""
     tables = local_tables(fmt, path, train_split, test_split, test_fraction, seed)
     train, test = (rows_to_split(rows, text_column, label_column, source) for source, rows in tables.values())
     return train, test
