@@ -152,54 +152,66 @@ AVX2 INLINE void rows_avx2(const float *x, int64_t m, int64_t k, const int8_t *c
     }
 }
 
-/* The regular layout with AVX2 (blocks of a multiple of 8 that tile a row), as the AVX-512 one below:
- * each block's code * x summed in float32, then scaled by its step; tiles of 4 rows of W against 1 row
- * of x, 3 against 2, 2 against 3 (what fits in 16 vector registers). */
-AVX2 INLINE __m256 codes8(const int8_t *q) {
+/* The regular layout: blocks of a multiple of the vector width that tile a row exactly (as 32 | 4096).
+ * No masks, and each block's products code * x summed in float32 first, then scaled by its step into
+ * the row's sum: one multiply per block instead of one per weight. The step is a power of two, so this
+ * regroups the reference sum without rounding it otherwise, except where code * x itself leaves
+ * float32's range (inputs beyond 2**120 at the smallest steps). Each output element gets the same
+ * operations whatever tile computes it, so results depend neither on threads nor on the batch.
+ *
+ * REGULAR_TILE(W, ATTR, LANES, R, MB) defines tile<W>_<R>x<MB>: sums[r * MB + i] = row r of W . row i of
+ * x for R rows of W and MB rows of x (sizes known when compiled, so the accumulators stay in registers),
+ * with W-bit vectors (256: AVX2, 8 lanes; 512: AVX-512, 16 lanes); codes_<W> decodes LANES codes,
+ * sum_<W> adds a vector's lanes. */
+AVX2 INLINE __m256 codes_256(const int8_t *q) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
 }
 
-#define REGULAR_TILE_AVX2(R, MB)                                                                             \
-    AVX2 INLINE void tile2_##R##x##MB##_body(const float *x, int64_t k, const int8_t *q, const uint8_t *s,   \
-                                             const int64_t bs, float *sums) {                               \
+AVX2 INLINE float sum_256(__m256 v) { return hsum256(v); }
+
+#define REGULAR_TILE(W, ATTR, LANES, R, MB)                                                                  \
+    ATTR INLINE void tile##W##_##R##x##MB##_body(const float *x, int64_t k, const int8_t *q, const uint8_t *s, \
+                                                 const int64_t bs, float *sums) {                           \
         int64_t nb = k / bs;                                                                                \
-        __m256 acc[R][MB], part[R][MB];                                                                     \
+        __m##W acc[R][MB], part[R][MB];                                                                     \
         for (int r = 0; r < R; r++)                                                                         \
-            for (int i = 0; i < MB; i++) acc[r][i] = _mm256_setzero_ps();                                   \
+            for (int i = 0; i < MB; i++) acc[r][i] = _mm##W##_setzero_ps();                                 \
         for (int64_t b = 0; b < nb; b++) {                                                                  \
             const int64_t start = b * bs;                                                                   \
-            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(q + r * k + start) + PREFETCH_AHEAD, _MM_HINT_T0); \
+            for (int r = 0; r < R; r++)                                                                     \
+                _mm_prefetch((const char *)(q + r * k + start) + PREFETCH_AHEAD, _MM_HINT_T0);              \
             for (int i = 0; i < MB; i++) {                                                                  \
-                __m256 xv = _mm256_loadu_ps(x + i * k + start);                                             \
-                for (int r = 0; r < R; r++) part[r][i] = _mm256_mul_ps(codes8(q + r * k + start), xv);      \
+                __m##W xv = _mm##W##_loadu_ps(x + i * k + start);                                           \
+                for (int r = 0; r < R; r++) part[r][i] = _mm##W##_mul_ps(codes_##W(q + r * k + start), xv); \
             }                                                                                               \
-            for (int64_t t = start + 8; t < start + bs; t += 8) {                                           \
-                __m256 xv[MB];                                                                              \
-                for (int i = 0; i < MB; i++) xv[i] = _mm256_loadu_ps(x + i * k + t);                        \
+            for (int64_t t = start + LANES; t < start + bs; t += LANES) {                                   \
+                __m##W xv[MB];                                                                              \
+                for (int i = 0; i < MB; i++) xv[i] = _mm##W##_loadu_ps(x + i * k + t);                      \
                 for (int r = 0; r < R; r++) {                                                               \
-                    __m256 w = codes8(q + r * k + t);                                                       \
-                    for (int i = 0; i < MB; i++) part[r][i] = _mm256_fmadd_ps(w, xv[i], part[r][i]);       \
+                    __m##W w = codes_##W(q + r * k + t);                                                    \
+                    for (int i = 0; i < MB; i++) part[r][i] = _mm##W##_fmadd_ps(w, xv[i], part[r][i]);     \
                 }                                                                                           \
             }                                                                                               \
             for (int r = 0; r < R; r++) {                                                                   \
-                __m256 step = _mm256_set1_ps(STEP[s[r * nb + b]]);                                          \
-                for (int i = 0; i < MB; i++) acc[r][i] = _mm256_fmadd_ps(part[r][i], step, acc[r][i]);     \
+                __m##W step = _mm##W##_set1_ps(STEP[s[r * nb + b]]);                                        \
+                for (int i = 0; i < MB; i++) acc[r][i] = _mm##W##_fmadd_ps(part[r][i], step, acc[r][i]);   \
             }                                                                                               \
         }                                                                                                   \
         for (int r = 0; r < R; r++)                                                                         \
-            for (int i = 0; i < MB; i++) sums[r * MB + i] = hsum256(acc[r][i]);                             \
+            for (int i = 0; i < MB; i++) sums[r * MB + i] = sum_##W(acc[r][i]);                             \
     }                                                                                                       \
-    AVX2 static void tile2_##R##x##MB(const float *x, int64_t k, const int8_t *q, const uint8_t *s,          \
-                                      int64_t bs, float *sums) {                                            \
-        if (bs == 32) tile2_##R##x##MB##_body(x, k, q, s, 32, sums); /* the common block: unrolled */       \
-        else tile2_##R##x##MB##_body(x, k, q, s, bs, sums);                                                 \
+    ATTR static void tile##W##_##R##x##MB(const float *x, int64_t k, const int8_t *q, const uint8_t *s,      \
+                                          int64_t bs, float *sums) {                                        \
+        if (bs == 32) tile##W##_##R##x##MB##_body(x, k, q, s, 32, sums); /* the common block: unrolled */   \
+        else tile##W##_##R##x##MB##_body(x, k, q, s, bs, sums);                                             \
     }
-REGULAR_TILE_AVX2(4, 1)
-REGULAR_TILE_AVX2(3, 2)
-REGULAR_TILE_AVX2(2, 3)
-REGULAR_TILE_AVX2(1, 1)
-REGULAR_TILE_AVX2(1, 2)
-REGULAR_TILE_AVX2(1, 3)
+/* AVX2: 4 rows of W against 1 row of x, 3 against 2, 2 against 3 (what fits in 16 vector registers). */
+REGULAR_TILE(256, AVX2, 8, 4, 1)
+REGULAR_TILE(256, AVX2, 8, 3, 2)
+REGULAR_TILE(256, AVX2, 8, 2, 3)
+REGULAR_TILE(256, AVX2, 8, 1, 1)
+REGULAR_TILE(256, AVX2, 8, 1, 2)
+REGULAR_TILE(256, AVX2, 8, 1, 3)
 
 typedef void (*regular_tile_fn)(const float *, int64_t, const int8_t *, const uint8_t *, int64_t, float *);
 
@@ -227,8 +239,8 @@ static void linear_regular(const regular_tile_fn wide[3], const regular_tile_fn 
 AVX2 static void linear_avx2(const float *x, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales,
                              int64_t bs, const float *bias, float *out, int64_t n, int64_t first, int64_t last) {
     if (bs % 8 == 0 && k % bs == 0) {
-        static const regular_tile_fn wide[3] = {tile2_4x1, tile2_3x2, tile2_2x3};
-        static const regular_tile_fn single[3] = {tile2_1x1, tile2_1x2, tile2_1x3};
+        static const regular_tile_fn wide[3] = {tile256_4x1, tile256_3x2, tile256_2x3};
+        static const regular_tile_fn single[3] = {tile256_1x1, tile256_1x2, tile256_1x3};
         static const int tile_rows[3] = {4, 3, 2};
         linear_regular(wide, single, tile_rows, x, m, k, codes, scales, bs, bias, out, n, first, last);
         return;
@@ -320,68 +332,28 @@ AVX512 INLINE void rows_avx512(const float *x, int64_t m, int64_t k, const int8_
     }
 }
 
-/* The regular layout (blocks of a multiple of 16 elements that tile a row exactly, as 32 | 4096):
- * no masks, and each block's products code * x summed in float32 first, then scaled by its step into
- * the row's sum: one multiply per block instead of one per weight. The step is a power of two, so this
- * regroups the reference sum without rounding it otherwise, except where code * x itself leaves
- * float32's range (inputs beyond 2**120 at the smallest steps). Each output element gets the same
- * operations whatever tile computes it, so results depend neither on threads nor on the batch. */
-
-AVX512 INLINE __m512 codes16(const int8_t *q) {
+AVX512 INLINE __m512 codes_512(const int8_t *q) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
 }
 
-/* sums[r * MB + i] = row j + r of W . row i of x for R rows of W and MB rows of x (sizes known when
- * compiled, so the accumulators stay in registers). */
-#define REGULAR_TILE(R, MB)                                                                                  \
-    AVX512 INLINE void tile_##R##x##MB##_body(const float *x, int64_t k, const int8_t *q, const uint8_t *s,   \
-                                              const int64_t bs, float *sums) {                              \
-        int64_t nb = k / bs;                                                                                \
-        __m512 acc[R][MB], part[R][MB];                                                                     \
-        for (int r = 0; r < R; r++)                                                                         \
-            for (int i = 0; i < MB; i++) acc[r][i] = _mm512_setzero_ps();                                   \
-        for (int64_t b = 0; b < nb; b++) {                                                                  \
-            const int64_t start = b * bs;                                                                   \
-            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(q + r * k + start) + PREFETCH_AHEAD, _MM_HINT_T0); \
-            for (int i = 0; i < MB; i++) {                                                                  \
-                __m512 xv = _mm512_loadu_ps(x + i * k + start);                                             \
-                for (int r = 0; r < R; r++) part[r][i] = _mm512_mul_ps(codes16(q + r * k + start), xv);     \
-            }                                                                                               \
-            for (int64_t t = start + 16; t < start + bs; t += 16) {                                         \
-                __m512 xv[MB];                                                                              \
-                for (int i = 0; i < MB; i++) xv[i] = _mm512_loadu_ps(x + i * k + t);                        \
-                for (int r = 0; r < R; r++) {                                                               \
-                    __m512 w = codes16(q + r * k + t);                                                      \
-                    for (int i = 0; i < MB; i++) part[r][i] = _mm512_fmadd_ps(w, xv[i], part[r][i]);       \
-                }                                                                                           \
-            }                                                                                               \
-            for (int r = 0; r < R; r++) {                                                                   \
-                __m512 step = _mm512_set1_ps(STEP[s[r * nb + b]]);                                          \
-                for (int i = 0; i < MB; i++) acc[r][i] = _mm512_fmadd_ps(part[r][i], step, acc[r][i]);     \
-            }                                                                                               \
-        }                                                                                                   \
-        for (int r = 0; r < R; r++)                                                                         \
-            for (int i = 0; i < MB; i++) sums[r * MB + i] = _mm512_reduce_add_ps(acc[r][i]);               \
-    }                                                                                                       \
-    AVX512 static void tile_##R##x##MB(const float *x, int64_t k, const int8_t *q, const uint8_t *s,         \
-                                       int64_t bs, float *sums) {                                           \
-        if (bs == 32) tile_##R##x##MB##_body(x, k, q, s, 32, sums); /* the common block: unrolled */        \
-        else tile_##R##x##MB##_body(x, k, q, s, bs, sums);                                                  \
-    }
-REGULAR_TILE(8, 1)
-REGULAR_TILE(6, 2)
-REGULAR_TILE(4, 3)
-REGULAR_TILE(1, 1)
-REGULAR_TILE(1, 2)
-REGULAR_TILE(1, 3)
+AVX512 INLINE float sum_512(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+/* The regular layout (see REGULAR_TILE above) with AVX-512: 8 rows of W against 1 row of x, 6 against
+ * 2, 4 against 3 (what fits in 32 vector registers). */
+REGULAR_TILE(512, AVX512, 16, 8, 1)
+REGULAR_TILE(512, AVX512, 16, 6, 2)
+REGULAR_TILE(512, AVX512, 16, 4, 3)
+REGULAR_TILE(512, AVX512, 16, 1, 1)
+REGULAR_TILE(512, AVX512, 16, 1, 2)
+REGULAR_TILE(512, AVX512, 16, 1, 3)
 
 /* Output rows first .. last for all m rows of x, regular layout, AVX-512: tiles of 8 rows of W against
  * one row of x, 6 against two, 4 against three (what fits in the 32 vector registers). */
 AVX512 static void linear_avx512_regular(const float *x, int64_t m, int64_t k, const int8_t *codes,
                                          const uint8_t *scales, int64_t bs, const float *bias, float *out,
                                          int64_t n, int64_t first, int64_t last) {
-    static const regular_tile_fn wide[3] = {tile_8x1, tile_6x2, tile_4x3};
-    static const regular_tile_fn single[3] = {tile_1x1, tile_1x2, tile_1x3};
+    static const regular_tile_fn wide[3] = {tile512_8x1, tile512_6x2, tile512_4x3};
+    static const regular_tile_fn single[3] = {tile512_1x1, tile512_1x2, tile512_1x3};
     static const int tile_rows[3] = {8, 6, 4};
     linear_regular(wide, single, tile_rows, x, m, k, codes, scales, bs, bias, out, n, first, last);
 }
@@ -464,7 +436,7 @@ AVX512 static void gemm_avx512(const float *xp, int64_t m, int64_t k, const int8
                         _mm_prefetch((const char *)(q + GEMM_NR * k + t), _MM_HINT_T1); /* the next run's row */
                         __m512 step = _mm512_set1_ps(STEP[*s]);
                         for (int64_t u = t; u < t + bs; u += 16)
-                            _mm512_storeu_ps(wd + r * kc + u, _mm512_mul_ps(codes16(q + u), step));
+                            _mm512_storeu_ps(wd + r * kc + u, _mm512_mul_ps(codes_512(q + u), step));
                     }
                 }
                 struct gemm_out o = {out + i0 * n + j0, n, m - i0, bias ? bias + j0 : NULL};
@@ -654,14 +626,7 @@ static void dequantize_range(const void *p, int part, int64_t first, int64_t las
 }
 
 struct gemm_args {
-    const float *xp;
-    int64_t m, k;
-    const int8_t *codes;
-    const uint8_t *scales;
-    int64_t bs;
-    const float *bias;
-    float *out;
-    int64_t n;
+    struct linear_args layer; /* layer.x: x^T packed in tiles */
     float *wd;
     int by_tiles;
 };
@@ -698,14 +663,15 @@ static void pack_range(const void *p, int part, int64_t first, int64_t last) {
 /* A run of rows of W for every tile of x, or (by_tiles) a run of tiles of x for every row of W. */
 static void gemm_range(const void *p, int part, int64_t first, int64_t last) {
 #ifdef MX_X86
-    const struct gemm_args *a = p;
+    const struct gemm_args *g = p;
+    const struct linear_args *a = &g->layer;
     int64_t kc_max = gemm_chunk(a->k, a->bs);
-    float *wd = a->wd + (int64_t)part * GEMM_NR * kc_max;
-    if (a->by_tiles)
-        gemm_avx512(a->xp, a->m, a->k, a->codes, a->scales, a->bs, a->bias, a->out, a->n, 0, a->n, first,
+    float *wd = g->wd + (int64_t)part * GEMM_NR * kc_max;
+    if (g->by_tiles)
+        gemm_avx512(a->x, a->m, a->k, a->codes, a->scales, a->bs, a->bias, a->out, a->n, 0, a->n, first,
                     min64(a->m, last * GEMM_TILE_ROWS), wd, kc_max);
     else
-        gemm_avx512(a->xp, a->m, a->k, a->codes, a->scales, a->bs, a->bias, a->out, a->n, first, last, 0, a->m,
+        gemm_avx512(a->x, a->m, a->k, a->codes, a->scales, a->bs, a->bias, a->out, a->n, first, last, 0, a->m,
                     wd, kc_max);
 #else
     (void)p, (void)part, (void)first, (void)last;
@@ -728,7 +694,7 @@ int mxint8_gemm(const float *x, int64_t m, int64_t k, const int8_t *codes, const
     struct pack_args packing = {x, m, k, xp};
     split_rows(pack_range, &packing, k, 16, threads);
     int64_t tiles = (m + GEMM_TILE_ROWS - 1) / GEMM_TILE_ROWS;
-    struct gemm_args a = {xp, m, k, codes, scales, bs, bias, out, n, wd, tiles >= threads};
+    struct gemm_args a = {{xp, m, k, codes, scales, bs, bias, out, n, LEVEL_AVX512}, wd, tiles >= threads};
     if (a.by_tiles) /* each thread its own tiles of x: its share of xp stays in its core's cache */
         split_rows(gemm_range, &a, tiles, 1, threads);
     else
