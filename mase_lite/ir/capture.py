@@ -24,6 +24,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from mase_lite.ir import export_cache
 from mase_lite.ir.capture_cache import CACHE, LogRecorder, Template, architecture_key, copy_graph, replay
 from mase_lite.ir.compare import compare_with_model, first_difference
 from mase_lite.ir.export import CaptureError, caches_off, export_model
@@ -108,15 +109,27 @@ def _raise_to_modules(model: nn.Module, ep: torch.export.ExportedProgram, plan: 
     return gm
 
 
-def _export_recorded(model, example_inputs, dynamic_shapes, plan, preserve):
-    """Export in the train/eval split, recording functional dropout (traced again with it when they do not match)."""
+def _export_recorded(model, example_inputs, dynamic_shapes, plan, preserve, stored: str | None = None):
+    """Export in the train/eval split, recording functional dropout (traced again with it when they do not
+    match); with ``stored`` (an :mod:`~mase_lite.ir.export_cache` entry), the program stored there, else
+    exported and stored. Returns the program and whether it was loaded."""
+    loaded = export_cache.load(stored) if stored else None
+    if loaded is not None:
+        ep, recorder = loaded
+        if recorder.annotate(ep.graph_module.graph):
+            return ep, True
+        export_cache.discard(stored)
     recorder = DropoutRecorder()
     with recorder:
         ep = export_model(model, example_inputs, dynamic_shapes, plan, preserve)
+    if stored:
+        export_cache.store(stored, ep, recorder)
     if not recorder.annotate(ep.graph_module.graph):
         logger.debug("functional dropout calls do not match the graph: tracing dropout instead")
+        if stored:
+            export_cache.discard(stored)
         ep = export_model(model, example_inputs, dynamic_shapes, plan, preserve)
-    return ep
+    return ep, False
 
 
 def _template(model: nn.Module, gm: MaseGraphModule, limits: list[str], records: list) -> Template:
@@ -185,8 +198,9 @@ def capture(
     recorder = LogRecorder()
     ir_logger = logging.getLogger("mase_lite.ir")
     ir_logger.addHandler(recorder)
+    stored = export_cache.entry_key(key, model) if key is not None and not leaf_modules else None
     try:
-        gm, limits = _capture(model, example_inputs, dynamic_shapes, leaf_modules, verify)
+        gm, limits = _capture(model, example_inputs, dynamic_shapes, leaf_modules, verify, stored)
     finally:
         ir_logger.removeHandler(recorder)
     if key is not None:  # also under the key of the model as the capture left it (a forward may set config fields)
@@ -204,14 +218,18 @@ def _capture(
     dynamic_shapes: dict[str, Any] | None,
     leaf_modules: tuple[type, ...],
     verify: bool,
+    stored: str | None = None,
 ) -> tuple[MaseGraphModule, list[str]]:
-    """The export, raise and checks of :func:`capture`: the graph and why its train mode is refused, if so."""
+    """The export, raise and checks of :func:`capture`: the graph and why its train mode is refused, if so.
+    With ``stored``, the first export may come from the disk cache; a stored program the model does not
+    match is removed and the model exported afresh."""
     plan = LeafPlan(model, leaf_modules)
     preserve = tuple(name for name, m in model.named_modules() if name and leaf_modules and isinstance(m, leaf_modules))
     modules = dict(model.named_modules())
     limits: list[str] = []
+    loaded = False
     try:
-        ep = _export_recorded(model, example_inputs, dynamic_shapes, plan, preserve)
+        ep, loaded = _export_recorded(model, example_inputs, dynamic_shapes, plan, preserve, stored)
     except CaptureError as train_err:
         ep = None
         limits.append(str(train_err).replace("torch.export could not capture", "train mode of", 1))
@@ -220,9 +238,16 @@ def _capture(
         if stochastic - plan.stochastic:
             plan.stochastic |= stochastic
             logger.info("modules drawing random numbers in train mode become nodes: %s", ", ".join(sorted(stochastic)))
-            ep = _export_recorded(model, example_inputs, dynamic_shapes, plan, preserve)
-        gm = _raise_to_modules(model, ep, plan)
+            ep, loaded = _export_recorded(model, example_inputs, dynamic_shapes, plan, preserve)[0], False
+        try:
+            gm = _raise_to_modules(model, ep, plan)
+        except Exception:
+            if not loaded:
+                raise
+            return _afresh(stored, model, example_inputs, dynamic_shapes, leaf_modules, verify)
         problem = compare_with_model(gm, model, example_inputs)
+        if problem is not None and loaded:
+            return _afresh(stored, model, example_inputs, dynamic_shapes, leaf_modules, verify)
         if problem is not None:
             limits.extend(reasons or [f"traced in train mode, the graph's eval differs from the model's: {problem}"])
     if limits:
@@ -238,6 +263,15 @@ def _capture(
             )
     elif verify:
         problem = compare_with_model(gm, model, example_inputs, train=True)
+        if problem is not None and loaded:
+            return _afresh(stored, model, example_inputs, dynamic_shapes, leaf_modules, verify)
         if problem is not None:
             raise CaptureError(f"the captured graph of {type(model).__name__} does not match the model in train mode: {problem}")
     return gm, limits
+
+
+def _afresh(stored: str, *args) -> tuple[MaseGraphModule, list[str]]:
+    """:func:`_capture` again without the stored program, which is removed (the model does not match it)."""
+    logger.info("the stored export does not match %s: exporting again", type(args[0]).__name__)
+    export_cache.discard(stored)
+    return _capture(*args, stored=None)

@@ -1,0 +1,136 @@
+"""Exported programs kept on disk, so a new process does not export an architecture seen before.
+
+The first ``torch.export`` of a process costs a second or more even for a small BERT (most of it
+tracing with symbolic batch and sequence sizes); loading the saved program takes a fraction. An
+entry is keyed like the in-process cache (:func:`mase_lite.ir.capture_cache.architecture_key`) plus
+the versions of Python, torch, transformers and mase_lite's capture code, and holds the program
+(``torch.export.save``) and the dropout probabilities recorded while exporting. A hit is checked
+against the model exactly as a fresh export is; an entry that fails the check, or does not load, is
+removed and the model exported again.
+
+Loading an entry unpickles tensors (torch.export's format), so entries are this user's own files:
+they live in ``$MASE_LITE_CACHE/export`` (default ``~/.cache/mase_lite/export``), are read only from a
+directory and files this user owns and no one else may write, and never from a checkpoint or report
+someone else made. Models of more than ``MAX_PARAMETER_BYTES`` are not stored (the program holds the
+weights); the oldest entries go beyond ``MAX_ENTRIES``. ``MASE_LITE_EXPORT_CACHE=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import stat
+import tempfile
+from pathlib import Path
+
+import torch
+
+from mase_lite.ir.train_mode import DropoutRecorder
+
+logger = logging.getLogger(__name__)
+
+MAX_PARAMETER_BYTES = 256 << 20
+MAX_ENTRIES = 64
+RECORDS = "mase_lite_records.json"
+_CODE = ("capture.py", "export.py", "leaves.py", "train_mode.py", "export_cache.py")  # what shapes an export
+
+
+def enabled() -> bool:
+    return os.environ.get("MASE_LITE_EXPORT_CACHE", "1") != "0"
+
+
+def directory() -> Path:
+    root = os.environ.get("MASE_LITE_CACHE") or Path.home() / ".cache" / "mase_lite"
+    return Path(root) / "export"
+
+
+def entry_key(architecture: tuple, model: torch.nn.Module) -> str | None:
+    """The entry's file name for a model of ``architecture``, or None where none is kept (cache off,
+    a model too large to store)."""
+    if not enabled():
+        return None
+    size = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    if size > MAX_PARAMETER_BYTES:
+        return None
+    import transformers
+
+    here = Path(__file__).parent
+    parts = [repr(architecture), platform.python_version(), torch.__version__, transformers.__version__,
+             *((here / name).read_text() for name in _CODE)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def load(key: str) -> tuple[torch.export.ExportedProgram, DropoutRecorder] | None:
+    """The stored program and its recorded dropout probabilities, or None (no entry, or one that does
+    not load: it is removed)."""
+    place = _place()
+    path = None if place is None else place / f"{key}.pt2"
+    if path is None or not path.is_file() or not _own(path):
+        return None
+    try:
+        extra = {RECORDS: ""}
+        program = torch.export.load(path, extra_files=extra)
+        records = json.loads(extra[RECORDS])
+        recorder = DropoutRecorder()
+        recorder.dropout, recorder.sdpa = [float(p) for p in records["dropout"]], [float(p) for p in records["sdpa"]]
+    except Exception as err:  # a damaged entry: capture as if there were none
+        logger.warning("the stored export %s does not load (%s: %s); exporting again", path, type(err).__name__, err)
+        discard(key)
+        return None
+    os.utime(path)  # recently used: kept longest
+    return program, recorder
+
+
+def store(key: str, program: torch.export.ExportedProgram, recorder: DropoutRecorder) -> None:
+    """Write the entry whole (a temporary file renamed into place); a failure only costs the next process time."""
+    place = _place(create=True)
+    if place is None:
+        return
+    records = json.dumps({"dropout": recorder.dropout, "sdpa": recorder.sdpa})
+    fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".pt2", dir=place)
+    os.close(fd)
+    try:
+        torch.export.save(program, tmp, extra_files={RECORDS: records})
+        os.replace(tmp, place / f"{key}.pt2")
+    except Exception as err:
+        logger.info("could not store the export in %s (%s: %s)", place, type(err).__name__, err)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    _prune(place)
+
+
+def discard(key: str) -> None:
+    place = _place()
+    if place is not None:
+        (place / f"{key}.pt2").unlink(missing_ok=True)
+
+
+def _place(create: bool = False) -> Path | None:
+    """The cache directory when this user alone may write it (created so where asked), else None."""
+    path = directory()
+    try:
+        if create:
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not path.is_dir():
+            return None
+    except OSError:
+        return None
+    if not _own(path):
+        logger.info("not using the export cache %s: it is not this user's alone", path)
+        return None
+    return path
+
+
+def _own(path: Path) -> bool:
+    """Whether ``path`` belongs to this user and no one else may write it."""
+    info = path.stat()
+    return info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _prune(place: Path) -> None:
+    entries = sorted(place.glob("*.pt2"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in entries[MAX_ENTRIES:]:
+        old.unlink(missing_ok=True)
