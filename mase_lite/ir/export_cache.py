@@ -58,8 +58,11 @@ def entry_key(architecture: tuple, model: torch.nn.Module) -> str | None:
     import transformers
 
     here = Path(__file__).parent
-    parts = [repr(architecture), platform.python_version(), torch.__version__, transformers.__version__,
-             *((here / name).read_text() for name in _CODE)]
+    try:
+        code = [(here / name).read_text() for name in _CODE]
+    except OSError:  # an install without the sources: no key says which capture code made an entry
+        return None
+    parts = [repr(architecture), platform.python_version(), torch.__version__, transformers.__version__, *code]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
@@ -110,13 +113,13 @@ def discard(key: str) -> None:
 
 def _place(create: bool = False) -> Path | None:
     """The cache directory when this user alone may write it (created so where asked), else None."""
-    path = directory()
     try:
+        path = directory()
         if create:
             path.mkdir(parents=True, exist_ok=True, mode=0o700)
         if not path.is_dir():
             return None
-    except OSError:
+    except (OSError, RuntimeError):  # no home directory, a read-only one, a file in the way
         return None
     if not _own(path):
         logger.info("not using the export cache %s: it is not this user's alone", path)

@@ -115,3 +115,20 @@ def _dims(model):
     from mase_lite.ir.export import default_dynamic_shapes
 
     return default_dynamic_shapes(_inputs(model))
+
+
+def test_no_home_directory_means_no_cache_and_a_working_capture(exports, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.delenv("MASE_LITE_CACHE")
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    model = bert(0)
+    mg = capture_fresh(model)
+    inputs = batch(2, 9)
+    with torch.no_grad():
+        assert same(mg.model(**inputs), model(**inputs))
+    assert len(exports) == 1
