@@ -31,11 +31,9 @@ the ``calibrate`` pass run before — by ``calibration.method`` (minmax, percent
 from __future__ import annotations
 
 import copy
-import functools
 import gc
 import logging
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,15 +159,13 @@ def _unwrapped(value: Any) -> Any:
 
 @dataclass
 class _Planned:
-    """One replacement decided before anything changes. A packed layer is built when it is put in
-    (``build``), one at a time, so the plan never holds every packed copy beside the float model."""
+    """One replacement decided before anything changes."""
 
     nodes: list[fx.Node]
     rule: str
     config: QuantConfig
-    module: nn.Module | None
+    module: nn.Module
     kind: str  # "layer" or "function"
-    build: Callable[[], nn.Module] | None = None
 
 
 def _kind(node: fx.Node, modules: dict[str, nn.Module]) -> str | None:
@@ -282,18 +278,13 @@ def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str]]:
                     f"with different configs ({planned.rule} and {where}); one module has one config"
                 )
             if planned is None:
-                build = None
                 if config.storage == "packed":
                     _check_weight_unshared(mg, node, where)
-                    if not isinstance(modules[node.target], nn.Linear):
-                        raise PassError(f"node {node.name!r}: storage 'packed' is available for Linear only, "
-                                        f"not {type(modules[node.target]).__name__}", location=(where,))
-                    build = functools.partial(quantize_module, modules[node.target], config)
                 try:
-                    module = None if build else quantize_module(modules[node.target], config)
+                    module = quantize_module(modules[node.target], config)
                 except ValueError as err:
                     raise PassError(f"node {node.name!r}: {err}", location=(where,)) from None
-                layers[node.target] = _Planned([node], where, config, module, kind, build)
+                layers[node.target] = _Planned([node], where, config, module, kind)
             else:
                 planned.nodes.append(node)
         else:
@@ -373,8 +364,6 @@ def _free_name(mg, base: str) -> str:
 
 
 def _apply(mg, planned: _Planned) -> None:
-    if planned.build is not None:
-        planned.module, planned.build = planned.build(), None
     node = planned.nodes[0]
     if planned.kind == "layer" or node.op == "call_module":
         mg.replace_module(node.target, planned.module)

@@ -56,9 +56,9 @@ def test_packing_returns_the_float_weights_memory():
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="resident memory is read from /proc (Linux)")
 def test_the_quantize_pass_with_packed_storage_returns_the_float_weights_memory():
-    """The pass builds each packed layer as it puts it in and hands the freed float weights back; it keeps
-    the float layers until every replacement is in (it puts them back if one fails), so its peak is the
-    float model plus the packed one."""
+    """The pass hands the freed float weights back once every packed layer is in; it decides every
+    replacement first and keeps the float layers until all are in (it puts them back if one fails), so its
+    peak is the float model plus the packed one."""
     run = subprocess.run([sys.executable, "-c", RSS_SCRIPT.format(by_pass=True)], capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
