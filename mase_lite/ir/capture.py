@@ -238,7 +238,7 @@ def _capture(
         if stochastic - plan.stochastic:
             plan.stochastic |= stochastic
             logger.info("modules drawing random numbers in train mode become nodes: %s", ", ".join(sorted(stochastic)))
-            ep, loaded = _export_recorded(model, example_inputs, dynamic_shapes, plan, preserve)[0], False
+            ep, loaded = _export_recorded(model, example_inputs, dynamic_shapes, plan, preserve)
         try:
             gm = _raise_to_modules(model, ep, plan)
         except Exception:

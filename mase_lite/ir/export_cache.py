@@ -17,6 +17,7 @@ weights); the oldest entries go beyond ``MAX_ENTRIES``. ``MASE_LITE_EXPORT_CACHE
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 
 from mase_lite.ir.train_mode import DropoutRecorder
+from mase_lite.numerics.native import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +45,7 @@ def enabled() -> bool:
 
 
 def directory() -> Path:
-    root = os.environ.get("MASE_LITE_CACHE") or Path.home() / ".cache" / "mase_lite"
-    return Path(root) / "export"
+    return cache_root() / "export"
 
 
 def entry_key(architecture: tuple, model: torch.nn.Module) -> str | None:
@@ -55,15 +56,25 @@ def entry_key(architecture: tuple, model: torch.nn.Module) -> str | None:
     size = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     if size > MAX_PARAMETER_BYTES:
         return None
+    code = _code_digest()
+    if code is None:
+        return None
+    return hashlib.sha256("\0".join([repr(architecture), code]).encode()).hexdigest()[:32]
+
+
+@functools.cache
+def _code_digest() -> str | None:
+    """A digest of what shapes an export besides the model: the versions of Python, torch and transformers
+    and mase_lite's capture code (read once per process); None for an install without those sources."""
     import transformers
 
     here = Path(__file__).parent
     try:
         code = [(here / name).read_text() for name in _CODE]
-    except OSError:  # an install without the sources: no key says which capture code made an entry
+    except OSError:
         return None
-    parts = [repr(architecture), platform.python_version(), torch.__version__, transformers.__version__, *code]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+    parts = [platform.python_version(), torch.__version__, transformers.__version__, *code]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
 def load(key: str) -> tuple[torch.export.ExportedProgram, DropoutRecorder] | None:

@@ -36,9 +36,13 @@ def enabled() -> bool:
     return os.environ.get("MASE_LITE_NATIVE", "1") != "0"
 
 
+def cache_root() -> Path:
+    """Where mase_lite keeps what it builds for this user: ``$MASE_LITE_CACHE``, else ``~/.cache/mase_lite``."""
+    return Path(os.environ.get("MASE_LITE_CACHE") or Path.home() / ".cache" / "mase_lite")
+
+
 def cache_dir() -> Path:
-    root = os.environ.get("MASE_LITE_CACHE") or Path.home() / ".cache" / "mase_lite"
-    return Path(root) / "native"
+    return cache_root() / "native"
 
 
 @functools.cache
