@@ -64,7 +64,8 @@ def _library() -> ctypes.CDLL | None:
 
 
 def _declared(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
-    """``lib`` with the argument and result types of its functions declared."""
+    """``lib`` with the argument and result types of its functions declared, and what it runs: its vector
+    ``levels`` on this CPU and whether it runs its threads on ``openmp``."""
     if lib is None:
         return None
     i64, ptr, int_ = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
@@ -76,18 +77,16 @@ def _declared(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
     lib.mxint8_gemm.argtypes, lib.mxint8_gemm.restype = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, int_], int_
     lib.mxint8_gemm_buffer.argtypes, lib.mxint8_gemm_buffer.restype = [i64, i64], i64
     lib.mxint8_linear_rows.restype = lib.mxint8_dequantize_rows.restype = lib.mxint8_quantize_rows.restype = None
+    mask = lib.mxint8_cpu_levels()
+    lib.levels = tuple(name for bit, name in enumerate(LEVELS) if mask >> bit & 1)  # asked once: hot path
+    lib.openmp = bool(lib.mxint8_cpu_openmp())
     return lib
 
 
 def available_levels() -> tuple[str, ...]:
     """The vector levels this CPU runs, lowest first (empty where the kernel could not be built)."""
     lib = _library()
-    if lib is None:
-        return ()
-    if getattr(lib, "levels", None) is None:  # asked of the library once
-        mask = lib.mxint8_cpu_levels()
-        lib.levels = tuple(name for bit, name in enumerate(LEVELS) if mask >> bit & 1)
-    return lib.levels
+    return () if lib is None else lib.levels
 
 
 def level() -> str | None:
@@ -174,17 +173,14 @@ def quantize(w: Tensor, block_size: int, scale_rule: str) -> tuple[Tensor, Tenso
 def _fused(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_size: int, lvl: int) -> Tensor:
     rows, in_features = x.shape
     out_features = codes.shape[0]
-    x32 = x if x.dtype == torch.float32 and x.is_contiguous() else x.to(torch.float32).contiguous()
+    x32 = x.to(torch.float32).contiguous()
     bias32 = None if bias is None else bias.to(torch.float32).contiguous()
     out = torch.empty(rows, out_features)
     args = (x32.data_ptr(), rows, in_features, codes.data_ptr(), scales.data_ptr(), block_size,
             None if bias32 is None else bias32.data_ptr(), out.data_ptr(), out_features)
-    lib = _library()
+    kernel = _library().mxint8_linear_rows
     workers = torch.get_num_threads() if rows * out_features * in_features >= PARALLEL_FROM_MACS else 1
-    if workers == 1 or _openmp():
-        lib.mxint8_linear_rows(*args, 0, out_features, lvl, workers)
-    else:
-        run_split(lambda first, last: lib.mxint8_linear_rows(*args, first, last, lvl, 1), out_features, workers, _ALIGN)
+    _parallel(lambda first, last, threads: kernel(*args, first, last, lvl, threads), out_features, workers)
     return out
 
 
@@ -255,15 +251,7 @@ def _dequantize_into(codes: Tensor, scales: Tensor, block_size: int, out: Tensor
 def _parallel(call, rows: int, workers: int) -> None:
     """``call(first, last, threads)`` over ``rows``: one call on ``workers`` of torch's OpenMP threads where
     the kernel was built with OpenMP, else runs of rows on Python threads (ctypes lets go of the GIL)."""
-    if workers == 1 or _openmp():
+    if workers == 1 or _library().openmp:
         call(0, rows, workers)
     else:
         run_split(lambda first, last: call(first, last, 1), rows, workers, _ALIGN)
-
-
-def _openmp() -> bool:
-    """Whether the loaded kernel runs its threads on OpenMP (asked of the library once)."""
-    lib = _library()
-    if getattr(lib, "openmp", None) is None:
-        lib.openmp = bool(lib.mxint8_cpu_openmp())
-    return lib.openmp
