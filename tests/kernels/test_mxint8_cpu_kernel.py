@@ -137,8 +137,17 @@ def test_non_contiguous_inputs_and_weights(level, rows):
     assert_within_accumulation_error(native_linear(batched, codes, scales), batched, codes, scales)
 
 
+def kernel_owns_the_sums(level: str, rows: int) -> bool:
+    """Whether the kernel itself orders every sum of a ``rows``-row product: the fused kernel, and with AVX-512
+    the kernel's GEMM. The other rows go through dequantized panels and torch's GEMM, whose order is the BLAS's:
+    it may split a dot product over threads (it does on AMD EPYC: 1.9e-5 apart at 40 rows and 2 threads)."""
+    return rows <= cpu_kernel.FUSED_MAX_ROWS or (level == "avx512" and rows >= cpu_kernel.GEMM_FROM_ROWS)
+
+
 @pytest.mark.parametrize("rows", [1, 5, 40, 130])
 def test_threads_give_the_same_bits_as_one_thread(level, rows, monkeypatch):
+    """Rows of W are split over threads, never a dot product: the kernel's own paths give one thread's bits.
+    Torch's GEMM (the panel path) makes no such promise, so there each count is held to the reference bound."""
     monkeypatch.setattr(cpu_kernel, "PARALLEL_FROM_MACS", 0)  # split even these small layers
     torch.manual_seed(rows)
     codes, scales = quantize(torch.randn(67, 160))
@@ -149,9 +158,14 @@ def test_threads_give_the_same_bits_as_one_thread(level, rows, monkeypatch):
         one = cpu_kernel.linear(x, codes, scales, bias, 32)
         for count in (2, 3):
             torch.set_num_threads(count)
-            assert torch.equal(cpu_kernel.linear(x, codes, scales, bias, 32), one)
+            out = cpu_kernel.linear(x, codes, scales, bias, 32)
+            if kernel_owns_the_sums(level, rows):
+                assert torch.equal(out, one)
+            else:
+                assert_within_accumulation_error(out, x, codes, scales, bias)
     finally:
         torch.set_num_threads(threads)
+    assert_within_accumulation_error(one, x, codes, scales, bias)
 
 
 @pytest.mark.parametrize("k, block_size", [(160, 32), (100, 32), (96, 16)])

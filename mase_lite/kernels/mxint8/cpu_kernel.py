@@ -10,7 +10,9 @@ torch's GEMM. Rows of W are split over ``torch.get_num_threads()`` threads: torc
 where the kernel was built with OpenMP, else Python threads (ctypes lets go of the GIL). Weights are
 exact (see ``mxint8_cpu.c``); sums are float32 sums in the kernel's own order, so the result equals
 the float64 reference up to float32 accumulation error (the tolerance the tests hold it to is in
-``tests/kernels/mxint8_cases.py``).
+``tests/kernels/mxint8_cases.py``). The fused kernel and the kernel's GEMM never split a dot product,
+so they give the same bits at any thread count; the panel path's sums are in the order of torch's
+GEMM, which may change with the thread count (it does on AMD EPYC).
 
 The vector level is the best this CPU runs (AVX-512, AVX2, plain C); ``MASE_LITE_MXINT8_CPU``
 forces ``avx512``, ``avx2``, ``c`` or ``torch`` (the torch reference). Functions return None where
@@ -207,7 +209,7 @@ def _panels(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block
     rows, in_features = x.shape
     out_features = codes.shape[0]
     dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32  # float16 computes in float32
-    x = x.to(dtype)
+    x = x.to(dtype).contiguous()  # one layout into torch's GEMM: a strided x may take another BLAS path
     panel_rows = min(out_features, max(_ALIGN, PANEL_BYTES // (in_features * x.element_size())))
     buffer = _scratch(panel_rows * in_features * x.element_size()).view(dtype).view(panel_rows, in_features)
     out_t = torch.empty(out_features, rows, dtype=dtype)
