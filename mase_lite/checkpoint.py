@@ -3,8 +3,13 @@
 A checkpoint's ``recipe.json`` is data, possibly someone else's: a factory it names is called only
 when registered, named or trusted; a transformers class only when transformers' auto registry lists
 it for the config's model type (or the user trusts the file); leaf-module classes are looked up
-among the rebuilt model's own modules. The recipe's format, the weights and saving are the IR's
+among the rebuilt model's own modules. The recipe's format and the files are the IR's
 (:mod:`mase_lite.ir.serialize`).
+
+Weights: :func:`save_checkpoint` stores each quantized weight and bias as its codes and shared scales
+(:mod:`mase_lite.nn.storage`; ``weights="float"`` keeps the float values a layer quantizes on every call, as
+training needs them, but for parameters that already hold stored values); :func:`load_weights` decodes them
+bit for bit into the rebuilt model and holds them.
 
 Example::
 
@@ -15,15 +20,27 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch.nn as nn
 
 from mase_lite.errors import UserError
 from mase_lite.files import check_regular, recover
 from mase_lite.ir.export import dynamic_shapes_of
-from mase_lite.ir.serialize import FactoryRecipe, HFRecipe, ModelRecipe, example_inputs_from_specs, read_recipe, validate
+from mase_lite.ir.serialize import (
+    RECIPE,
+    WEIGHTS,
+    FactoryRecipe,
+    HFRecipe,
+    ModelRecipe,
+    example_inputs_from_specs,
+    read_recipe,
+    read_weights,
+    save,
+    validate,
+)
 from mase_lite.limits import check_fits, model_bytes
+from mase_lite.nn.storage import check_stored_names, flatten, restore_codes, stored_codes, unflatten
 from mase_lite.trust import TRUST_HINT, call_factory, qualname, resolve_factory, resolve_leaf_module, trusted
 
 
@@ -107,3 +124,41 @@ def read_checkpoint(directory: str | Path, model: nn.Module | None = None) -> tu
         names = list(inputs["example_inputs"])
     dynamic = dynamic_shapes_of(parsed.dynamic_dims, names) if parsed.dynamic_dims is not None else None
     return recipe, model, {**inputs, "leaf_modules": leaf, "dynamic_shapes": dynamic, "recipe": recipe["model"]}
+
+
+Weights = Literal["codes", "float"]
+
+
+def save_checkpoint(mg, directory: str | Path, weights: Weights = "codes") -> Path:
+    """Write ``mg`` (a graph or a module-mode model) to ``directory``: the recipe, and the weights with each
+    quantized parameter as its stored codes (``weights="codes"``), or as its float values but for those
+    already holding stored values (``"float"``, what training on needs)."""
+    if weights not in ("codes", "float"):
+        raise UserError(f"weights={weights!r} is unknown; allowed: codes, float")
+    return save(mg, directory, flatten(stored_codes(mg.model, held_only=weights == "float")))
+
+
+def load_weights(mg, directory: str | Path) -> None:
+    """Load the saved weights into the (captured, transformed) graph or module-mode model, decoding stored
+    codes bit for bit (their parameters then hold those values), and put it in eval mode."""
+    directory = Path(directory)
+    manifest = {name: entry.model_dump() for name, entry in read_recipe(directory).stored.items()}
+    path = directory / WEIGHTS
+    try:
+        check_stored_names(mg.model, list(manifest))
+    except UserError as err:
+        raise UserError(f"{directory / RECIPE}: {err}") from None
+    tensors = read_weights(mg.model, path, set(manifest))
+    stored = unflatten(tensors, manifest, str(path))
+    state = {k: v for k, v in tensors.items() if k.rpartition(".")[0] not in manifest}
+    missing, unexpected = mg.model.load_state_dict(state, strict=False)
+    left = sorted(set(missing) - set(manifest))
+    if left or unexpected:
+        raise UserError(f"{path}: the checkpoint does not fit the model ({', '.join((left or unexpected)[:5])})")
+    try:
+        restore_codes(mg.model, stored)
+    except UserError as err:
+        raise UserError(f"{path}: {err}") from None
+    except (ValueError, RuntimeError, IndexError) as err:  # side tensors of the wrong shape or values
+        raise UserError(f"{path}: stored codes do not decode: {err}") from None
+    mg.model.eval()

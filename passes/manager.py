@@ -305,7 +305,8 @@ def run_pass(info: PassInfo, mg, params: BaseModel | dict | None, context: PassC
         err.add_note(f"while running {run.label}")
         raise
     if info.replay:
-        new.record_transform(info.name, run.params.model_dump(mode="json"), info.module)
+        replayed = result.replay_params if result.replay_params is not None else run.params.model_dump(mode="json")
+        new.record_transform(info.name, replayed, info.module)
     for inst in instruments:
         inst.after_pass(run)
     return PassOutcome(new.model if plain and isinstance(new, ModuleModel) else new, result)

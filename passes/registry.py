@@ -66,7 +66,9 @@ class PassResult:
     under ``metrics[<label or pass>]`` and a search may use as objectives (``"<label>.<key>"``).
     ``label``: the name of those metrics (default: the step's label, else the pass's name).
     ``graph``: set only by a pass that hands back another graph than the one it got (``load``);
-    every other transform changes its graph in place.
+    every other transform changes its graph in place. ``replay_params``: the params a load replays a
+    structural transform with, where they differ from the call's (``quantize`` gives the formats it chose
+    from calibration data, so a checkpoint loads without data).
 
     >>> PassResult({"count": 3}, metrics={"count": 3}).public_info()
     {'count': 3, 'metrics': {'count': 3}}
@@ -76,6 +78,7 @@ class PassResult:
     metrics: dict[str, Any] | None = None
     label: str | None = None
     graph: Any = None
+    replay_params: dict[str, Any] | None = None
 
     def public_info(self) -> dict[str, Any]:
         """``info`` as a caller unpacks it (and report.json records it): with ``metrics`` and ``label`` when set."""

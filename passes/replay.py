@@ -27,8 +27,8 @@ import torch.nn as nn
 from mase_lite.errors import UserError
 from mase_lite.ir.graph import MaseGraph
 from mase_lite.ir.module_model import ModuleModel
-from mase_lite.checkpoint import read_checkpoint
-from mase_lite.ir.serialize import load_weights, saved_capture
+from mase_lite.checkpoint import load_weights, read_checkpoint
+from mase_lite.ir.serialize import saved_capture
 from mase_lite.passes.manager import PassContext, run_pass
 from mase_lite.passes.registry import PassError, get_pass
 from mase_lite.trust import trusted, trusting

@@ -34,6 +34,8 @@ FACADES = {
     ("mase_lite.ir.graph", "draw", "mase_lite.viz.draw"),
     ("mase_lite.ir.graph", "to_networkx", "mase_lite.viz.nx"),
     ("mase_lite.ir.graph", "load", "mase_lite.checkpoint"),
+    ("mase_lite.ir.graph", "save", "mase_lite.checkpoint"),
+    ("mase_lite.ir.module_model", "save", "mase_lite.checkpoint"),
 }
 
 

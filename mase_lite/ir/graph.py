@@ -199,11 +199,12 @@ class MaseGraph:
 
         return to_networkx(self)
 
-    def save(self, directory: str | Path) -> Path:
-        """Write weights (safetensors) and the recipe to rebuild this graph (JSON) to ``directory``."""
-        from mase_lite.ir.serialize import save
+    def save(self, directory: str | Path, weights: str = "codes") -> Path:
+        """Write weights (safetensors) and the recipe to rebuild this graph (JSON) to ``directory``: quantized
+        weights as their stored codes and scales, or (``weights="float"``) as the float values training needs."""
+        from mase_lite.checkpoint import save_checkpoint
 
-        return save(self, directory)
+        return save_checkpoint(self, directory, weights)
 
     @classmethod
     def load(
@@ -217,8 +218,7 @@ class MaseGraph:
         The IR knows no pass: ``replay(mg, transforms)`` re-applies the structural transforms the graph
         went through; :func:`mase_lite.load` passes one that runs them through the pass registry.
         """
-        from mase_lite.checkpoint import read_checkpoint
-        from mase_lite.ir.serialize import load_weights
+        from mase_lite.checkpoint import load_weights, read_checkpoint
 
         recipe, model, capture_args = read_checkpoint(directory, model)
         mg = cls(model, **capture_args)

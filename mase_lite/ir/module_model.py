@@ -202,11 +202,12 @@ class ModuleModel:
                                    for k, v in self.example_inputs.items()}
         return self
 
-    def save(self, directory: str | Path) -> Path:
-        """Write weights (safetensors) and the recipe (``"capture": "modules"``) to ``directory``."""
-        from mase_lite.ir.serialize import save
+    def save(self, directory: str | Path, weights: str = "codes") -> Path:
+        """Write weights (safetensors; quantized ones as stored codes, or ``weights="float"``) and the recipe
+        (``"capture": "modules"``) to ``directory``."""
+        from mase_lite.checkpoint import save_checkpoint
 
-        return save(self, directory)
+        return save_checkpoint(self, directory, weights)
 
     def __repr__(self) -> str:
         return f"ModuleModel({type(self.model).__name__}, leaves={len(leaf_modules(self.model))})"

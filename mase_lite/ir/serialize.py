@@ -1,8 +1,11 @@
 """Save and load a MaseGraph: safetensors weights plus a JSON recipe; nothing is pickled.
 
 The recipe says how to rebuild the model (HF class and config, or a factory), which inputs it
-was captured with, and which structural transforms to replay before the weights are loaded.
-Rebuilding a model from it, and what a recipe may name, is :mod:`mase_lite.checkpoint`'s job.
+was captured with, which structural transforms to replay before the weights are loaded, and which
+parameters the weights file holds as stored codes (``stored``: their format, bits, shape and dtype;
+the tensors ``<name>.codes`` and ``<name>.<scale ...>``). Rebuilding a model from it, what a recipe
+may name, and the codes themselves are :mod:`mase_lite.checkpoint`'s job; this module reads and writes
+the files.
 
 Example::
 
@@ -30,7 +33,8 @@ from mase_lite.limits import check_fits
 
 RECIPE = "recipe.json"
 WEIGHTS = "model.safetensors"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)  # 1: every tensor stored as it is in the model (no stored codes)
 
 
 class FactoryRecipe(BaseModel):
@@ -77,12 +81,24 @@ class TransformRecipe(BaseModel):
     module: str | None = None
 
 
+class StoredRecipe(BaseModel):
+    """One parameter stored as codes: its number format, bits per code, shape, dtype and side tensors."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    format: dict[str, Any]
+    bits: Annotated[int, Field(ge=1, le=32)]
+    shape: list[Annotated[int, Field(ge=0)]]
+    dtype: Literal["float32", "float16", "bfloat16"]
+    side: list[Annotated[str, Field(pattern=r"^[a-z_]+$")]]
+
+
 class Recipe(BaseModel):
     """``recipe.json``: everything a load needs besides the weights. Names in it are data, not code."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    format: Literal[1]
+    format: Literal[1, 2]
     model: ModelRecipe | None
     hf_input_names: list[str] | None
     input_specs: dict[str, InputRecipe]
@@ -90,6 +106,7 @@ class Recipe(BaseModel):
     leaf_modules: list[str] = Field(default_factory=list)
     transforms: list[TransformRecipe] = Field(default_factory=list)
     capture: Literal["graph", "modules"] = Field("graph", description="a captured graph, or a plain module (module mode)")
+    stored: dict[str, StoredRecipe] = Field(default_factory=dict, description="parameters stored as codes")
 
 
 def validate(kind: Any, data: Any, where: str) -> Any:
@@ -129,9 +146,13 @@ def example_inputs_from_specs(specs: dict[str, dict[str, Any]]) -> dict[str, tor
     return inputs
 
 
-def save(mg, directory: str | Path) -> Path:
-    """Write ``model.safetensors`` and ``recipe.json`` into ``directory`` (replaced atomically)."""
+def save(mg, directory: str | Path, stored: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None) -> Path:
+    """Write ``model.safetensors`` and ``recipe.json`` into ``directory`` (replaced atomically).
+
+    ``stored``: the tensors of parameters stored as codes and their manifest (``recipe.stored``); those
+    parameters' float values are left out. Tied tensors are written once, under one of their names."""
     directory = Path(directory)
+    tensors, manifest = stored if stored is not None else ({}, {})
     recipe = {
         "format": FORMAT_VERSION,
         "model": mg.recipe or model_recipe(mg.source_model),
@@ -141,12 +162,36 @@ def save(mg, directory: str | Path) -> Path:
         "leaf_modules": [f"{c.__module__}:{c.__qualname__}" for c in mg.leaf_modules],
         "transforms": mg.history,
         "capture": getattr(mg, "capture", "graph"),
+        "stored": manifest,
     }
-    with staged_directory(directory) as tmp:  # one name per tied tensor; the model ties the rest again
-        safetensors.torch.save_model(mg.model, str(tmp / WEIGHTS), metadata={"format": "pt"})
+    written = _one_name_per_tensor(mg.model, set(manifest))
+    clash = sorted(set(written) & set(tensors))
+    if clash:
+        raise UserError(f"the model has a tensor named {clash[0]!r}, which is also the name of stored codes")
+    with staged_directory(directory) as tmp:
+        safetensors.torch.save_file({**written, **tensors}, str(tmp / WEIGHTS), metadata={"format": "pt"})
         follow_umask(tmp / WEIGHTS)
         (tmp / RECIPE).write_text(json.dumps(recipe, indent=2, default=str))
     return directory
+
+
+def _one_name_per_tensor(model: nn.Module, leave_out: set[str]) -> dict[str, torch.Tensor]:
+    """The state dict, each tied group under its first name, without ``leave_out``; tensors that share
+    memory otherwise (views) are copied, as safetensors writes each tensor's own bytes."""
+    state = model.state_dict()
+    out, storages = {}, set()
+    for group in _tie_groups(model):
+        name = group[0]
+        if name in leave_out:
+            continue
+        tensor = state[name].detach()
+        key = (tensor.untyped_storage().data_ptr(), tensor.device) if tensor.numel() else None
+        if key in storages:
+            tensor = tensor.clone()
+        elif key is not None:
+            storages.add(key)
+        out[name] = tensor.contiguous()
+    return out
 
 
 def read_recipe(directory: Path) -> Recipe:
@@ -156,29 +201,41 @@ def read_recipe(directory: Path) -> Recipe:
     recipe = read_json(path, "recipe")
     if not isinstance(recipe, dict):
         raise UserError(f"{path}: expected a JSON object, got {type(recipe).__name__}")
-    if recipe.get("format") != FORMAT_VERSION:
-        raise UserError(f"{path}: unsupported format {recipe.get('format')!r} (expected {FORMAT_VERSION})")
+    if recipe.get("format") not in READABLE_FORMATS:
+        raise UserError(f"{path}: unsupported format {recipe.get('format')!r} (this version reads "
+                        f"{' and '.join(map(str, READABLE_FORMATS))})")
     return validate(Recipe, recipe, str(path))
 
 
-def _load_weights(model: nn.Module, path: Path) -> None:
-    """Every tensor checked (names, shapes, dtypes, some finite value) before any is written into
-    ``model``; then ``safetensors.torch.load_model``, which ties shared tensors again."""
+def read_weights(model: nn.Module, path: Path, stored_names: set[str]) -> dict[str, torch.Tensor]:
+    """Every tensor of ``path``, checked against ``model`` before any is used: names, shapes, dtypes, some
+    finite value; a name of each tied group. ``stored_names``: parameters stored as codes (their tensors are
+    named ``<name>.<...>`` and checked by whoever decodes them). Returns the state dict to load (every name
+    of a tied group filled) plus the stored codes' tensors."""
     expected = model.state_dict()
     try:
         with safetensors.safe_open(str(path), "pt", device="cpu") as saved:
             names = set(saved.keys())
-            unexpected = sorted(names - set(expected))
+            coded = {n for n in names if n.rpartition(".")[0] in stored_names}
+            unexpected = sorted(names - set(expected) - coded)
             if unexpected:
                 raise UserError(f"{path}: checkpoint has tensors the model lacks: {', '.join(unexpected[:5])}")
-            for name in (n for n in expected if n in names):  # in the model's order
-                _check_tensor(path, name, saved.get_tensor(name), expected[name])
+            tensors = {name: saved.get_tensor(name) for name in sorted(names)}
     except (safetensors.SafetensorError, OSError, ValueError) as err:
         raise UserError(f"{path} is not a readable safetensors checkpoint: {err}") from None
-    missing = [group[0] for group in _tie_groups(model) if not names.intersection(group)]
-    if missing:
-        raise UserError(f"{path}: checkpoint lacks tensors the model needs: {', '.join(missing[:5])}")
-    safetensors.torch.load_model(model, str(path), strict=True)
+    for name in expected:
+        if name in tensors:
+            _check_tensor(path, name, tensors[name], expected[name])
+    state = {}
+    for group in _tie_groups(model):
+        found = [n for n in group if n in tensors]
+        if not found:
+            if group[0] not in stored_names:
+                raise UserError(f"{path}: checkpoint lacks tensors the model needs: {group[0]}")
+            continue
+        for name in group:
+            state[name] = tensors[found[0]]
+    return {**state, **{n: tensors[n] for n in coded}}
 
 
 def _check_tensor(path: Path, name: str, saved: torch.Tensor, target: torch.Tensor) -> None:
@@ -204,9 +261,3 @@ def saved_capture(directory: str | Path) -> str:
     a checkpoint a crash left mid-replace is recovered first."""
     recover(Path(directory))
     return read_recipe(Path(directory)).capture
-
-
-def load_weights(mg, directory: str | Path) -> None:
-    """Load the saved weights into the (captured, transformed) graph and put it in eval mode."""
-    _load_weights(mg.model, Path(directory) / WEIGHTS)
-    mg.model.eval()

@@ -27,6 +27,7 @@ from torch.nn.utils import parametrize
 from mase_lite.nn.quant_config import LAYER_OPERANDS, OperandFormat, QuantConfig, QuantConfigError, parse_quant_config
 from mase_lite.nn.quant_op import fake_quantize, format_key
 from mase_lite.numerics import residual_level_means, residual_sign
+from mase_lite.numerics.codes import Encoded, decode, encode
 
 RESIDUAL_SIGN = "binary_residual_sign"
 
@@ -36,6 +37,14 @@ class OperandQuantizer(nn.Module):
 
     Level means start from the tensor's own statistics: the weight's at construction, an
     activation's at the first forward call (``initialized`` records it, and is saved with the model).
+
+    A parameter that already holds its quantized values (loaded from stored codes) is *held*
+    (:meth:`hold`): while that tensor is unchanged (same storage, same version: no optimizer step, no
+    copy into it), the quantizer passes it through instead of quantizing it again, so the layer computes
+    with exactly the stored values (a format whose scale is a float recomputed from the values, as
+    asymmetric scaled integers, binary_scaling or a thresholded ternary, could otherwise move them by an
+    ulp or more); the gradient is the identity, as the straight-through estimator's. Once the tensor
+    changes (training), it is quantized as usual.
     """
 
     def __init__(self, spec: OperandFormat, init_from: Tensor | None = None,
@@ -50,13 +59,38 @@ class OperandQuantizer(nn.Module):
         else:
             self.level_means = None
         self._key = format_key(spec.as_dict())
+        self._held: tuple | None = None  # (identity of the held tensor, the shared values of its codes)
 
     @torch.no_grad()
     def _initialize(self, x: Tensor) -> None:
         self.level_means.copy_(residual_level_means(x.detach().float(), self.spec.params.levels))
         self.initialized.fill_(True)
 
+    def hold(self, value: Tensor, side: Mapping[str, Tensor]) -> None:
+        """``value`` holds this format's values already, with ``side`` the shared values of its codes."""
+        self._held = (_identity(value), {k: v.detach().clone() for k, v in side.items()})
+
+    def held(self, x: Tensor) -> Mapping[str, Tensor] | None:
+        """The shared values of ``x``'s codes when ``x`` is the held tensor, unchanged; else None."""
+        if self._held is None or torch.compiler.is_compiling():
+            return None
+        return self._held[1] if _identity(x) == self._held[0] else None
+
+    def encode(self, x: Tensor) -> Encoded | None:
+        """``x`` (a parameter) as the codes of its quantized values; None where the format stores no codes
+        for it (no codec, a random draw, values its codes cannot hold)."""
+        if self.spec.format.codec is None:
+            return None
+        side = self.held(x)
+        values = x if side is not None else None
+        if self.level_means is not None:
+            side = {"means": self.level_means.detach().float().clone()}  # a copy: the file holds each tensor once
+            values = self(x).detach()
+        return encode(x.detach(), self.spec.as_dict(), side, values)
+
     def forward(self, x: Tensor) -> Tensor:
+        if self._held is not None and self.held(x) is not None:
+            return x
         if self.level_means is None:  # one opaque operator: export and compile see no quantizer internals
             return fake_quantize(x, self._key, self.spec.ste)
         if not bool(self.initialized):
@@ -68,6 +102,14 @@ class OperandQuantizer(nn.Module):
         params = ", ".join(f"{k}={v}" for k, v in fmt.items() if k != "name" and v is not None)
         ste = "" if self.spec.ste == "identity" else f", ste={self.spec.ste}"
         return f"{fmt['name']}({params}){ste}"
+
+
+def _identity(x: Tensor) -> tuple | None:
+    """What makes ``x`` the same tensor with the same values: storage, version, layout; None for a traced one."""
+    try:
+        return x.data_ptr(), x._version, tuple(x.shape), x.stride(), x.dtype, x.device
+    except RuntimeError:  # a fake or functional tensor (export, tracing) has no storage to compare
+        return None
 
 
 class QuantizedLayer:
@@ -104,6 +146,35 @@ class QuantizedLayer:
     def _operand(self, operand: str, x: Tensor | None) -> Tensor | None:
         quantizer = getattr(self, f"{operand}_quantizer")
         return x if quantizer is None or x is None else quantizer(x)
+
+    def _stored_view(self, operand: str, x: Tensor) -> Tensor:
+        """The parameter as its quantizer sees it (transformers' ``Conv1D`` stores its weight transposed)."""
+        return x
+
+    def encode_parameters(self) -> dict[str, Encoded]:
+        """``{operand: codes}`` of the quantized weight and bias that store as codes (plain parameters: a
+        pruning parametrisation's weight is computed, and stays float)."""
+        stored = {}
+        for operand in ("weight", "bias"):
+            quantizer, param = getattr(self, f"{operand}_quantizer", None), self._parameters.get(operand)
+            if quantizer is not None and param is not None:
+                encoded = quantizer.encode(self._stored_view(operand, param))
+                if encoded is not None:
+                    stored[operand] = encoded
+        return stored
+
+    @torch.no_grad()
+    def restore_parameter(self, operand: str, encoded: Encoded) -> None:
+        """Write the values ``encoded`` stores into the parameter and hold them (see :class:`OperandQuantizer`)."""
+        quantizer, param = getattr(self, f"{operand}_quantizer", None), self._parameters.get(operand)
+        if quantizer is None or param is None:
+            raise QuantConfigError(f"{type(self).__name__} has no quantized parameter {operand!r} to restore")
+        view = self._stored_view(operand, param)
+        if tuple(view.shape) != encoded.shape or view.dtype != encoded.dtype:
+            raise QuantConfigError(f"stored codes of {operand} are {list(encoded.shape)} {encoded.dtype}, the layer's "
+                                   f"{operand} is {list(view.shape)} {view.dtype}")
+        view.copy_(decode(encoded))
+        quantizer.hold(self._stored_view(operand, param), encoded.side)
 
     def quant_formats(self) -> dict[str, dict[str, Any]]:
         """``{operand: format dict}`` of the operands this layer quantizes."""
@@ -217,6 +288,9 @@ class QuantizedHFConv1D(QuantizedLayer, nn.Module):
         if operand == "weight" and x is not None and self.weight_quantizer is not None:
             return self.weight_quantizer(x.t()).t()
         return super()._operand(operand, x)
+
+    def _stored_view(self, operand: str, x: Tensor) -> Tensor:
+        return x.t() if operand == "weight" else x
 
     def forward(self, x: Tensor) -> Tensor:
         weight, bias = self._operand("weight", self.weight), self._operand("bias", self.bias)

@@ -31,7 +31,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from mase_lite.numerics.registry import FormatParams, Shape, register_format
+from mase_lite.numerics.registry import Codec, FormatParams, Shape, register_format
 
 
 class BinaryParams(FormatParams):
@@ -69,7 +69,22 @@ def _binary_bounds(x: Tensor, p: BinaryParams) -> tuple[float, float]:
     return -1.0, 1.0
 
 
-@register_format("binary", params=BinaryParams, bits=lambda p, shape: 1.0, bounds=_binary_bounds)
+def _binary_codes(values: Tensor, side: dict, p: BinaryParams) -> Tensor:
+    upper = values == 1.0
+    if not bool((upper | (values == (-1.0 if p.bipolar else 0.0)) | values.isnan()).all()):
+        raise ValueError("values off the format's levels")
+    return upper.to(torch.int64)
+
+
+def _binary_values(codes: Tensor, side: dict, p: BinaryParams) -> Tensor:
+    return torch.where(codes.bool(), 1.0, -1.0 if p.bipolar else 0.0)
+
+
+BINARY_CODEC = Codec(bits=lambda p: 1, side=lambda x, p: None if p.stochastic else {}, codes=_binary_codes,
+                     decode=_binary_values)
+
+
+@register_format("binary", params=BinaryParams, bits=lambda p, shape: 1.0, bounds=_binary_bounds, codec=BINARY_CODEC)
 def binary(x: Tensor, p: BinaryParams) -> Tensor:
     """±1 or {0, 1}, deterministic or stochastic."""
     if p.stochastic:
@@ -102,8 +117,30 @@ def _scaling_bounds(x: Tensor, p: BinaryScalingParams) -> tuple[Tensor, Tensor]:
     return -alpha, alpha
 
 
+def _signs_of(values: Tensor, alpha: Tensor) -> Tensor:
+    """1 where a value is ``+alpha``, 0 where it is ``-alpha``; ``ValueError`` for any other value."""
+    positive = ~torch.signbit(values)
+    if not bool(((values.abs() == alpha.expand_as(values)) | values.isnan()).all()):
+        raise ValueError("values off the format's levels")
+    return positive.to(torch.int64)
+
+
+def _plus_minus(codes: Tensor, alpha: Tensor) -> Tensor:
+    alpha = alpha.expand(codes.shape)
+    return torch.where(codes.bool(), alpha, alpha.neg())
+
+
+SCALING_CODEC = Codec(
+    bits=lambda p: 1,
+    side=lambda x, p: {"alpha": row_scales(x)},
+    codes=lambda values, side, p: _signs_of(values, side["alpha"]),
+    decode=lambda codes, side, p: _plus_minus(codes, side["alpha"].float()),
+)
+
+
 @register_format(
-    "binary_scaling", params=BinaryScalingParams, bits=_scaling_bits, bounds=_scaling_bounds, operands=("weight",)
+    "binary_scaling", params=BinaryScalingParams, bits=_scaling_bits, bounds=_scaling_bounds, operands=("weight",),
+    codec=SCALING_CODEC,
 )
 def binary_scaling(x: Tensor, p: BinaryScalingParams) -> Tensor:
     """±alpha with alpha the mean magnitude of each output row."""
@@ -146,8 +183,32 @@ def _residual_bounds(x: Tensor, p: ResidualSignParams) -> tuple[Tensor, Tensor]:
     return -reach, reach
 
 
+def _residual_codes(values: Tensor, side: dict, p: ResidualSignParams) -> Tensor:
+    """Bit i: the sign of level i (1 for +): the code whose sum (:func:`_residual_values`) is the value."""
+    table = _residual_values(torch.arange(1 << p.levels, dtype=torch.int64), side, p)
+    order = torch.argsort(table, stable=True)
+    flat = values.reshape(-1).nan_to_num(float(table[0]), posinf=math.inf, neginf=-math.inf)
+    position = torch.searchsorted(table[order], flat).clamp(max=len(table) - 1)
+    codes = order[position]
+    if not torch.equal(table[codes], flat):
+        raise ValueError("values off the format's levels")
+    return codes.reshape(values.shape)
+
+
+def _residual_values(codes: Tensor, side: dict, p: ResidualSignParams) -> Tensor:
+    value = torch.zeros(codes.shape)
+    for i, mean in enumerate(side["means"].float()):  # in residual_binarize's order: the same sums
+        value = value + mean * torch.where((codes >> i) & 1 == 1, 1.0, -1.0)
+    return value
+
+
+RESIDUAL_CODEC = Codec(bits=lambda p: p.levels, side=lambda x, p: {"means": residual_level_means(x, p.levels)},
+                       codes=_residual_codes, decode=_residual_values)
+
+
 @register_format(
-    "binary_residual_sign", params=ResidualSignParams, bits=_residual_bits, bounds=_residual_bounds
+    "binary_residual_sign", params=ResidualSignParams, bits=_residual_bits, bounds=_residual_bounds,
+    codec=RESIDUAL_CODEC,
 )
 def binary_residual_sign(x: Tensor, p: ResidualSignParams) -> Tensor:
     """Multi-level residual binarization with level means taken from the tensor."""

@@ -33,7 +33,8 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from mase_lite.numerics.blocks import finite_amax, per_element, to_blocks
+from mase_lite.numerics.blocks import finite_amax, from_blocks, per_element, to_blocks
+from mase_lite.numerics.codes import exact_integers, float_grid_codes, float_grid_values
 from mase_lite.numerics.chunks import map_blocks
 from mase_lite.numerics.exponents import (
     FLOAT32_MANTISSA_BITS,
@@ -52,7 +53,7 @@ from mase_lite.numerics.exponents import (
 )
 from mase_lite.numerics.minifloat import check_exponent_fits
 from mase_lite.numerics.native.block_kernel import BlockGrid
-from mase_lite.numerics.registry import FormatParams, register_format
+from mase_lite.numerics.registry import Codec, FormatParams, register_format
 
 
 class BlockFPParams(FormatParams):
@@ -147,9 +148,57 @@ def _block_rounding(layout, mantissa_bits: int, x: Tensor, p, grid: BlockGrid) -
     return map_blocks(x, p.block_size, prepare, grid)
 
 
+def _shared_codec(layout, shared_key, element_codes, element_values, stored_dtype) -> Codec:
+    """Codes of a block format: per block, ``shared_key`` (an integer the block's largest finite magnitude
+    gives through ``layout``, as the format takes it; ``stored_dtype``), and per element
+    ``element_codes(values_in_blocks, shared, p)`` / ``element_values(codes_in_blocks, shared, p)``."""
+
+    def side(x: Tensor, p) -> dict[str, Tensor]:
+        blocks = to_blocks(x, p.block_size)
+        return {shared_key: shared_from_layout(layout(finite_amax(blocks), p), p).squeeze(-1).to(stored_dtype)}
+
+    def codes(values: Tensor, side: dict[str, Tensor], p) -> Tensor:
+        shared = side[shared_key].to(torch.int64).unsqueeze(-1)
+        return from_blocks(element_codes(to_blocks(values, p.block_size), shared, p), values.shape)
+
+    def decode(codes: Tensor, side: dict[str, Tensor], p) -> Tensor:
+        shared = side[shared_key].to(torch.int64).unsqueeze(-1)
+        blocks = to_blocks(codes, p.block_size)
+        return from_blocks(element_values(blocks, shared, p), codes.shape)
+
+    shared_from_layout = {"exponent": lambda lay, p: lay[0] + (p.width - 2) + p.bias,   # stored E + bias >= 0
+                          "bias": lambda lay, p: 1 - lay[0]}[shared_key]
+    return Codec(bits=lambda p: p.width, side=side, codes=codes, decode=decode)
+
+
+def _fp_codes(blocks: Tensor, shared: Tensor, p: BlockFPParams) -> Tensor:
+    """Sign and magnitude of the integer mantissa ``value * 2**-quantum``."""
+    quantum = shared - p.bias - (p.width - 2)
+    mantissa = exact_integers(torch.ldexp(blocks.double().abs(), (-quantum).double()))
+    if mantissa.numel() and int(mantissa.max()) >= 1 << (p.width - 1):
+        raise ValueError("mantissas beyond the format's codes")
+    return mantissa | (torch.signbit(blocks).to(torch.int64) << (p.width - 1))
+
+
+def _fp_values(codes: Tensor, shared: Tensor, p: BlockFPParams) -> Tensor:
+    quantum = shared - p.bias - (p.width - 2)
+    magnitude = torch.ldexp((codes & ((1 << (p.width - 1)) - 1)).double(), quantum.double()).float()
+    return torch.where(((codes >> (p.width - 1)) & 1).bool(), -magnitude, magnitude)
+
+
+def _grid_codec(layout, mantissa_bits) -> Codec:
+    """A shared-bias block format: elements on a float grid whose lowest normal exponent is ``1 - bias``."""
+    return _shared_codec(
+        layout, "bias",
+        lambda blocks, bias, p: float_grid_codes(blocks, p.width, mantissa_bits(p), 1 - bias),
+        lambda codes, bias, p: float_grid_values(codes, p.width, mantissa_bits(p), 1 - bias),
+        torch.int8,
+    )
+
+
 @register_format(
     "block_fp", params=BlockFPParams, bits=lambda p, shape: _block_bits(p), bounds=_bounds_from(_block_fp_layout),
-    group=lambda p, row: p.block_size,
+    group=lambda p, row: p.block_size, codec=_shared_codec(_block_fp_layout, "exponent", _fp_codes, _fp_values, torch.uint8),
 )
 def block_fp(x: Tensor, p: BlockFPParams) -> Tensor:
     """Block floating point: integer mantissas sharing one exponent per block."""
@@ -195,6 +244,7 @@ def _block_minifloat_layout(amax: Tensor, p: BlockMinifloatParams) -> tuple[Tens
     bits=lambda p, shape: _block_bits(p),
     bounds=_bounds_from(_block_minifloat_layout),
     group=lambda p, row: p.block_size,
+    codec=_grid_codec(_block_minifloat_layout, lambda p: p.width - 1 - p.exponent_width),
 )
 def block_minifloat(x: Tensor, p: BlockMinifloatParams) -> Tensor:
     """Minifloat elements with a per-block exponent bias aligned to the block's largest magnitude."""
@@ -219,7 +269,7 @@ def _block_log_layout(amax: Tensor, p: BlockLogParams) -> tuple[Tensor, Tensor, 
 
 @register_format(
     "block_log", params=BlockLogParams, bits=lambda p, shape: _block_bits(p), bounds=_bounds_from(_block_log_layout),
-    group=lambda p, row: p.block_size,
+    group=lambda p, row: p.block_size, codec=_grid_codec(_block_log_layout, lambda p: 0),
 )
 def block_log(x: Tensor, p: BlockLogParams) -> Tensor:
     """Powers of two with a per-block exponent bias aligned to the block's largest magnitude."""

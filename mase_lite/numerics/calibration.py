@@ -64,8 +64,7 @@ def _candidates(name: str, params: dict[str, Any], amax: float, grid: int) -> li
         return list(range(params["width"] + 1))
     ratios = [(k + 1) / grid for k in range(grid)]
     if name == "scaled_integer":
-        qmax = 2.0 ** (params["width"] - 1) - 1
-        return [r * amax / qmax for r in ratios]
+        return [r * amax / _largest_step(params) for r in ratios]
     return [r * amax for r in ratios]
 
 
@@ -77,9 +76,13 @@ def _from_magnitude(name: str, params: dict[str, Any], amax: float):
             return width
         return max(0, min(width, math.floor(math.log2(largest / amax))))
     if name == "scaled_integer":
-        qmax = 2.0 ** (params["width"] - 1) - 1
-        return amax * params.get("clip", 1.0) / qmax if amax > 0 else 1.0
+        return amax * params.get("clip", 1.0) / _largest_step(params) if amax > 0 else 1.0
     return amax
+
+
+def _largest_step(params: dict[str, Any]) -> float:
+    """The code the amax maps to: ``2**(width-1) - 1``, half a code more on the full two's complement range."""
+    return 2.0 ** (params["width"] - 1) - 1 + (0.5 if params.get("full_range") else 0.0)
 
 
 def choose(name: str, params: dict[str, Any], values: Tensor, method: Method = "minmax", percentile: float = 99.99,

@@ -2,7 +2,9 @@
 
 Signed codes are two's complement, ``[-2**(width-1), 2**(width-1) - 1]``; unsigned codes
 ``[0, 2**width - 1]``. Rounding is half to even (``floor=True``: toward -inf); out-of-range
-values and ±Inf saturate to the end codes; NaN stays NaN. Stored bits per element: ``width``.
+values and ±Inf saturate to the end codes; NaN stays NaN; code 0 is +0.0 (a two's complement code
+has no sign of zero, so fake quantization and stored codes agree bit for bit). Stored bits per
+element: ``width``.
 
 Example::
 
@@ -18,10 +20,11 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
+from mase_lite.numerics.codes import exact_integers, offset_codes, offset_values
 from mase_lite.numerics.exponents import largest_float32_at_most
 from mase_lite.numerics.memory import empty_like_advised
 from mase_lite.numerics.native import element_kernel
-from mase_lite.numerics.registry import FormatParams, register_format
+from mase_lite.numerics.registry import Codec, FormatParams, register_format
 
 
 class IntegerParams(FormatParams):
@@ -57,8 +60,22 @@ def integer_bounds(x: Tensor, p: IntegerParams) -> tuple[float, float]:
     return lo * 2.0**-p.frac_width, hi * 2.0**-p.frac_width
 
 
+def _integer_codes(values: Tensor, side: dict, p: IntegerParams) -> Tensor:
+    codes = exact_integers(torch.ldexp(values.double(), torch.tensor(float(p.frac_width), dtype=torch.float64)))
+    return offset_codes(codes, p.width) if p.signed else codes
+
+
+def _integer_values(codes: Tensor, side: dict, p: IntegerParams) -> Tensor:
+    signed = offset_values(codes, p.width) if p.signed else codes
+    return torch.ldexp(signed.double(), torch.tensor(-float(p.frac_width), dtype=torch.float64)).float() + 0.0
+
+
+INTEGER_CODEC = Codec(bits=lambda p: p.width, side=lambda x, p: _resolved(p) or {}, codes=_integer_codes,
+                      decode=_integer_values)
+
+
 @register_format("integer", params=IntegerParams, bits=lambda p, shape: float(p.width), bounds=integer_bounds,
-                 group=lambda p, row: 1)
+                 group=lambda p, row: 1, codec=INTEGER_CODEC)
 def integer(x: Tensor, p: IntegerParams) -> Tensor:
     """Fixed point with ``width`` bits of which ``frac_width`` are fractional."""
     _resolved(p)
@@ -68,4 +85,4 @@ def integer(x: Tensor, p: IntegerParams) -> Tensor:
         return native
     codes = torch.mul(x, 2.0**p.frac_width, out=empty_like_advised(x))
     codes = codes.floor_() if p.floor else codes.round_()
-    return codes.clamp_(lo, hi).mul_(2.0**-p.frac_width)
+    return codes.clamp_(lo, hi).mul_(2.0**-p.frac_width).add_(0.0)  # + 0.0: code 0 is +0.0

@@ -24,7 +24,7 @@ from pydantic import Field, model_validator
 from torch import Tensor
 
 from mase_lite.numerics.exponents import largest_float
-from mase_lite.numerics.minifloat import check_exponent_range, float32_max_exponent, round_elements
+from mase_lite.numerics.minifloat import check_exponent_range, float32_max_exponent, float_grid_codec, round_elements
 from mase_lite.numerics.registry import FormatParams, register_format
 
 
@@ -53,7 +53,8 @@ def log_bounds(x: Tensor, p: LogParams) -> tuple[float, float]:
     return -largest, largest
 
 
-@register_format("log", params=LogParams, bits=lambda p, shape: float(p.width), bounds=log_bounds, group=lambda p, row: 1)
+@register_format("log", params=LogParams, bits=lambda p, shape: float(p.width), bounds=log_bounds, group=lambda p, row: 1,
+                 codec=float_grid_codec(lambda p: (0, *log_exponents(p))))
 def log(x: Tensor, p: LogParams) -> Tensor:
     """Sign and power of two; exponent code 0 is zero."""
     return round_elements(x, 0, *log_exponents(p))

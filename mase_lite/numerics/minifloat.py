@@ -32,7 +32,8 @@ from mase_lite.numerics.exponents import (
     round_to_float,
 )
 from mase_lite.numerics.native import element_kernel
-from mase_lite.numerics.registry import FormatParams, register_format
+from mase_lite.numerics.codes import float_grid_codes, float_grid_values
+from mase_lite.numerics.registry import Codec, FormatParams, register_format
 
 
 class MinifloatParams(FormatParams):
@@ -144,9 +145,20 @@ def _bounds(layout):
     return bounds
 
 
+def float_grid_codec(layout) -> Codec:
+    """Codes of an element format whose values are the float grid ``layout(params)`` gives (mantissa bits,
+    min normal exponent, max exponent): sign and the grid's magnitude code, ``width`` bits."""
+    return Codec(
+        bits=lambda p: p.width,
+        side=lambda x, p: {},
+        codes=lambda values, side, p: float_grid_codes(values, p.width, *layout(p)[:2]),
+        decode=lambda codes, side, p: float_grid_values(codes, p.width, *layout(p)[:2]),
+    )
+
+
 @register_format(
     "minifloat_ieee", params=MinifloatIeeeParams, bits=lambda p, shape: float(p.width), bounds=_bounds(ieee_layout),
-    group=lambda p, row: 1,
+    group=lambda p, row: 1, codec=float_grid_codec(ieee_layout),
 )
 def minifloat_ieee(x: Tensor, p: MinifloatParams) -> Tensor:
     """IEEE-style minifloat with subnormals and no Inf/NaN codes."""
@@ -159,6 +171,7 @@ def minifloat_ieee(x: Tensor, p: MinifloatParams) -> Tensor:
     bits=lambda p, shape: float(p.width),
     bounds=_bounds(denorm_layout),
     group=lambda p, row: 1,
+    codec=float_grid_codec(denorm_layout),
 )
 def minifloat_denorm(x: Tensor, p: MinifloatParams) -> Tensor:
     """Minifloat without an implicit leading one: every code is ``0.M * 2**(E - bias)``."""

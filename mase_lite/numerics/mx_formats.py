@@ -13,12 +13,16 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from pydantic import Field
 from torch import Tensor
 
-from mase_lite.numerics.blocks import finite_amax, per_element, to_blocks
+from mase_lite.numerics.blocks import amax_and_non_finite, finite_amax, from_blocks, per_element, to_blocks
+from mase_lite.numerics.codes import exact_integers, float_grid_codes, float_grid_values, offset_codes, offset_values
 from mase_lite.numerics.exponents import mul_pow2
 from mase_lite.numerics.mx import (
+    E8M0_BIAS,
+    E8M0_NAN,
     MXFP_FORMATS,
     ElementFormat,
     mx_bits_per_element,
@@ -27,7 +31,7 @@ from mase_lite.numerics.mx import (
     mxint_element,
     shared_exponents,
 )
-from mase_lite.numerics.registry import FormatParams, register_format
+from mase_lite.numerics.registry import Codec, FormatParams, register_format
 
 ScaleRule = Literal["floor", "ceil", "even", "rceil"]
 
@@ -63,12 +67,57 @@ def _mxfp_element(p: MXFPParams) -> ElementFormat:
     return MXFP_FORMATS[p.element_format]
 
 
+def _mx_codec(element_of, element_codes, element_values) -> Codec:
+    """Codes of an MX format: per block the E8M0 scale code ``scale`` (uint8, 0xFF for a block holding NaN or
+    Inf), per element the element's code of ``value * 2**-E``."""
+
+    def side(x: Tensor, p) -> dict[str, Tensor]:
+        amax, non_finite = amax_and_non_finite(to_blocks(x, p.block_size))
+        shared = shared_exponents(amax, element_of(p), p.scale_rule)
+        return {"scale": torch.where(non_finite, E8M0_NAN, shared + E8M0_BIAS).squeeze(-1).to(torch.uint8)}
+
+    def exponents(side: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        scale = side["scale"].to(torch.int64).unsqueeze(-1)
+        return scale - E8M0_BIAS, scale == E8M0_NAN
+
+    def codes(values: Tensor, side: dict[str, Tensor], p) -> Tensor:
+        shared, nan = exponents(side)
+        scaled = torch.ldexp(to_blocks(values, p.block_size).double(), (-shared).double()).masked_fill(nan, 0.0)
+        return from_blocks(element_codes(scaled, element_of(p)), values.shape)
+
+    def decode(codes: Tensor, side: dict[str, Tensor], p) -> Tensor:
+        shared, nan = exponents(side)
+        elements = element_values(to_blocks(codes, p.block_size), element_of(p)).double()
+        values = torch.ldexp(elements, shared.double()).float().masked_fill(nan, float("nan"))
+        return from_blocks(values, codes.shape)
+
+    return Codec(bits=lambda p: element_of(p).bits, side=side, codes=codes, decode=decode)
+
+
+def _int_element_codes(scaled: Tensor, element: ElementFormat) -> Tensor:
+    return offset_codes(exact_integers(torch.ldexp(scaled, torch.tensor(float(element.mbits), dtype=torch.float64))),
+                        element.bits)
+
+
+def _int_element_values(codes: Tensor, element: ElementFormat) -> Tensor:
+    return torch.ldexp(offset_values(codes, element.bits).double(), torch.tensor(-float(element.mbits), dtype=torch.float64))
+
+
+def _fp_element_codes(scaled: Tensor, element: ElementFormat) -> Tensor:
+    return float_grid_codes(scaled, element.bits, element.mbits, element.emin)
+
+
+def _fp_element_values(codes: Tensor, element: ElementFormat) -> Tensor:
+    return float_grid_values(codes, element.bits, element.mbits, element.emin)
+
+
 @register_format(
     "mxint",
     params=MXIntParams,
     bits=lambda p, shape: mx_bits_per_element(p.element_width, p.block_size),
     bounds=_mx_bounds(_mxint_element),
     group=lambda p, row: p.block_size,
+    codec=_mx_codec(_mxint_element, _int_element_codes, _int_element_values),
 )
 def mxint_format(x: Tensor, p: MXIntParams) -> Tensor:
     """MXINT: integer elements sharing an E8M0 scale per block."""
@@ -81,6 +130,7 @@ def mxint_format(x: Tensor, p: MXIntParams) -> Tensor:
     bits=lambda p, shape: mx_bits_per_element(MXFP_FORMATS[p.element_format].bits, p.block_size),
     bounds=_mx_bounds(_mxfp_element),
     group=lambda p, row: p.block_size,
+    codec=_mx_codec(_mxfp_element, _fp_element_codes, _fp_element_values),
 )
 def mxfp_format(x: Tensor, p: MXFPParams) -> Tensor:
     """MXFP: minifloat elements sharing an E8M0 scale per block."""

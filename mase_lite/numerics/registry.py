@@ -30,6 +30,23 @@ class FormatError(UserError):
     """A format name or format parameter the user got wrong."""
 
 
+@dataclass(frozen=True)
+class Codec:
+    """How a format stores a tensor as codes (see :mod:`mase_lite.numerics.codes`).
+
+    ``side(x32, params)``: the values the format shares, derived from the float32 tensor it quantizes
+    exactly as the format derives them (``{name: tensor}``: scales, zero points, shared exponents), or
+    None where these params cannot be stored as codes (a random draw). ``codes(values, side, params)``: the
+    unsigned int64 code of each quantized float32 value (``ValueError`` for a value the codes cannot hold).
+    ``decode(codes, side, params)``: the float32 values of the codes. ``bits(params)``: bits per code.
+    """
+
+    bits: Callable[[Any], int]
+    side: Callable[[Tensor, Any], dict[str, Tensor] | None]
+    codes: Callable[[Tensor, dict[str, Tensor], Any], Tensor]
+    decode: Callable[[Tensor, dict[str, Tensor], Any], Tensor]
+
+
 class FormatParams(BaseModel):
     """Base of every format's params: unknown keys are errors, no silent type coercion, frozen."""
 
@@ -47,7 +64,8 @@ class NumberFormat:
     ``operands`` limits the operands the format is usable for (``None``: any). ``group(params, row)``,
     for a format whose values in a row of length ``row`` depend only on the row's groups of consecutive
     elements (their extreme values), is the group's length (1: element by element); ``None`` for a
-    format that has no such groups (it cannot be driven column by column, as GPTQ does).
+    format that has no such groups (it cannot be driven column by column, as GPTQ does). ``codec`` stores
+    its values as codes (:class:`Codec`); ``None``: a checkpoint keeps the float values.
     """
 
     name: str
@@ -58,6 +76,7 @@ class NumberFormat:
     operands: frozenset[str] | None = None
     doc: str = ""
     group: Callable[[Any, int], int] | None = None
+    codec: Codec | None = None
 
     def validate(self, params: Mapping[str, Any] | FormatParams) -> FormatParams:
         """``params`` as this format's frozen params model; a :class:`FormatError` naming the key otherwise."""
@@ -86,6 +105,7 @@ def register_format(
     bounds: Callable[[Tensor, Any], Bounds],
     operands: tuple[str, ...] | None = None,
     group: Callable[[Any, int], int] | None = None,
+    codec: Codec | None = None,
 ) -> Callable[[Callable[[Tensor, Any], Tensor]], Callable[[Tensor, Any], Tensor]]:
     """Register the value function it decorates as format ``name``; returns the function unchanged."""
 
@@ -101,6 +121,7 @@ def register_format(
             operands=frozenset(operands) if operands is not None else None,
             doc=(fn.__doc__ or "").strip(),
             group=group,
+            codec=codec,
         )
         return fn
 

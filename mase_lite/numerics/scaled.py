@@ -4,7 +4,9 @@
 the last dimension — the whole tensor, each row (``channel``: a weight's output channel, an
 activation's token) or ``group_size`` consecutive elements of a row (the last group of a row may be
 short; groups never span rows). Symmetric: codes ``-qmax..qmax`` (``qmax = 2**(width-1) - 1``),
-``scale = clip * amax / qmax``. Asymmetric: codes ``0..2**width - 1`` with a zero point,
+``scale = clip * amax / qmax``; with ``full_range``, the two's complement codes ``-qmax-1..qmax`` and
+``scale = clip * amax / (qmax + 1/2)`` (the grid of compressed-tensors, vLLM and llm-compressor: a 4-bit
+amax/7.5, codes -8..7). Asymmetric: codes ``0..2**width - 1`` with a zero point,
 ``scale = clip * (max(x, 0) - min(x, 0)) / (2**width - 1)``, ``zero_point = round(-min / scale)``.
 The scale is stored as float32, float16 or bfloat16 (rounded to nearest even; a float16 scale past
 65504 saturates) or as a power of two (the next one up, so nothing clips). ``scale`` fixes a static
@@ -45,9 +47,10 @@ from pydantic import Field, model_validator
 from torch import Tensor
 
 from mase_lite.numerics.blocks import finite_amax, from_blocks, per_element, to_blocks
+from mase_lite.numerics.codes import exact_integers, float_grid_codes, float_grid_values, offset_codes, offset_values
 from mase_lite.numerics.exponents import round_to_float
 from mase_lite.numerics.native import scaled_kernel
-from mase_lite.numerics.registry import FormatParams, Shape, register_format
+from mase_lite.numerics.registry import Codec, FormatParams, Shape, register_format
 
 SCALE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16, "pow2": 8}
 E4M3_MAX, E4M3_TINY, E2M1_MAX = 448.0, 2.0**-6, 6.0
@@ -61,6 +64,8 @@ class ScaledIntegerParams(FormatParams):
     )
     group_size: int = Field(128, ge=1, description="elements of the last dimension per scale (granularity group)")
     clip: float = Field(1.0, gt=0, le=1, description="scale from this fraction of the range (clipping the outliers)")
+    full_range: bool = Field(False, description="symmetric codes -2**(width-1)..2**(width-1)-1 with scale "
+                             "amax / (2**(width-1) - 1/2), as compressed-tensors and vLLM quantize; false: ±(2**(width-1)-1)")
     scale_dtype: Literal["float32", "float16", "bfloat16", "pow2"] = Field("float32", description="how a scale is stored")
     scale: float | Literal["auto"] | None = Field(
         None, description="a static per-tensor scale (auto: chosen by calibration); null: from each tensor"
@@ -70,6 +75,8 @@ class ScaledIntegerParams(FormatParams):
     def _static_scale(self) -> "ScaledIntegerParams":
         if self.scale is not None and (self.granularity != "tensor" or not self.symmetric):
             raise ValueError("a static scale is one per tensor: give granularity 'tensor' and symmetric true with it")
+        if self.full_range and not self.symmetric:
+            raise ValueError("full_range is a symmetric grid; an asymmetric one (symmetric false) uses every code already")
         if isinstance(self.scale, float) and not (math.isfinite(self.scale) and self.scale > 0):
             raise ValueError(f"scale={self.scale} must be a positive finite number")
         return self
@@ -106,8 +113,8 @@ def _scale_and_zero(groups: Tensor, p: ScaledIntegerParams) -> tuple[Tensor, Ten
         if p.scale is not None:
             scale = torch.full(groups.shape[:-1] + (1,), float(p.scale), device=groups.device)
         else:
-            scale = finite_amax(groups) * p.clip / qmax
-        return stored_scale(scale, p.scale_dtype), torch.zeros_like(scale), -qmax, qmax
+            scale = finite_amax(groups) * p.clip / (qmax + 0.5 if p.full_range else qmax)
+        return stored_scale(scale, p.scale_dtype), torch.zeros_like(scale), -qmax - p.full_range, qmax
     qmax = 2.0**p.width - 1
     high = torch.where(finite, groups, torch.zeros_like(groups)).amax(-1, keepdim=True).clamp(min=0) * p.clip
     low = torch.where(finite, groups, torch.zeros_like(groups)).amin(-1, keepdim=True).clamp(max=0) * p.clip
@@ -145,8 +152,55 @@ def _scaled_bits(p: ScaledIntegerParams, shape: Shape | None) -> float:
     return p.width + scales * per_scale / numel
 
 
+def _scaled_side(x: Tensor, p: ScaledIntegerParams) -> dict[str, Tensor]:
+    """Per group: the stored scale (in ``scale_dtype``; a power of two as its int8 exponent) and, asymmetric,
+    the zero point (uint8; int32 from 9 bits)."""
+    if p.scale == "auto":
+        raise ValueError("scaled_integer scale='auto' is chosen by calibration")
+    scale, zero, _, _ = _scale_and_zero(_groups(x, p), p)
+    scale, zero = (scale.reshape(1), zero.reshape(1)) if p.granularity == "tensor" else (scale.squeeze(-1), zero.squeeze(-1))
+    if p.scale_dtype == "pow2":
+        stored = {"scale_exponent": (torch.frexp(scale)[1] - 1).masked_fill(scale == 0, -128).to(torch.int8)}
+    else:
+        stored = {"scale": scale.to(getattr(torch, p.scale_dtype))}
+    if not p.symmetric:
+        stored["zero_point"] = zero.to(torch.uint8 if p.width <= 8 else torch.int32)
+    return stored
+
+
+def _scales_of(side: dict[str, Tensor], p: ScaledIntegerParams) -> tuple[Tensor, Tensor]:
+    """Per group (``(..., 1)``): the float32 scale and the zero point."""
+    if "scale_exponent" in side:
+        exponent = side["scale_exponent"].to(torch.int64)
+        scale = torch.where(exponent == -128, 0.0, torch.ldexp(torch.ones_like(exponent, dtype=torch.float64),
+                                                               exponent.double())).float()
+    else:
+        scale = side["scale"].float()
+    zero = side["zero_point"].float() if "zero_point" in side else torch.zeros_like(scale)
+    return scale.unsqueeze(-1), zero.unsqueeze(-1)
+
+
+def _scaled_codes(values: Tensor, side: dict[str, Tensor], p: ScaledIntegerParams) -> Tensor:
+    scale, zero = _scales_of(side, p)
+    groups = _groups(values, p).double()
+    live = scale > 0
+    steps = torch.where(live, groups / torch.where(live, scale, 1.0).double(), 0.0).round()
+    codes = exact_integers(steps + zero.double())
+    return _ungroup(offset_codes(codes, p.width) if p.symmetric else codes, values, p)
+
+
+def _scaled_values(codes: Tensor, side: dict[str, Tensor], p: ScaledIntegerParams) -> Tensor:
+    scale, zero = _scales_of(side, p)
+    groups = _groups(codes, p)
+    signed = offset_values(groups, p.width) if p.symmetric else groups
+    return _ungroup((signed.float() - zero) * scale + 0.0, codes, p)
+
+
+SCALED_INTEGER_CODEC = Codec(bits=lambda p: p.width, side=_scaled_side, codes=_scaled_codes, decode=_scaled_values)
+
+
 @register_format("scaled_integer", params=ScaledIntegerParams, bits=_scaled_bits, bounds=_scaled_bounds,
-                 group=lambda p, row: p.group_size if p.granularity == "group" else row)
+                 group=lambda p, row: p.group_size if p.granularity == "group" else row, codec=SCALED_INTEGER_CODEC)
 def scaled_integer(x: Tensor, p: ScaledIntegerParams) -> Tensor:
     """Integer codes times a float scale per tensor, row or group (symmetric, or with a zero point)."""
     if p.scale == "auto":
@@ -168,7 +222,7 @@ def _native_scaled_integer(x: Tensor, p: ScaledIntegerParams) -> Tensor | None:
     """The native kernel's result, or None where it does not apply. A scale shared by the tensor is
     derived here, by the torch steps above, from the tensor's finite range: a group holding just its
     minimum and maximum has the same scale and zero point."""
-    if not scaled_kernel.available(x):
+    if not scaled_kernel.available(x) or p.full_range:  # the kernel computes the symmetric grid
         return None
     qmax = 2.0 ** (p.width - 1) - 1 if p.symmetric else 2.0**p.width - 1
     fixed = None
@@ -215,7 +269,46 @@ def _nvfp4_bits(p: NVFP4Params, shape: Shape | None) -> float:
     return 4 + 8 / p.block_size + (32 / numel if numel else 0.0)
 
 
-@register_format("nvfp4", params=NVFP4Params, bits=_nvfp4_bits, bounds=_nvfp4_bounds)  # its per-tensor scale spans the rows
+def _nvfp4_side(x: Tensor, p: NVFP4Params) -> dict[str, Tensor]:
+    """The float32 tensor scale and, per block of 16, the E4M3 block scale (float8_e4m3fn)."""
+    if p.tensor_amax == "auto":
+        raise ValueError("nvfp4 tensor_amax='auto' is chosen by calibration")
+    blocks = to_blocks(x, p.block_size)
+    amax = (finite_amax(blocks.reshape(1, -1)).reshape(()) if p.tensor_amax is None
+            else torch.tensor(float(p.tensor_amax), device=x.device))
+    tensor_scale = _nvfp4_tensor_scale(amax)
+    block_scale = (finite_amax(blocks) / E2M1_MAX / tensor_scale).clamp(E4M3_TINY, E4M3_MAX)
+    return {"tensor_scale": tensor_scale.reshape(1).float(), "block_scale": block_scale.squeeze(-1).to(torch.float8_e4m3fn)}
+
+
+def _nvfp4_scale(side: dict[str, Tensor]) -> Tensor:
+    """Per block: the decoding scale ``tensor_scale * block_scale`` (float32, zero for a tensor of zeros)."""
+    tensor_scale = side["tensor_scale"].reshape(())
+    scale = tensor_scale * side["block_scale"].float().unsqueeze(-1)
+    return torch.where(tensor_scale > 0, scale, torch.zeros_like(scale))
+
+
+def _nvfp4_codes(values: Tensor, side: dict[str, Tensor], p: NVFP4Params) -> Tensor:
+    """E2M1 codes of ``value / scale``, rounded to the nearest E2M1 value (a value is an element times its
+    block's scale, rounded once to float32)."""
+    scale = _nvfp4_scale(side).double()
+    blocks = to_blocks(values, p.block_size).double()
+    elements = torch.where(scale > 0, blocks / torch.where(scale > 0, scale, 1.0), blocks.sign() * 0.0)
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+    nearest = grid[(elements.nan_to_num(0.0).abs().unsqueeze(-1) - grid).abs().argmin(-1)]
+    return from_blocks(float_grid_codes(nearest.copysign(blocks), 4, 1, 0), values.shape)
+
+
+def _nvfp4_values(codes: Tensor, side: dict[str, Tensor], p: NVFP4Params) -> Tensor:
+    elements = float_grid_values(to_blocks(codes, p.block_size), 4, 1, 0)
+    return from_blocks(elements * _nvfp4_scale(side), codes.shape)
+
+
+NVFP4_CODEC = Codec(bits=lambda p: 4, side=_nvfp4_side, codes=_nvfp4_codes, decode=_nvfp4_values)
+
+
+@register_format("nvfp4", params=NVFP4Params, bits=_nvfp4_bits, bounds=_nvfp4_bounds,  # its per-tensor scale spans the rows
+                 codec=NVFP4_CODEC)
 def nvfp4(x: Tensor, p: NVFP4Params) -> Tensor:
     """NVIDIA's FP4: E2M1 elements, an E4M3 scale per 16 and a float32 scale per tensor."""
     if p.tensor_amax == "auto":

@@ -22,7 +22,7 @@ from pydantic import Field
 from torch import Tensor
 
 from mase_lite.numerics.binary import finite_mean_abs
-from mase_lite.numerics.registry import FormatParams, Shape, register_format
+from mase_lite.numerics.registry import Codec, FormatParams, Shape, register_format
 
 AUTO_THRESHOLD_FACTOR = 0.75
 
@@ -57,7 +57,26 @@ def _ternary_bits(p: TernaryParams, shape: Shape | None) -> float:
     return 2.0 + 32 / max(math.prod(shape), 1)
 
 
-@register_format("ternary", params=TernaryParams, bits=_ternary_bits, bounds=_ternary_bounds)
+def _ternary_codes(values: Tensor, side: dict, p: TernaryParams) -> Tensor:
+    """0: zero (+0.0), 1: +alpha, 2: -alpha."""
+    alpha = side["alpha"].reshape(())
+    zero = (values == 0) & ~torch.signbit(values)
+    plus, minus = (values == alpha) & ~zero, (values == -alpha) & ~zero
+    if not bool((zero | plus | minus | values.isnan()).all()):
+        raise ValueError("values off the format's levels")
+    return plus.to(torch.int64) + 2 * minus.to(torch.int64)
+
+
+def _ternary_values(codes: Tensor, side: dict, p: TernaryParams) -> Tensor:
+    alpha = side["alpha"].reshape(()).float()
+    return torch.where(codes == 1, alpha, torch.where(codes == 2, -alpha, torch.zeros((), dtype=torch.float32)))
+
+
+TERNARY_CODEC = Codec(bits=lambda p: 2, side=lambda x, p: {"alpha": ternary_layout(x, p)[1].reshape(1).float()},
+                      codes=_ternary_codes, decode=_ternary_values)
+
+
+@register_format("ternary", params=TernaryParams, bits=_ternary_bits, bounds=_ternary_bounds, codec=TERNARY_CODEC)
 def ternary(x: Tensor, p: TernaryParams) -> Tensor:
     """{-alpha, 0, alpha} with a fixed or data-derived threshold."""
     nonzero, alpha = ternary_layout(x, p)

@@ -241,7 +241,7 @@ class PrefixCache:
         self.root.mkdir(parents=True, exist_ok=True)
         staging = temp_dir(self.root, f".{key}.")
         try:
-            mg.save(staging / GRAPH)
+            mg.save(staging / GRAPH, weights="float")  # a later step may train: keep the float weights
             tensors, plain = state.rng
             save_file({k: v.contiguous() for k, v in tensors.items()}, str(staging / RNG))
             follow_umask(staging / RNG)

@@ -161,7 +161,7 @@ def _compensate_all(layers: dict[str, nn.Module], run, params: GPTQParams, repor
         report[name] = _compensate(name, layer, hessians.sums.pop(name), params)
 
 
-@register_pass("gptq", kind="transform", params=GPTQParams, requires=("data",))
+@register_pass("gptq", kind="transform", params=GPTQParams, requires=("data",), replay=False)  # a checkpoint keeps its weights
 def gptq_pass(mg, params: GPTQParams, ctx):
     """GPTQ error compensation of quantized layers' weights over calibration batches, block by block."""
     t0 = time.perf_counter()

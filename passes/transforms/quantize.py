@@ -439,9 +439,10 @@ def quantize(mg, params: QuantizeParams):
     if any(p.config.storage == "packed" for p in plan):
         gc.collect()
         return_free_memory()  # the float weights of packed layers: back to the operating system
-    replaced = []
+    replaced, resolved = [], {}
     for planned in plan:
         for node in planned.nodes:
+            resolved[node.name] = _spec_of(planned.config)
             formats = _annotate(node, planned)
             replaced.append(
                 {
@@ -454,4 +455,13 @@ def quantize(mg, params: QuantizeParams):
                 }
             )
     logger.info("quantized %d nodes (%d left alone by a null config)", len(replaced), len(skipped))
-    return PassResult({"replaced": replaced, "skipped": skipped, "count": len(replaced)})
+    chose = any(auto_keys(f) for rule in [*params.rules.values(), params.default] if rule is not None
+                for f in rule.model_dump().values() if isinstance(f, dict))
+    replay = {"by": "name", "rules": resolved} if chose else None  # a load replays what calibration chose
+    return PassResult({"replaced": replaced, "skipped": skipped, "count": len(replaced)}, replay_params=replay)
+
+
+def _spec_of(config: QuantConfig) -> dict[str, Any]:
+    """The nested spec that gives ``config`` back."""
+    operands = {name: {**spec.as_dict(), "ste": spec.ste} for name, spec in config.operands.items()}
+    return {"storage": config.storage, **operands}

@@ -8,6 +8,12 @@ config and input of: the quantized values, the values with ``ste="clipped"`` and
 gradient. The digests were written by the straightforward implementation of commit ca569ad (the
 audit fixes included), before the quantizers were rewritten for speed. NaN payloads are not part
 of the contract (every NaN is hashed as one bit pattern); every other bit is.
+
+One rule changed since: an ``integer`` code 0 is +0.0 (a two's complement code has no sign of zero, so
+fake quantization and stored codes agree bit for bit), where the recorded outputs kept the sign of the
+rounded code (-0.0 for an input that rounds to zero from below, +0.0 for one clamped to a zero bound).
+For integer formats each zero must now be +0.0, and it is given that sign back before hashing, so every
+other bit is still checked against the recording.
 """
 
 import hashlib
@@ -33,13 +39,25 @@ def _load():
 INPUTS, CONFIGS, DIGESTS = _load()
 
 
+def recorded_zero_signs(fmt: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``y`` as the recording had it: integer zeros (each +0.0 now) with the sign of the rounded code."""
+    if fmt["name"] != "integer":
+        return y
+    zeros = y == 0
+    assert not (zeros & y.signbit()).any(), "an integer code 0 is +0.0"
+    scaled = x.float() * 2.0 ** fmt["frac_width"]
+    code = scaled.floor() if fmt.get("floor") else scaled.round()
+    return torch.where(zeros & (code == 0) & code.signbit(), -y, y)
+
+
 def digest(fmt: dict, x: torch.Tensor) -> str:
-    y = quantize(x, fmt)
+    y = recorded_zero_signs(fmt, x, quantize(x, fmt))
     xg = x.clone().requires_grad_(True)
     yc = quantize(xg, fmt, ste="clipped")
     yc.backward(torch.ones_like(yc))
+    yc = recorded_zero_signs(fmt, x, yc.detach())
     h = hashlib.sha256()
-    for t in (y, yc.detach(), xg.grad):
+    for t in (y, yc, xg.grad):
         t = torch.where(t.isnan(), torch.full_like(t, float("nan")), t)
         h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:32]

@@ -19,6 +19,25 @@ def test_symmetric_per_row_scale_and_ties_to_even():
     assert si(x, width=4, granularity="tensor").tolist() == [[4.0, -8.0, 2.0, 0.0], [14.0, 4.0, -4.0, 0.0]]
 
 
+def test_the_full_two_complement_range_by_hand():
+    """full_range: codes -8..7 and scale amax / 7.5 (compressed-tensors' grid): amax 7.5 -> scale 1; 7.5 rounds
+    to 8 and saturates at 7, -7.5 reaches -8, 3.75 -> 4 (a tie: even); per tensor too."""
+    x = [[3.75, -7.5, 1.2, 0.0, 7.5]]
+    assert si(x, width=4, full_range=True).tolist() == [[4.0, -8.0, 1.0, 0.0, 7.0]]
+    assert si(x, width=4, full_range=True, granularity="tensor", scale=0.5).tolist() == [[3.5, -4.0, 1.0, 0.0, 3.5]]
+    assert bits_per_element({"name": "scaled_integer", "width": 4, "full_range": True}) == 4.0
+    with pytest.raises(FormatError, match="full_range is a symmetric grid"):
+        si(x, width=4, full_range=True, symmetric=False)
+
+
+def test_calibration_maps_the_amax_to_the_grids_edge():
+    from mase_lite.numerics.calibration import choose
+
+    values = torch.tensor([0.5, -15.0, 3.0])
+    assert choose("scaled_integer", {"width": 4, "scale": "auto"}, values) == 15.0 / 7
+    assert choose("scaled_integer", {"width": 4, "scale": "auto", "full_range": True}, values) == 15.0 / 7.5
+
+
 def test_clip_saturates_the_outliers():
     # clip 0.5: scale = 0.5 * 8 / 7 -> 8 saturates at 7 * scale = 4
     got = si([[8.0, 1.0, -8.0]], width=4, clip=0.5).tolist()[0]

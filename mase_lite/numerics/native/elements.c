@@ -4,7 +4,7 @@
  *
  * Both take `rows` rows of `length` contiguous elements.
  * fake_quantize_integer: round(x * 2**frac) (half to even, or floor), clamped to [lo, hi], times
- * 2**-frac, in float32 as torch computes it (the products are exact, NaN stays NaN).
+ * 2**-frac, in float32 as torch computes it (the products are exact, NaN stays NaN, code 0 is +0.0).
  * fake_quantize_float_grid: x clamped to +-max_value (Inf saturates, NaN stays NaN) and rounded
  * (half to even) to mbits fraction bits, with subnormals below 2**emin; a zero keeps x's sign.
  * Exact: the clamp equals clamping after rounding (max_value is on the grid), and rounding adds
@@ -36,14 +36,14 @@ void fake_quantize_integer(const float *restrict x, float *restrict y, int64_t r
         FOR_EACH_ELEMENT(n, x, {
             float code = floorf(x[i] * scale);
             code = code < lo ? lo : (code > hi ? hi : code);
-            y[i] = code * unscale;
+            y[i] = code * unscale + 0.0f; /* code 0 is +0.0: a two's complement code has no sign of zero */
         })
         return;
     }
     FOR_EACH_ELEMENT(n, x, {
         float code = nearbyintf(x[i] * scale);
         code = code < lo ? lo : (code > hi ? hi : code);
-        y[i] = code * unscale;
+        y[i] = code * unscale + 0.0f;
     })
 }
 
