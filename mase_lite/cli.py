@@ -9,6 +9,7 @@ Examples::
     mase-lite passes
     mase-lite schema pipeline
     mase-lite search pipelines/search.json          # resumable; run it on several machines at once
+    mase-lite export runs/llm_gptq --format compressed-tensors -o llama-w4   # transformers, vLLM
 """
 
 from __future__ import annotations
@@ -75,6 +76,23 @@ def _cmd_draw(args: argparse.Namespace) -> int:
     path, drawing = render(mg, opts)
     shown = f"{drawing.boxes} boxes" if drawing is not None else f"{len(mg.nodes)} nodes"
     print(f"wrote {path} ({shown})" + (f"; {drawing.note}" if drawing is not None and drawing.note else ""))
+    return 0
+
+
+EXPORT_FORMATS = ("compressed-tensors",)  # mase_lite.deploy.EXPORT_FORMATS, without importing it at start-up
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from mase_lite.deploy import export
+    from mase_lite.deploy.sources import checkpoint_of
+    from mase_lite.passes.replay import load_graph
+    from mase_lite.train.tokenizer import load_tokenizer
+
+    checkpoint = checkpoint_of(args.source)
+    mg = load_graph(checkpoint)
+    tokenizer = load_tokenizer(checkpoint / "tokenizer", field="source") if (checkpoint / "tokenizer").is_dir() else None
+    info = export(mg, args.format, args.output, tokenizer=tokenizer)
+    print(f"wrote {info['path']} ({args.format}, {info['bytes']} bytes) from {checkpoint}")
     return 0
 
 
@@ -160,6 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
     draw.add_argument("--fold-repeats", action="store_true", help="draw runs of identical blocks once, labelled ×N")
     draw.add_argument("--color-by", default="type", help="type, format, sparsity or a profile statistic such as data_out.max")
     draw.set_defaults(fn=_cmd_draw)
+
+    export = sub.add_parser("export", help="write a checkpoint for a runtime: compressed-tensors, gguf, onnx or pt2")
+    export.add_argument("source", help="a checkpoint directory, or a run directory (or its report.json) that saved one")
+    export.add_argument("--format", required=True, choices=list(EXPORT_FORMATS),
+                        help="compressed-tensors (transformers, vLLM, SGLang), gguf (llama.cpp), onnx (onnxruntime), "
+                        "pt2 (torch.export)")
+    export.add_argument("-o", "--output", required=True, help="directory (compressed-tensors) or file to write")
+    export.set_defaults(fn=_cmd_export)
 
     passes = sub.add_parser("passes", help="list every registered pass with its parameters")
     passes.add_argument("--json", action="store_true", help="print JSON")

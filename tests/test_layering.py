@@ -24,6 +24,7 @@ FORBIDDEN = {
     ),
     "mase_lite.train": ("mase_lite.passes", "mase_lite.pipeline", "mase_lite.search"),
     "mase_lite.codegen": ("mase_lite.pipeline", "mase_lite.search"),
+    "mase_lite.deploy": ("mase_lite.passes", "mase_lite.pipeline", "mase_lite.search", "mase_lite.bench"),
     "mase_lite.passes": ("mase_lite.pipeline", "mase_lite.search", "mase_lite.bench"),
     "mase_lite.pipeline": ("mase_lite.search", "mase_lite.bench"),
 }

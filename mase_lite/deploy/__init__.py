@@ -1,0 +1,44 @@
+"""Take a compressed model to the runtimes people serve with, and open what other tools wrote.
+
+Export (:func:`export`, the ``export`` pass, ``mase-lite export``):
+
+- ``compressed-tensors``: a Hugging Face directory for transformers (with the ``compressed-tensors``
+  package), vLLM and SGLang (:mod:`.compressed_tensors`);
+- ``gguf``: a llama.cpp file for decoder LMs (:mod:`.gguf`);
+- ``onnx``: an ONNX model with QuantizeLinear/DequantizeLinear for onnxruntime (:mod:`.onnx`);
+- ``pt2``: the ``torch.export`` program of the quantized graph (:mod:`.pt2`).
+
+Each writes from the weights' stored codes (:mod:`mase_lite.numerics.codes`), so the runtime decodes the
+values the tool computed with; a layer whose format the target cannot hold is refused before anything is
+written, naming the layer, its format and the target's nearest scheme.
+
+Import (:mod:`.hub`): a compressed-tensors directory or a GGUF file as a model whose layers carry the
+equivalent formats; nothing such a file names is imported or run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Literal
+
+from mase_lite.deploy.layers import ExportError
+
+ExportFormat = Literal["compressed-tensors"]
+EXPORT_FORMATS: dict[str, str] = {
+    "compressed-tensors": "mase_lite.deploy.compressed_tensors",
+}
+
+
+def export(mg, format: str, path: str | Path, tokenizer: Any = None, **options: Any) -> dict[str, Any]:
+    """Write ``mg`` (a graph or a module-mode model) to ``path`` in ``format``; returns what was written.
+
+    ``tokenizer``: the run's tokenizer, written beside the model where the format keeps one.
+    """
+    if format not in EXPORT_FORMATS:
+        raise ExportError(f"format {format!r} is unknown; allowed: {', '.join(EXPORT_FORMATS)}")
+    writer = importlib.import_module(EXPORT_FORMATS[format])
+    return writer.write(mg, Path(path), tokenizer=tokenizer, **options)
+
+
+__all__ = ["EXPORT_FORMATS", "ExportError", "ExportFormat", "export"]

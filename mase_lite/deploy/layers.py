@@ -1,0 +1,95 @@
+"""What an exporter sees of a model: each Linear-like layer with its weight's stored codes, its effective float
+weight and bias, and its activation formats; and one error for a layer a target cannot hold.
+
+>>> import torch
+>>> from mase_lite.nn.quantized import quantize_module
+>>> model = torch.nn.Sequential(quantize_module(torch.nn.Linear(64, 4), {"weight": {"name": "mxint"}}), torch.nn.Linear(4, 2))
+>>> [(layer.name, layer.weight_format and layer.weight_format["name"]) for layer in linear_layers(model)]
+[('0', 'mxint'), ('1', None)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from mase_lite.errors import UserError
+from mase_lite.kernels.mxint8 import MXInt8Linear
+from mase_lite.nn.lora import LoRALinear
+from mase_lite.nn.quantized import QuantizedLayer, QuantizedLinear
+from mase_lite.numerics.codes import Encoded, decode, offset_codes, pack_bits
+
+
+class ExportError(UserError):
+    """A model, a layer or a format the chosen target cannot hold: raised before anything is written."""
+
+
+def unsupported(target: str, layer: str, what: str, nearest: str) -> ExportError:
+    """The refusal of one layer: its name, what it holds, and the target's nearest scheme."""
+    return ExportError(f"{target} cannot hold layer {layer!r}: {what}; nearest {target} scheme: {nearest}")
+
+
+@dataclass
+class Layer:
+    """One Linear-like layer as an exporter needs it (weights ``[out, in]``)."""
+
+    name: str
+    module: nn.Module
+    weight: Tensor
+    bias: Tensor | None
+    codes: Encoded | None
+    data_in: dict[str, Any] | None = None
+    data_out: dict[str, Any] | None = None
+
+    @property
+    def weight_format(self) -> dict[str, Any] | None:
+        """The weight's format dict, None for a float weight."""
+        if self.codes is not None:
+            return self.codes.format
+        quantizer = getattr(self.module, "weight_quantizer", None)
+        return quantizer.spec.as_dict() if quantizer is not None else None
+
+
+def linear_layers(model: nn.Module) -> list[Layer]:
+    """Every Linear, quantized Linear and packed MXINT8 Linear of ``model`` (module paths as names), with the
+    values it computes with: the weight its quantizer gives (from stored codes where the format has them),
+    the bias likewise. LoRA adapters are refused: merge them first."""
+    layers = []
+    for name, module in model.named_modules():
+        if isinstance(module, LoRALinear):
+            raise ExportError(f"layer {name!r} carries LoRA adapters; merge them into the weights first (lora_merge)")
+        if isinstance(module, MXInt8Linear):
+            codes = packed_mxint8(module)
+            layers.append(Layer(name, module, decode(codes), _detached(module.bias), codes))
+        elif isinstance(module, QuantizedLinear):
+            stored = module.encode_parameters()
+            weight = decode(stored["weight"]) if "weight" in stored else module._operand("weight", module.weight).detach()
+            bias = module._operand("bias", module.bias)
+            formats = module.quant_formats()
+            layers.append(Layer(name, module, weight, _detached(bias), stored.get("weight"),
+                                formats.get("data_in"), formats.get("data_out")))
+        elif type(module) is nn.Linear:
+            layers.append(Layer(name, module, module.weight.detach(), _detached(module.bias), None))
+    return layers
+
+
+def other_quantized_layers(model: nn.Module) -> list[str]:
+    """Names of quantized layers that are not Linear (convolutions, transformers' Conv1D)."""
+    return [name for name, module in model.named_modules()
+            if isinstance(module, QuantizedLayer) and not isinstance(module, QuantizedLinear)]
+
+
+def packed_mxint8(module: MXInt8Linear) -> Encoded:
+    """A packed MXINT8 layer's int8 codes and E8M0 scales as stored codes of the ``mxint`` format."""
+    fmt = {"name": "mxint", "element_width": 8, "block_size": module.block_size, "scale_rule": module.scale_rule}
+    codes = offset_codes(module.codes.to(torch.int64), 8)
+    return Encoded(fmt, 8, pack_bits(codes, 8), {"scale": module.scales}, tuple(module.codes.shape), torch.float32,
+                   codes)
+
+
+def _detached(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.detach()

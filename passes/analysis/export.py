@@ -1,0 +1,34 @@
+"""The ``export`` pass: write the model for a runtime (it does not change the graph).
+
+Example::
+
+    {"pass": "export", "params": {"format": "compressed-tensors", "path": "hf"}}   # transformers, vLLM, SGLang
+    {"pass": "export", "params": {"format": "gguf", "path": "model.gguf"}}         # llama.cpp
+    {"pass": "export", "params": {"format": "onnx", "path": "model.onnx"}}         # onnxruntime
+    {"pass": "export", "params": {"format": "pt2", "path": "model.pt2"}}           # torch.export.load
+
+A layer whose format the target cannot hold is refused before anything is written, naming the layer, its
+format and the target's nearest scheme (see :mod:`mase_lite.deploy`).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from mase_lite.deploy import ExportFormat, export
+from mase_lite.passes.registry import PassParams, PassResult, register_pass
+
+
+class ExportParams(PassParams):
+    format: ExportFormat = Field(description="compressed-tensors (a Hugging Face directory), gguf (llama.cpp), "
+                                 "onnx (Q/DQ for onnxruntime) or pt2 (a torch.export program)")
+    path: str = Field(min_length=1, description="where to write (a directory for compressed-tensors, else a file), "
+                      "relative to the run")
+    tokenizer: bool = Field(True, description="write the run's tokenizer with the model where the format keeps one")
+
+
+@register_pass("export", kind="analysis", params=ExportParams, needs_graph=False)
+def export_pass(mg, params: ExportParams, ctx):
+    """Write the model as a compressed-tensors directory, a GGUF file, an ONNX model or a torch.export program."""
+    tokenizer = getattr(ctx.data, "tokenizer", None) if params.tokenizer else None
+    return PassResult(export(mg, params.format, ctx.path(params.path), tokenizer=tokenizer))
