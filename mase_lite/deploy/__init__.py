@@ -22,19 +22,24 @@ import importlib
 from pathlib import Path
 from typing import Any, Literal
 
-from mase_lite.deploy.layers import ExportError
+import torch.nn as nn
 
-ExportFormat = Literal["compressed-tensors"]
+from mase_lite.deploy.layers import ExportError
+from mase_lite.ir.module_model import ModuleModel
+
+ExportFormat = Literal["compressed-tensors", "gguf"]
 EXPORT_FORMATS: dict[str, str] = {
     "compressed-tensors": "mase_lite.deploy.compressed_tensors",
+    "gguf": "mase_lite.deploy.gguf",
 }
 
 
 def export(mg, format: str, path: str | Path, tokenizer: Any = None, **options: Any) -> dict[str, Any]:
-    """Write ``mg`` (a graph or a module-mode model) to ``path`` in ``format``; returns what was written.
-
-    ``tokenizer``: the run's tokenizer, written beside the model where the format keeps one.
+    """Write ``mg`` (a graph, a module-mode model or a plain ``nn.Module``) to ``path`` in ``format``; returns
+    what was written. ``tokenizer``: the run's tokenizer, written beside the model where the format keeps one.
     """
+    if isinstance(mg, nn.Module):
+        mg = ModuleModel(mg)
     if format not in EXPORT_FORMATS:
         raise ExportError(f"format {format!r} is unknown; allowed: {', '.join(EXPORT_FORMATS)}")
     writer = importlib.import_module(EXPORT_FORMATS[format])

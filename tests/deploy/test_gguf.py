@@ -1,0 +1,155 @@
+"""GGUF export, read back with llama.cpp's own Python library (gguf): every quantized weight dequantizes to the
+tool's values bit for bit (Llama's query and key rows permuted as llama.cpp's converter permutes them), float
+tensors are the model's, the metadata and vocabulary are llama.cpp's keys, and refusals name the layer."""
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+import mase_lite as ml
+from mase_lite import UserError
+from mase_lite.deploy import export
+from mase_lite.train.tokenizer import train_wordpiece
+
+gguf = pytest.importorskip("gguf")
+from gguf.quants import dequantize  # noqa: E402
+
+FORMATS = {
+    "Q8_0": [{"name": "mxint", "element_width": 8},
+             {"name": "scaled_integer", "width": 8, "granularity": "group", "group_size": 32, "scale_dtype": "float16",
+              "full_range": True}],
+    "Q4_0": [{"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "scale_dtype": "float16"},
+             {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "scale_dtype": "float16",
+              "full_range": True},
+             {"name": "mxint", "element_width": 4}],
+    "MXFP4": [{"name": "mxfp", "element_format": "e2m1"}],
+}
+CASES = [(qtype, fmt) for qtype, fmts in FORMATS.items() for fmt in fmts]
+
+
+def decoder(kind: str, tied: bool = False):
+    torch.manual_seed(0)
+    if kind == "llama":
+        config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                             tie_word_embeddings=tied)
+        return LlamaForCausalLM(config).eval()
+    config = Qwen3Config(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, max_position_embeddings=32, tie_word_embeddings=tied)
+    return Qwen3ForCausalLM(config).eval()
+
+
+class Quantized:
+    """A decoder quantized in module mode (export reads modules only: no capture needed), as ``mg.model``."""
+
+    def __init__(self, kind: str, rules: dict, tied: bool = False):
+        self.model, _ = ml.passes.quantize(decoder(kind, tied), {"by": "type", "rules": rules})
+
+
+def quantized(kind: str, rules: dict, tied: bool = False):
+    return Quantized(kind, rules, tied)
+
+
+def llama_cpp_rows(name: str, weight: torch.Tensor, kind: str, heads: int) -> np.ndarray:
+    """llama.cpp's converter's rotary permutation of Llama's query and key rows, written out by hand."""
+    w = weight.numpy()
+    if kind != "llama" or not name.endswith(("q_proj", "k_proj")):
+        return w
+    heads = 2 if name.endswith("k_proj") else heads
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+              "mlp.down_proj": "ffn_down"}
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("qtype, fmt", CASES, ids=[f"{q}-{f['name']}-{i}" for i, (q, f) in enumerate(CASES)])
+def test_every_weight_dequantizes_to_the_tools_values(kind, qtype, fmt, tmp_path):
+    mg = quantized(kind, {"head": None, "linear": {"weight": fmt}})
+    info = export(mg.model, "gguf", tmp_path / "m.gguf")
+    assert info["types"] == {"F32": 2, qtype: 14} and info["architecture"] == kind
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    tensors = {t.name: t for t in reader.tensors}
+    for block in range(2):
+        for hf_name, gguf_name in GGUF_NAMES.items():
+            tensor = tensors[f"blk.{block}.{gguf_name}.weight"]
+            assert tensor.tensor_type.name == qtype
+            layer = mg.model.get_submodule(f"model.layers.{block}.{hf_name}")
+            ours = llama_cpp_rows(hf_name, layer.weight_quantizer(layer.weight).detach(), kind, 4)
+            assert np.array_equal(dequantize(tensor.data, tensor.tensor_type), ours)
+    assert np.array_equal(tensors["token_embd.weight"].data, mg.model.get_submodule("model.embed_tokens").weight.detach().numpy())
+    assert np.array_equal(tensors["output.weight"].data, mg.model.get_submodule("lm_head").weight.detach().numpy())
+    blocks = {"Q8_0": 34, "Q4_0": 18, "MXFP4": 17}[qtype]
+    assert tensors["blk.0.ffn_down.weight"].n_bytes == 64 * (128 // 32) * blocks
+
+
+def field(reader, key):
+    return reader.fields[key].contents()
+
+
+def test_metadata_and_the_runs_wordpiece_vocabulary(tmp_path):
+    tokenizer = train_wordpiece(["the cat sat on the mat", "a dog ran far"], vocab_size=90)
+    mg = quantized("llama", {"head": None, "linear": {"weight": {"name": "mxint", "element_width": 8}}})
+    export(mg.model, "gguf", tmp_path / "m.gguf", tokenizer=tokenizer)
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    assert field(reader, "general.architecture") == "llama"
+    assert field(reader, "llama.block_count") == 2 and field(reader, "llama.attention.head_count_kv") == 2
+    assert field(reader, "llama.rope.dimension_count") == 16 and field(reader, "general.file_type") == 7
+    assert field(reader, "tokenizer.ggml.model") == "bert"
+    tokens = field(reader, "tokenizer.ggml.tokens")
+    vocab = tokenizer.get_vocab()
+    assert len(tokens) == 96 and tokens[vocab["[CLS]"]] == "[CLS]" and tokens[vocab["cat"]] == "\u2581cat"
+    assert tokens[vocab["##t"]] == "t" and tokens[95] == "[PAD95]"
+    types = field(reader, "tokenizer.ggml.token_type")
+    assert types[vocab["[SEP]"]] == gguf.TokenType.CONTROL and types[95] == gguf.TokenType.UNUSED
+    assert field(reader, "tokenizer.ggml.eos_token_id") == vocab["[SEP]"]
+
+
+def test_a_byte_level_bpe_vocabulary_keeps_its_merges(tmp_path):
+    vocab = {"a": 0, "b": 1, "ab": 2, "Ġ": 3, "Ġab": 4}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[("a", "b"), ("Ġ", "ab")]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="ab")
+    mg = quantized("qwen3", {"head": None, "linear": {"weight": {"name": "mxint", "element_width": 8}}})
+    export(mg.model, "gguf", tmp_path / "m.gguf", tokenizer=tokenizer)
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    assert field(reader, "tokenizer.ggml.model") == "gpt2"
+    assert field(reader, "tokenizer.ggml.merges") == ["a b", "Ġ ab"]
+    assert field(reader, "tokenizer.ggml.tokens")[:5] == ["a", "b", "ab", "Ġ", "Ġab"]
+
+
+def test_a_quantized_tied_head_gets_its_own_output_tensor(tmp_path):
+    mg = quantized("qwen3", {"linear": {"weight": {"name": "mxint", "element_width": 8}}}, tied=True)
+    export(mg.model, "gguf", tmp_path / "m.gguf")
+    tensors = {t.name: t for t in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
+    head = mg.model.get_submodule("lm_head")
+    assert tensors["output.weight"].tensor_type.name == "Q8_0"
+    assert np.array_equal(dequantize(tensors["output.weight"].data, tensors["output.weight"].tensor_type),
+                          head.weight_quantizer(head.weight).detach().numpy())
+    assert tensors["token_embd.weight"].tensor_type.name == "F32"
+
+
+@pytest.mark.parametrize("rules, message", [
+    ({"linear": {"weight": {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32}}},
+     r"gguf cannot hold layer 'model.layers.0.self_attn.q_proj': the scale [\d.e-]+ of block \d+ of row \d+ is not a "
+     r"float16 value; nearest gguf scheme: scale_dtype float16"),
+    ({"linear": {"weight": {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 64,
+                            "scale_dtype": "float16"}}},
+     r"weight format scaled_integer \(.*group_size=64.*\); nearest gguf scheme: Q8_0"),
+    ({"linear": {"weight": {"name": "mxint", "element_width": 8}, "data_in": {"name": "mxint", "element_width": 8}}},
+     r"quantized activations \(llama.cpp quantizes them its own way\)"),
+])
+def test_refusals_name_the_layer_and_write_nothing(rules, message, tmp_path):
+    mg = quantized("llama", {"head": None, **rules})
+    with pytest.raises(UserError, match=message):
+        export(mg.model, "gguf", tmp_path / "m.gguf")
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_a_model_llama_cpp_has_no_architecture_for_is_refused(tiny_bert, tmp_path):
+    with pytest.raises(UserError, match="gguf writes decoder LMs of model type llama, mistral, qwen2, qwen3; this model is bert"):
+        export(tiny_bert, "gguf", tmp_path / "m.gguf")
