@@ -1,0 +1,320 @@
+"""ONNX: the quantized model for onnxruntime, with QuantizeLinear/DequantizeLinear (opset 21) where a format has
+them and exact float values elsewhere.
+
+Weights: integer codes of up to 8 bits (``scaled_integer`` per tensor, channel or group, symmetric or with
+zero points; fixed-point ``integer``; ``mxint`` with its power-of-two scales) are stored as INT4/UINT4 (4 bits)
+or INT8/UINT8 initializers feeding a DequantizeLinear (per tensor; ``axis=0`` per channel; ``axis=1`` with
+``block_size`` per group or block), so onnxruntime decodes the tool's values bit for bit. Every other weight
+format is written as its exact float values. Activations (a layer's ``data_in``, a matmul's operands):
+8-bit ``scaled_integer`` with a static per-tensor scale on the full two's complement range, or a fixed-point
+``integer`` of 8 bits, become a QuantizeLinear/DequantizeLinear pair; any other activation format is refused
+before anything is written (ONNX has no operator for it), naming the layer.
+
+The graph is ``torch.onnx.export`` of the model with its quantized weights swapped for their values for the
+duration of the export (the model is left as it was), inputs named as the model's, batch and sequence
+dimensions dynamic.
+
+onnxruntime fuses an int8 per-tensor or per-channel DequantizeLinear -> MatMul into ``MatMulNBits``, which by
+default computes with int8 activations (accuracy level 4); the session option
+``session.qdq_matmulnbits_accuracy_level = "1"`` keeps float32 activations, the tool's numerics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from mase_lite.deploy.layers import ExportError, Layer, linear_layers, unsupported
+from mase_lite.files import follow_umask, staged_file
+from mase_lite.kernels.mxint8 import MXInt8Linear
+from mase_lite.nn.quant_functional import QuantizedFunction
+from mase_lite.nn.quantized import QuantizedLayer
+from mase_lite.numerics.codes import offset_values
+from mase_lite.numerics.scaled import stored_scale
+
+TARGET = "onnx"
+OPSET = 21
+NEAREST_ACTIVATION = ("8-bit scaled_integer per tensor with a static scale and full_range true, or an 8-bit integer "
+                      "(fixed point)")
+
+
+def _onnx():
+    try:
+        import onnx
+        import onnxscript  # noqa: F401  (torch.onnx's exporter needs it)
+    except ImportError:
+        raise ExportError("the onnx export needs onnx and onnxscript: pip install onnx onnxscript "
+                          "(or mase-lite[export])") from None
+    return onnx
+
+
+def write(mg, path: str | Path, tokenizer: Any = None) -> dict[str, Any]:
+    """Write ``mg`` (a graph or a module-mode model with example inputs) to the ONNX file ``path``."""
+    onnx = _onnx()
+    model = mg.model
+    _check_activations(model)
+    layers = linear_layers(model)
+    dq = {layer.name: _dequantize_spec(layer) for layer in layers}
+    dq = {name: spec for name, spec in dq.items() if spec is not None}
+    inputs = _example_inputs(mg)
+    wrapper = _Outputs(model, list(inputs))
+    with _quantized_values(model), _quiet_exporter(), _evaluating(wrapper):
+        with torch.no_grad():
+            outputs = wrapper.names_of(model(**inputs))
+        program = torch.onnx.export(
+            wrapper, tuple(inputs.values()), dynamo=True, optimize=False, opset_version=OPSET,
+            input_names=list(inputs), output_names=outputs,
+            dynamic_shapes=(tuple(_dynamic(v) for v in inputs.values()),),
+            custom_translation_table=_translations(), verbose=False)
+    proto = program.model_proto
+    prefix = "model."
+    replaced = _replace_initializers(onnx, proto, dq, prefix)
+    path = Path(path)
+    with staged_file(path) as tmp:
+        onnx.save(proto, str(tmp))
+        follow_umask(tmp)
+    return {"format": TARGET, "path": str(path), "bytes": path.stat().st_size, "opset": OPSET,
+            "dequantize_linear": sorted(replaced), "float_weights": sorted(l.name for l in layers if l.name not in replaced
+                                                                          and l.weight_format is not None),
+            "inputs": list(inputs), "outputs": [o.name for o in proto.graph.output]}
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """torch.onnx's progress lines and its notes on operators of packages not installed, out of the user's way."""
+    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.onnx._internal.exporter._registration")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def _evaluating(module: nn.Module) -> Iterator[None]:
+    """``module`` in eval mode (a deployed model does not train), its modules' modes as they were after."""
+    modes = {m: m.training for m in module.modules()}
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+
+
+class _Outputs(nn.Module):
+    """The model called with its inputs by name, returning its tensors (a model output's fields, in order)."""
+
+    def __init__(self, model: nn.Module, names: list[str]):
+        super().__init__()
+        self.model = model
+        self.names = names
+
+
+    def forward(self, *args: Tensor):
+        out = self.model(**dict(zip(self.names, args)))
+        if isinstance(out, Tensor):
+            return out
+        values = out.values() if hasattr(out, "values") else out
+        return tuple(v for v in values if isinstance(v, Tensor))
+
+    @staticmethod
+    def names_of(out) -> list[str]:
+        """The output names: a model output's field names (``logits``), else ``output_<i>``."""
+        if isinstance(out, Tensor):
+            return ["output"]
+        if hasattr(out, "items"):
+            return [k for k, v in out.items() if isinstance(v, Tensor)]
+        return [f"output_{i}" for i, v in enumerate(out) if isinstance(v, Tensor)]
+
+
+def _example_inputs(mg) -> dict[str, Tensor]:
+    inputs = getattr(mg, "example_inputs", None) or {}
+    inputs = {k: v for k, v in inputs.items() if isinstance(v, Tensor) and k != "labels"}
+    if not inputs:
+        raise ExportError(f"{TARGET}: the model has no example inputs to trace it with (module mode: give "
+                          "example_inputs)")
+    return inputs
+
+
+def _dynamic(t: Tensor) -> dict[int, Any]:
+    """Batch and sequence dimensions free; the others (features, channels, image sizes) as given."""
+    free = range(min(t.dim(), 2)) if not t.is_floating_point() else range(min(t.dim(), 1))
+    return {d: torch.export.Dim.AUTO for d in free}
+
+
+def _check_activations(model: nn.Module) -> None:
+    """Every activation quantizer must have a Q/DQ pair (checked before anything is traced or written)."""
+    for name, module in model.named_modules():
+        operands = ()
+        if isinstance(module, QuantizedLayer):
+            operands = ("data_in", "data_out")
+        elif isinstance(module, QuantizedFunction):
+            operands = ("data_in_0", "data_in_1", "data_out")
+        for operand in operands:
+            quantizer = getattr(module, f"{operand}_quantizer", None)
+            if quantizer is not None and _activation_qdq(quantizer.spec.as_dict()) is None:
+                fmt = quantizer.spec.as_dict()
+                described = ", ".join(f"{k}={v}" for k, v in fmt.items() if k != "name" and v is not None)
+                raise unsupported(TARGET, name, f"{operand} format {fmt['name']} ({described})", NEAREST_ACTIVATION)
+
+
+def _activation_qdq(fmt: dict[str, Any]) -> tuple[float, int, bool] | None:
+    """(scale, zero point, signed) of an activation format ONNX's QuantizeLinear computes exactly, else None."""
+    if fmt["name"] == "scaled_integer":
+        if (fmt["width"] == 8 and fmt["symmetric"] and fmt["full_range"] and fmt["granularity"] == "tensor"
+                and isinstance(fmt["scale"], float)):
+            return float(stored_scale(torch.tensor([fmt["scale"]]), fmt["scale_dtype"])), 0, True
+        return None
+    if fmt["name"] == "integer" and fmt["width"] == 8 and not fmt["floor"]:
+        return 2.0 ** -fmt["frac_width"], 0, fmt["signed"]
+    return None
+
+
+def _translations() -> dict:
+    """``mase_lite::fake_quantize`` as ONNX: a QuantizeLinear/DequantizeLinear pair (formats checked before)."""
+    import onnx
+    from onnxscript import opset21 as op
+
+    def fake_quantize(x, fmt: str, ste: str):
+        scale, zero, signed = _activation_qdq(json.loads(fmt))
+        kind = onnx.TensorProto.INT8 if signed else onnx.TensorProto.UINT8
+        s = op.Constant(value=onnx.helper.make_tensor("scale", onnx.TensorProto.FLOAT, [], [scale]))
+        z = op.Constant(value=onnx.helper.make_tensor("zero_point", kind, [], [zero]))
+        return op.DequantizeLinear(op.QuantizeLinear(x, s, z), s, z)
+
+    return {torch.ops.mase_lite.fake_quantize.default: fake_quantize}
+
+
+@contextlib.contextmanager
+def _quantized_values(model: nn.Module) -> Iterator[None]:
+    """Within the block, each quantized weight and bias is a plain parameter holding its quantized values (the
+    quantizer set aside) and each packed MXINT8 layer a Linear with its decoded weight; restored after."""
+    restore = []
+    try:
+        for name, module in list(model.named_modules()):
+            if isinstance(module, QuantizedLayer):
+                for operand in ("weight", "bias"):
+                    quantizer = getattr(module, f"{operand}_quantizer", None)
+                    param = module._parameters.get(operand)
+                    if quantizer is None or param is None:
+                        continue
+                    values = module._operand(operand, param).detach()
+                    restore.append((module, operand, param, quantizer))
+                    module._parameters[operand] = nn.Parameter(values, requires_grad=False)
+                    setattr(module, f"{operand}_quantizer", None)
+            elif isinstance(module, MXInt8Linear):
+                parent_name, _, child = name.rpartition(".")
+                parent = model.get_submodule(parent_name) if parent_name else model
+                linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+                linear.weight = nn.Parameter(module.dequantized_weight(), requires_grad=False)
+                linear.bias = None if module.bias is None else nn.Parameter(module.bias.detach(), requires_grad=False)
+                setattr(parent, child, linear)
+                restore.append((parent, child, module, None))
+        yield
+    finally:
+        for owner, key, original, quantizer in reversed(restore):
+            if quantizer is None:
+                setattr(owner, key, original)
+            else:
+                owner._parameters[key] = original
+                setattr(owner, f"{key}_quantizer", quantizer)
+
+
+def _dequantize_spec(layer: Layer) -> dict[str, Any] | None:
+    """How a layer's weight is a DequantizeLinear: its codes (numpy), scale, zero point, axis, block size, ONNX
+    element type; None where the format has no integer codes of at most 8 bits (the float values are written)."""
+    fmt, codes = layer.weight_format, layer.codes
+    if fmt is None or codes is None:
+        return None
+    name, (rows, columns) = fmt["name"], codes.shape
+    unsigned = codes.unpacked()
+    if name == "scaled_integer" and fmt["width"] <= 8:
+        side = codes.side
+        scale = side["scale"].float() if "scale" in side else torch.where(
+            side["scale_exponent"] == -128, 0.0, torch.pow(2.0, side["scale_exponent"].double())).float()
+        if fmt["symmetric"]:
+            values, zero = offset_values(unsigned, fmt["width"]), None
+        else:
+            values, zero = unsigned, side["zero_point"].to(torch.int64)
+        axis, block = {"tensor": (None, None), "channel": (0, None), "group": (1, fmt["group_size"])}[fmt["granularity"]]
+        scale = scale.reshape(()) if axis is None else scale.reshape(rows) if axis == 0 else scale
+        zero = None if zero is None else zero.reshape(scale.shape)
+        return _spec(values, scale, zero, axis, block, fmt["width"], fmt["symmetric"])
+    if name == "integer" and fmt["width"] <= 8:
+        values = offset_values(unsigned, fmt["width"]) if fmt["signed"] else unsigned
+        return _spec(values, torch.tensor(2.0 ** -fmt["frac_width"]), None, None, None, fmt["width"], fmt["signed"])
+    if name == "mxint":
+        scale_codes = codes.side["scale"]
+        if bool((scale_codes == 0xFF).any()):
+            return None
+        exponent = scale_codes.to(torch.float64) - 127 - (fmt["element_width"] - 2)
+        scale = torch.pow(2.0, exponent).float()
+        if bool((scale == 0).any()):  # a step below float32's range: the float values are written
+            return None
+        values = offset_values(unsigned, fmt["element_width"])
+        return _spec(values, scale, None, 1, fmt["block_size"], fmt["element_width"], True)
+    return None
+
+
+def _spec(values: Tensor, scale: Tensor, zero: Tensor | None, axis: int | None, block: int | None, bits: int,
+          signed: bool) -> dict[str, Any]:
+    return {"values": values.to(torch.int64).numpy(), "scale": scale.contiguous().numpy(),
+            "zero": None if zero is None else zero.numpy(), "axis": axis, "block": block, "bits": 4 if bits <= 4 else 8,
+            "signed": signed}
+
+
+def _replace_initializers(onnx, proto, specs: dict[str, dict[str, Any]], prefix: str) -> list[str]:
+    """Each quantized weight's float initializer replaced by a DequantizeLinear of its codes (same output name)."""
+    import numpy as np
+
+    graph = proto.graph
+    index = {init.name: i for i, init in enumerate(graph.initializer)}
+    kinds = {(4, True): onnx.TensorProto.INT4, (4, False): onnx.TensorProto.UINT4,
+             (8, True): onnx.TensorProto.INT8, (8, False): onnx.TensorProto.UINT8}
+    nodes, replaced = [], []
+    for layer, spec in specs.items():
+        name = f"{prefix}{layer}.weight"
+        if name not in index:
+            continue
+        kind = kinds[spec["bits"], spec["signed"]]
+        values = spec["values"].astype(np.int8 if spec["signed"] else np.uint8)
+        quantized = onnx.helper.make_tensor(f"{name}_quantized", kind, values.shape, values.flatten().tolist())
+        scale = onnx.numpy_helper.from_array(spec["scale"].astype(np.float32), f"{name}_scale")
+        new = [quantized, scale]
+        inputs = [quantized.name, scale.name]
+        if spec["zero"] is not None:
+            zero = onnx.helper.make_tensor(f"{name}_zero_point", kind, spec["zero"].shape,
+                                           spec["zero"].astype(np.uint8).flatten().tolist())
+            new.append(zero)
+            inputs.append(zero.name)
+        attributes = {}
+        if spec["axis"] is not None:
+            attributes["axis"] = spec["axis"]
+        if spec["block"] is not None:
+            attributes["block_size"] = spec["block"]
+        graph.initializer.extend(new)
+        nodes.append(onnx.helper.make_node("DequantizeLinear", inputs, [name], name=f"{name}_dequantize", **attributes))
+        replaced.append(layer)
+    gone = {f"{prefix}{layer}.weight" for layer in replaced}
+    keep = [init for init in graph.initializer if init.name not in gone]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    for node in reversed(nodes):
+        graph.node.insert(0, node)
+    return replaced
