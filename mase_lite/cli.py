@@ -79,7 +79,7 @@ def _cmd_draw(args: argparse.Namespace) -> int:
     return 0
 
 
-EXPORT_FORMATS = ("compressed-tensors", "gguf", "onnx")  # mase_lite.deploy.EXPORT_FORMATS, without importing it at start-up
+EXPORT_FORMATS = ("compressed-tensors", "gguf", "onnx", "pt2")  # mase_lite.deploy.EXPORT_FORMATS, without importing it at start-up
 
 
 def _cmd_export(args: argparse.Namespace) -> int:

@@ -27,11 +27,12 @@ import torch.nn as nn
 from mase_lite.deploy.layers import ExportError
 from mase_lite.ir.module_model import ModuleModel
 
-ExportFormat = Literal["compressed-tensors", "gguf", "onnx"]
+ExportFormat = Literal["compressed-tensors", "gguf", "onnx", "pt2"]
 EXPORT_FORMATS: dict[str, str] = {
     "compressed-tensors": "mase_lite.deploy.compressed_tensors",
     "gguf": "mase_lite.deploy.gguf",
     "onnx": "mase_lite.deploy.onnx",
+    "pt2": "mase_lite.deploy.pt2",
 }
 
 

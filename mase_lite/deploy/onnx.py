@@ -35,8 +35,8 @@ import torch.nn as nn
 from torch import Tensor
 
 from mase_lite.deploy.layers import ExportError, Layer, linear_layers, unsupported
+from mase_lite.deploy.tracing import Outputs, dynamic, evaluating, example_inputs, quantized_values
 from mase_lite.files import follow_umask, staged_file
-from mase_lite.kernels.mxint8 import MXInt8Linear
 from mase_lite.nn.quant_functional import QuantizedFunction
 from mase_lite.nn.quantized import QuantizedLayer
 from mase_lite.numerics.codes import offset_values
@@ -66,15 +66,15 @@ def write(mg, path: str | Path, tokenizer: Any = None) -> dict[str, Any]:
     layers = linear_layers(model)
     dq = {layer.name: _dequantize_spec(layer) for layer in layers}
     dq = {name: spec for name, spec in dq.items() if spec is not None}
-    inputs = _example_inputs(mg)
-    wrapper = _Outputs(model, list(inputs))
-    with _quantized_values(model), _quiet_exporter(), _evaluating(wrapper):
+    inputs = example_inputs(mg)
+    wrapper = Outputs(model, list(inputs))
+    with quantized_values(model), _quiet_exporter(), evaluating(wrapper):
         with torch.no_grad():
             outputs = wrapper.names_of(model(**inputs))
         program = torch.onnx.export(
             wrapper, tuple(inputs.values()), dynamo=True, optimize=False, opset_version=OPSET,
             input_names=list(inputs), output_names=outputs,
-            dynamic_shapes=(tuple(_dynamic(v) for v in inputs.values()),),
+            dynamic_shapes=(tuple(dynamic(v) for v in inputs.values()),),
             custom_translation_table=_translations(), verbose=False)
     proto = program.model_proto
     prefix = "model."
@@ -84,8 +84,8 @@ def write(mg, path: str | Path, tokenizer: Any = None) -> dict[str, Any]:
         onnx.save(proto, str(tmp))
         follow_umask(tmp)
     return {"format": TARGET, "path": str(path), "bytes": path.stat().st_size, "opset": OPSET,
-            "dequantize_linear": sorted(replaced), "float_weights": sorted(l.name for l in layers if l.name not in replaced
-                                                                          and l.weight_format is not None),
+            "dequantize_linear": sorted(replaced),
+            "float_weights": sorted(lay.name for lay in layers if lay.name not in replaced and lay.weight_format is not None),
             "inputs": list(inputs), "outputs": [o.name for o in proto.graph.output]}
 
 
@@ -103,59 +103,6 @@ def _quiet_exporter() -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
-
-
-@contextlib.contextmanager
-def _evaluating(module: nn.Module) -> Iterator[None]:
-    """``module`` in eval mode (a deployed model does not train), its modules' modes as they were after."""
-    modes = {m: m.training for m in module.modules()}
-    module.eval()
-    try:
-        yield
-    finally:
-        for m, mode in modes.items():
-            m.training = mode
-
-
-class _Outputs(nn.Module):
-    """The model called with its inputs by name, returning its tensors (a model output's fields, in order)."""
-
-    def __init__(self, model: nn.Module, names: list[str]):
-        super().__init__()
-        self.model = model
-        self.names = names
-
-
-    def forward(self, *args: Tensor):
-        out = self.model(**dict(zip(self.names, args)))
-        if isinstance(out, Tensor):
-            return out
-        values = out.values() if hasattr(out, "values") else out
-        return tuple(v for v in values if isinstance(v, Tensor))
-
-    @staticmethod
-    def names_of(out) -> list[str]:
-        """The output names: a model output's field names (``logits``), else ``output_<i>``."""
-        if isinstance(out, Tensor):
-            return ["output"]
-        if hasattr(out, "items"):
-            return [k for k, v in out.items() if isinstance(v, Tensor)]
-        return [f"output_{i}" for i, v in enumerate(out) if isinstance(v, Tensor)]
-
-
-def _example_inputs(mg) -> dict[str, Tensor]:
-    inputs = getattr(mg, "example_inputs", None) or {}
-    inputs = {k: v for k, v in inputs.items() if isinstance(v, Tensor) and k != "labels"}
-    if not inputs:
-        raise ExportError(f"{TARGET}: the model has no example inputs to trace it with (module mode: give "
-                          "example_inputs)")
-    return inputs
-
-
-def _dynamic(t: Tensor) -> dict[int, Any]:
-    """Batch and sequence dimensions free; the others (features, channels, image sizes) as given."""
-    free = range(min(t.dim(), 2)) if not t.is_floating_point() else range(min(t.dim(), 1))
-    return {d: torch.export.Dim.AUTO for d in free}
 
 
 def _check_activations(model: nn.Module) -> None:
@@ -199,41 +146,6 @@ def _translations() -> dict:
         return op.DequantizeLinear(op.QuantizeLinear(x, s, z), s, z)
 
     return {torch.ops.mase_lite.fake_quantize.default: fake_quantize}
-
-
-@contextlib.contextmanager
-def _quantized_values(model: nn.Module) -> Iterator[None]:
-    """Within the block, each quantized weight and bias is a plain parameter holding its quantized values (the
-    quantizer set aside) and each packed MXINT8 layer a Linear with its decoded weight; restored after."""
-    restore = []
-    try:
-        for name, module in list(model.named_modules()):
-            if isinstance(module, QuantizedLayer):
-                for operand in ("weight", "bias"):
-                    quantizer = getattr(module, f"{operand}_quantizer", None)
-                    param = module._parameters.get(operand)
-                    if quantizer is None or param is None:
-                        continue
-                    values = module._operand(operand, param).detach()
-                    restore.append((module, operand, param, quantizer))
-                    module._parameters[operand] = nn.Parameter(values, requires_grad=False)
-                    setattr(module, f"{operand}_quantizer", None)
-            elif isinstance(module, MXInt8Linear):
-                parent_name, _, child = name.rpartition(".")
-                parent = model.get_submodule(parent_name) if parent_name else model
-                linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
-                linear.weight = nn.Parameter(module.dequantized_weight(), requires_grad=False)
-                linear.bias = None if module.bias is None else nn.Parameter(module.bias.detach(), requires_grad=False)
-                setattr(parent, child, linear)
-                restore.append((parent, child, module, None))
-        yield
-    finally:
-        for owner, key, original, quantizer in reversed(restore):
-            if quantizer is None:
-                setattr(owner, key, original)
-            else:
-                owner._parameters[key] = original
-                setattr(owner, f"{key}_quantizer", quantizer)
 
 
 def _dequantize_spec(layer: Layer) -> dict[str, Any] | None:
