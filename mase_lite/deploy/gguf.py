@@ -22,6 +22,7 @@ WordPiece (the runs' own) as llama.cpp's ``bert`` vocabulary, byte-level BPE as 
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ from mase_lite.deploy.layers import ExportError, Layer, linear_layers, other_qua
 from mase_lite.files import follow_umask, staged_file
 from mase_lite.nn.quant_functional import QuantizedFunction
 from mase_lite.numerics.codes import offset_values
+
+logger = logging.getLogger(__name__)
 
 TARGET = "gguf"
 NEAREST = ("Q8_0 (mxint 8-bit or 8-bit scaled_integer in groups of 32 with float16 scales), Q4_0 (4-bit symmetric "
@@ -272,3 +275,192 @@ def _vocabulary(writer, gguf, tokenizer, vocab_size: int) -> None:
             add(int(token_id))
     writer.add_add_bos_token(False)
     writer.add_add_eos_token(False)
+
+
+# Import ------------------------------------------------------------------------------------------------
+
+CONFIGS = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
+
+
+def is_gguf(path: str | Path) -> bool:
+    """Whether ``path`` is a file that starts with GGUF's magic bytes."""
+    path = Path(path)
+    try:
+        with path.open("rb") as file:
+            return path.is_file() and file.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def _reader(path: Path):
+    gguf = _gguf()
+    try:
+        return gguf, gguf.GGUFReader(str(path))
+    except (OSError, ValueError, KeyError, IndexError) as err:  # a damaged file is data: one line
+        raise ExportError(f"{path} is not a readable GGUF file: {err}") from None
+
+
+def _field(reader, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def read(path: str | Path, auto_class: Any) -> torch.nn.Module:
+    """The model of a GGUF file (Llama, Mistral, Qwen2, Qwen3) with Q8_0, Q4_0 and MXFP4 weights as quantized layers
+    of the equivalent formats (8- and 4-bit ``scaled_integer`` on the full range in groups of 32 with float16 scales;
+    ``mxfp`` E2M1) holding the stored values; other GGML types are dequantized to float by gguf's dequantizer
+    (logged). The file is data: nothing in it is run."""
+    import transformers
+    from transformers import logging as hf_logging
+
+    path = Path(path)
+    gguf, reader = _reader(path)
+    arch = _field(reader, "general.architecture")
+    if arch not in CONFIGS:
+        raise ExportError(f"{path}: architecture {arch!r} has no reader here; readable: {', '.join(CONFIGS)}")
+    tensors = {t.name: t for t in reader.tensors}
+    heads = _field(reader, f"{arch}.attention.head_count")
+    hidden = _field(reader, f"{arch}.embedding_length")
+    head_dim = _field(reader, f"{arch}.attention.key_length") or hidden // heads
+    config = getattr(transformers, CONFIGS[arch])(
+        vocab_size=_field(reader, f"{arch}.vocab_size") or len(_field(reader, "tokenizer.ggml.tokens", [])),
+        hidden_size=hidden, intermediate_size=_field(reader, f"{arch}.feed_forward_length"),
+        num_hidden_layers=_field(reader, f"{arch}.block_count"), num_attention_heads=heads,
+        num_key_value_heads=_field(reader, f"{arch}.attention.head_count_kv", heads), head_dim=head_dim,
+        rms_norm_eps=_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
+        max_position_embeddings=_field(reader, f"{arch}.context_length", 2048),
+        rope_theta=_field(reader, f"{arch}.rope.freq_base", 10000.0), tie_word_embeddings="output.weight" not in tensors,
+        attention_bias=any(name.endswith("attn_q.bias") for name in tensors))
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model = auto_class.from_config(config).eval()
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), config.num_hidden_layers)
+    hf_of = {}
+    for hf_name in model.state_dict():
+        target = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if target is not None:
+            hf_of[target] = hf_name
+    unknown = sorted(set(tensors) - set(hf_of))
+    if unknown:
+        raise ExportError(f"{path}: tensor {unknown[0]!r} has no place in a {type(model).__name__}")
+    state = {}
+    for target, tensor in tensors.items():
+        hf_name = hf_of[target]
+        owner = hf_name.rpartition(".")[0]
+        qtype = tensor.tensor_type.name
+        module = model.get_submodule(owner)
+        if hf_name.endswith(".weight") and type(module) is torch.nn.Linear and qtype in ("Q8_0", "Q4_0", "MXFP4"):
+            _quantized_layer(model, owner, module, qtype, np.asarray(tensor.data), config, arch, path)
+            continue
+        values = torch.from_numpy(np.array(_float_values(gguf, tensor))).float()
+        expected = model.state_dict()[hf_name]
+        if tuple(values.shape) != tuple(expected.shape):
+            raise ExportError(f"{path}: tensor {target!r} is {list(values.shape)}, the model's {hf_name} "
+                              f"{list(expected.shape)}")
+        state[hf_name] = _unpermuted(owner, values, config, arch).to(expected.dtype)
+    model.load_state_dict(state, strict=False)
+    return model
+
+
+def _float_values(gguf, tensor) -> np.ndarray:
+    if tensor.tensor_type.name in ("F32", "F16"):
+        return tensor.data
+    logger.info("%s: %s is dequantized to float (no equivalent format)", tensor.name, tensor.tensor_type.name)
+    return gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+
+
+def _quantized_layer(model, name: str, module: torch.nn.Linear, qtype: str, blocks: np.ndarray, config, arch: str,
+                     path: Path) -> None:
+    """Replace ``module`` by its quantized layer holding the codes of a Q8_0, Q4_0 or MXFP4 tensor."""
+    from mase_lite.deploy.compressed_tensors import _decoded
+    from mase_lite.nn.quantized import quantize_module
+    from mase_lite.numerics.codes import encode
+
+    rows, columns = module.out_features, module.in_features
+    raw = torch.from_numpy(np.array(blocks, dtype=np.uint8)).reshape(rows, columns // 32, -1)
+    if qtype == "Q8_0":
+        fmt = {"name": "scaled_integer", "width": 8, "full_range": True, "granularity": "group", "group_size": 32,
+               "scale_dtype": "float16"}
+        side = {"scale": raw[..., :2].contiguous().view(torch.float16).reshape(rows, -1)}
+        codes = raw[..., 2:].contiguous().view(torch.int8).to(torch.int64).reshape(rows, columns) + 128
+    else:
+        head, qs = raw[..., : raw.shape[-1] - 16], raw[..., -16:].to(torch.int64)
+        codes = torch.cat([qs & 0xF, qs >> 4], -1).reshape(rows, columns)
+        if qtype == "Q4_0":
+            fmt = {"name": "scaled_integer", "width": 4, "full_range": True, "granularity": "group", "group_size": 32,
+                   "scale_dtype": "float16"}
+            side = {"scale": head.contiguous().view(torch.float16).reshape(rows, -1)}
+        else:
+            fmt = {"name": "mxfp", "element_format": "e2m1", "block_size": 32}
+            if bool((head == 0xFF).any()):
+                raise ExportError(f"{path}: {name}: an MXFP4 scale 0xFF (2**128 in GGML, NaN in OCP MX) has no equivalent")
+            side = {"scale": head.reshape(rows, -1)}
+    order = _row_order(name, rows, config, arch)
+    codes, side = codes[order], {k: v[order] for k, v in side.items()}
+    values = _decoded(fmt, codes, side, module.weight.dtype)
+    encoded = encode(values, fmt, side=side, values=values)
+    if encoded is None:
+        raise ExportError(f"{path}: {name}: its {qtype} blocks do not decode to values of {fmt['name']}")
+    layer = quantize_module(module, {"weight": fmt})
+    layer.restore_parameter("weight", encoded)
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, layer)
+
+
+def _row_order(name: str, rows: int, config, arch: str) -> Tensor:
+    """The rows of a tensor written with :func:`_permuted`, in Hugging Face's order."""
+    index = torch.arange(rows)
+    permuted = _permuted(name, index, config, arch)
+    order = torch.empty_like(index)
+    order[permuted] = index
+    return order
+
+
+def _unpermuted(name: str, tensor: Tensor, config, arch: str) -> Tensor:
+    if arch != "llama" or not name.endswith(("self_attn.q_proj", "self_attn.k_proj")):
+        return tensor
+    return tensor[_row_order(name, tensor.shape[0], config, arch)]
+
+
+def read_tokenizer(path: str | Path):
+    """The GGUF file's vocabulary as a transformers tokenizer: ``bert`` (WordPiece: U+2581 words, bare
+    continuations) or ``gpt2`` (byte-level BPE with its merges); None when the file has no vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    path = Path(path)
+    gguf, reader = _reader(path)
+    kind = _field(reader, "tokenizer.ggml.model")
+    if kind is None:
+        return None
+    tokens = list(_field(reader, "tokenizer.ggml.tokens", []))
+    types = list(_field(reader, "tokenizer.ggml.token_type", [gguf.TokenType.NORMAL] * len(tokens)))
+    control = {i for i, t in enumerate(types) if t == gguf.TokenType.CONTROL}
+    if kind == "bert":
+        vocab = {}
+        for i, token in enumerate(tokens):
+            spelled = token if i in control else token[1:] if token.startswith("\u2581") else "##" + token
+            vocab.setdefault(spelled, i)
+        unk = tokens[_field(reader, "tokenizer.ggml.unknown_token_id", 0)]
+        backend = Tokenizer(models.WordPiece(vocab=vocab, unk_token=unk, max_input_chars_per_word=100))
+        backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        backend.decoder = decoders.WordPiece()
+    elif kind == "gpt2":
+        merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges", [])]
+        backend = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+    else:
+        raise ExportError(f"{path}: a {kind!r} vocabulary has no reader here; readable: bert, gpt2")
+    roles = {}
+    for role, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("unk_token", "unknown_token_id"),
+                      ("sep_token", "seperator_token_id"), ("pad_token", "padding_token_id"),
+                      ("mask_token", "mask_token_id")):
+        token_id = _field(reader, f"tokenizer.ggml.{key}")
+        if token_id is not None and 0 <= token_id < len(tokens):
+            roles[role] = tokens[token_id]
+    return PreTrainedTokenizerFast(tokenizer_object=backend, model_input_names=["input_ids", "attention_mask"], **roles)

@@ -93,3 +93,12 @@ def packed_mxint8(module: MXInt8Linear) -> Encoded:
 
 def _detached(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.detach()
+
+
+def record_quantized(model: nn.Module) -> nn.Module:
+    """``model`` with ``mase_transforms`` saying how its quantized layers came to be: one ``quantize`` by module
+    name with each layer's formats, which a checkpoint's load replays before it decodes the stored codes."""
+    rules = {name: module.quant_formats() for name, module in model.named_modules() if isinstance(module, QuantizedLayer)}
+    model.mase_transforms = [{"pass": "quantize", "params": {"by": "name", "rules": rules},
+                              "module": "mase_lite.passes.transforms.quantize"}] if rules else []
+    return model

@@ -116,7 +116,9 @@ class MaseGraph:
         self.example_inputs = example_inputs
         self.source_model = model
         self.recipe = recipe
-        self.history: list[dict[str, Any]] = []
+        # the structural transforms a model went through before it came here (a quantized checkpoint of another
+        # tool, read as quantized layers, says so in ``mase_transforms``): a save records them for the load
+        self.history: list[dict[str, Any]] = [dict(step) for step in getattr(model, "mase_transforms", ())]
         self.facts: set[str] = {"graph", "metadata"}
         # results of analysis passes by the fact they provide (per node also in node.meta["mase"][fact])
         self.analyses: dict[str, Any] = {}

@@ -123,7 +123,9 @@ class ModuleModel:
         names = input_names if input_names is not None else list(self.example_inputs or ())
         self.input_names = tuple(names) if names else None
         self.recipe = recipe
-        self.history: list[dict[str, Any]] = []
+        # the structural transforms a model went through before it came here (a quantized checkpoint of another
+        # tool, read as quantized layers, says so in ``mase_transforms``): a save records them for the load
+        self.history: list[dict[str, Any]] = [dict(step) for step in getattr(model, "mase_transforms", ())]
         self.facts: set[str] = set()
         self.analyses: dict[str, Any] = {}
         # what a saved checkpoint's recipe records of a capture: nothing was captured

@@ -77,7 +77,8 @@ class ModelSpec(BaseModel):
     hf_config: dict[str, Any] | None = Field(
         None, description="transformers config fields (model_type defaults to the task's: bert, llama, resnet, t5)"
     )
-    pretrained: str | None = Field(None, description="hub model name or local directory")
+    pretrained: str | None = Field(None, description="hub model name, local directory (a compressed-tensors one "
+                                   "included) or GGUF file")
     factory: str | None = Field(None, description="'package.module:function' returning an nn.Module for the task")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the factory")
     task: TaskName = Field(
@@ -219,6 +220,10 @@ def _from_config(spec: ModelSpec, num_labels: int, data_fields: dict[str, Any]) 
 def _pretrained(spec: ModelSpec, num_labels: int, run_dir: Path | None, data_fields: dict[str, Any]) -> nn.Module:
     from transformers import AutoConfig
 
+    from mase_lite.deploy.hub import kind_of, read_model
+
+    if kind_of(spec.pretrained) is not None:  # another tool's quantized checkpoint: its layers in our formats
+        return read_model(spec.pretrained, _auto_class(spec.task))
     local = Path(spec.pretrained).is_dir()
     cache = None if local else hub_cache_dir(spec.cache_dir, run_dir)
     extra = {"num_labels": num_labels, "ignore_mismatched_sizes": True} if spec.task in CLASSIFICATION_TASKS else {}

@@ -118,7 +118,9 @@ def prepare(
     if data_spec is not None:
         tokenizer = None
         if model_spec.source == "pretrained" and data_spec.tokenizer is None and task != "image-classification":
-            tokenizer = load_tokenizer(
+            from mase_lite.deploy.hub import read_tokenizer
+
+            tokenizer = read_tokenizer(model_spec.pretrained) or load_tokenizer(  # a GGUF file holds its vocabulary
                 model_spec.pretrained, hub_cache_dir(model_spec.cache_dir, run_dir), field="model.pretrained"
             )
         hints = image_hints(model_spec, run_dir) if task == "image-classification" else {}
