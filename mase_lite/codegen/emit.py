@@ -5,8 +5,8 @@ The module tree is the model's own, so state-dict keys are the model's and a che
 each submodule's forward is cut from the graph (:mod:`mase_lite.codegen.classes`), aten calls print as
 torch functions, tensor methods and operators, and identical blocks share one class. Packed MXINT8
 Linear layers call ``mase_lite.kernels.mxint8.mxint8_linear`` (the op ``torch.ops.mase_lite.mxint8_linear``);
-fake-quantized layers come from ``mase_lite.nn``. The package imports torch, safetensors and (for those layers) ``mase_lite.kernels``
-and ``mase_lite.nn`` only.
+fake-quantized layers come from ``mase_lite.nn``, their weights stored as codes and scales (decoded bit for bit at
+load). The package imports torch, safetensors and (for those layers) ``mase_lite.kernels`` and ``mase_lite.nn`` only.
 
 Example::
 
@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import keyword
 import re
 from pathlib import Path
@@ -32,6 +33,7 @@ from mase_lite.codegen.classes import ClassBuilder, Emitted
 from mase_lite.codegen.forwards import Names
 from mase_lite.codegen.modules import CodegenError
 from mase_lite.files import staged_directory
+from mase_lite.nn.storage import flatten, stored_codes
 
 _DROPPED = (torch.ops.aten._assert_tensor_metadata.default, torch.ops.aten._assert_scalar.default)
 
@@ -43,9 +45,11 @@ Example::
     model = {package}.load("cpu")          # or "cuda"; weights load on any device
 """
 
+import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from .model import {exports}
@@ -56,16 +60,31 @@ NON_PERSISTENT = {non_persistent}
 
 
 def load(device: str | torch.device = "cpu") -> {class_name}:
-    """The model with its weights on ``device``, in eval mode."""
+    """The model with its weights on ``device``, in eval mode; quantized weights stored as codes are decoded bit
+    for bit (by mase_lite, which the quantized layers come from)."""
     with torch.device("meta"):
         model = {class_name}()
-    tensors = load_file(WEIGHTS, device=str(device))
+    tensors = load_file(WEIGHTS, device="cpu")
+    with safe_open(WEIGHTS, "pt") as file:
+        manifest = json.loads((file.metadata() or {{}}).get("stored", "{{}}"))
+    stored = {{}}
+    if manifest:
+        from mase_lite.nn.storage import unflatten
+
+        stored = unflatten(tensors, manifest, str(WEIGHTS))
+        tensors = {{k: v for k, v in tensors.items() if k.rpartition(".")[0] not in manifest}}
+        shapes = dict(model.state_dict(keep_vars=True))
+        tensors.update({{name: torch.empty(shapes[name].shape, dtype=shapes[name].dtype) for name in stored}})
     buffers = {{name: tensors.pop(name) for name in NON_PERSISTENT}}
     model.load_state_dict(tensors, strict=True, assign=True)
     for name, value in buffers.items():
         owner, _, attr = name.rpartition(".")
         model.get_submodule(owner).register_buffer(attr, value, persistent=False)
-    return model.eval()
+    if stored:
+        from mase_lite.nn.storage import restore_codes
+
+        restore_codes(model, stored)
+    return model.to(device).eval()
 
 
 __all__ = [{all}"load"]
@@ -163,10 +182,12 @@ def write_package(mg, path: str | Path, class_name: str | None = None) -> dict[s
                                 all="".join(f"{e!r}, " for e in exports).replace("'", '"'),
                                 non_persistent=repr(tuple(out.non_persistent)))
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in out.state.items()}
+    codes, manifest = flatten({k: v for k, v in stored_codes(mg.model).items() if k in tensors})
+    tensors = {k: v for k, v in tensors.items() if k not in manifest} | codes
     with staged_directory(path) as staging:
         (staging / "model.py").write_text(source)
         (staging / "__init__.py").write_text(init)
-        save_file(tensors, str(staging / "weights.safetensors"))
-    return {"path": str(path), "class_name": class_name, "tensors": len(tensors),
+        save_file(tensors, str(staging / "weights.safetensors"), metadata={"stored": json.dumps(manifest)})
+    return {"path": str(path), "class_name": class_name, "tensors": len(tensors), "codes": len(manifest),
             "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
             "packed_linears": out.packed}

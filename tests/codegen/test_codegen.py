@@ -94,6 +94,7 @@ def test_bert_outputs_are_bit_identical_to_the_graph(captured, tmp_path, variant
     assert source.count("class BertLayer(nn.Module):") == 1 and "nn.ModuleList([BertLayer() for _ in range(2)])" in source
     model = package.load("cpu")
     assert not model.training and info["class_name"] == "BertForSequenceClassification"
+    assert (info["codes"] > 0) == (variant == "integer")  # fake-quantized weights are stored as their codes
     if variant in ("float", "fused"):  # the model's module tree: a checkpoint of the model loads into it
         assert list(model.state_dict()) == list(mg.source_model.state_dict())
     mg.model.eval()
@@ -103,6 +104,20 @@ def test_bert_outputs_are_bit_identical_to_the_graph(captured, tmp_path, variant
             expected, got = mg.model(**inputs), model(**inputs)
             assert type(got).__name__ == "SequenceClassifierOutput" and got._fields == ("logits",)
             assert torch.equal(got.logits, expected.logits)
+
+
+def test_stored_codes_load_bit_for_bit_where_quantizing_again_would_move_values(captured, tmp_path):
+    """Asymmetric groups recompute their scales from the values: the package holds the decoded weights as the
+    checkpoint load does, so its outputs are the graph's; it stores 4-bit codes, not float32."""
+    fmt = {"name": "scaled_integer", "width": 4, "symmetric": False, "granularity": "group", "group_size": 32}
+    mg, _ = ml.passes.quantize(copy.deepcopy(captured["sdpa"]), {"by": "type", "rules": {"linear": {"weight": fmt}}})
+    package, info, _ = emit_and_import(mg, tmp_path)
+    assert info["codes"] == 14
+    model = package.load("cpu")
+    mg.model.eval()
+    with torch.no_grad():
+        inputs = bert_inputs(2, 9)
+        assert torch.equal(model(**inputs).logits, mg.model(**inputs).logits)
 
 
 def test_pruned_weights_are_stored_with_their_zeros(captured, tmp_path):
