@@ -24,11 +24,13 @@ NOT_RUN = {
     "run": "a whole pipeline: the README's main command runs pipelines/quickstart.json",
     "search": "a whole search: the search tests run searches",
     "bench": "minutes of timing: tests/bench runs its parts",
+    "export": "needs a run's checkpoint: tests/deploy/test_export_command.py runs the command on one",
 }
 
 
 def test_the_readme_blocks_are_the_ones_this_test_knows():
-    assert [lang for lang, _ in BLOCKS] == ["", "", "python", "python", "json", "python", "", "json", "", "python", "json"]
+    assert [lang for lang, _ in BLOCKS] == ["", "", "python", "python", "json", "python", "", "json", "", "python", "json",
+                                            "json", ""]
 
 
 def test_python_blocks_run_in_one_session(tmp_path):
@@ -48,9 +50,10 @@ def test_json_blocks_are_specs_that_pass_their_checks():
     from mase_lite.search.engine import prepare_studies
     from mase_lite.search.spec import load_search_spec
 
-    pipeline, search, ptq = (json.loads(text) for lang, text in BLOCKS if lang == "json")
+    pipeline, search, ptq, deploy = (json.loads(text) for lang, text in BLOCKS if lang == "json")
     check_pipeline(load_spec({**pipeline, "device": "cpu"}))  # not run: it trains a 4-layer Qwen for 2 epochs
     check_pipeline(load_spec({**ptq, "device": "cpu"}))  # not run: it trains, calibrates and runs GPTQ
+    check_pipeline(load_spec({**deploy, "device": "cpu"}))  # not run: it trains and runs GPTQ (tests/deploy export)
     spec = load_search_spec(search)
     spec._base_dir = ROOT / "pipelines"  # its pipeline, qat_int8.json, is a shipped spec
     assert len(prepare_studies(spec)) == 1  # every path, value and metric checked; not run: 40 trainings

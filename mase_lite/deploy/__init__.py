@@ -19,6 +19,7 @@ equivalent formats; nothing such a file names is imported or run.
 from __future__ import annotations
 
 import importlib
+import inspect
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,6 +46,9 @@ def export(mg, format: str, path: str | Path, tokenizer: Any = None, **options: 
     if format not in EXPORT_FORMATS:
         raise ExportError(f"format {format!r} is unknown; allowed: {', '.join(EXPORT_FORMATS)}")
     writer = importlib.import_module(EXPORT_FORMATS[format])
+    unknown = [k for k in options if k not in inspect.signature(writer.write).parameters]
+    if unknown:
+        raise ExportError(f"the {format} export takes no option {unknown[0]!r}")
     return writer.write(mg, Path(path), tokenizer=tokenizer, **options)
 
 

@@ -45,8 +45,15 @@ NEAREST = "int4 or int8 weights per channel or group (scaled_integer, W4A16 / W8
 WEIGHTS_FILE = "model.safetensors"
 
 
-def write(mg, path: str | Path, tokenizer: Any = None) -> dict[str, Any]:
-    """Write ``mg`` (a captured graph or a module-mode model of a transformers model) to the directory ``path``."""
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def write(mg, path: str | Path, tokenizer: Any = None, float_dtype: str = "float32") -> dict[str, Any]:
+    """Write ``mg`` (a captured graph or a module-mode model of a transformers model) to the directory ``path``;
+    ``float_dtype``: the dtype of the tensors that are not quantized (embeddings, norms, float layers), and the
+    config's, as checkpoints are usually shipped (float32 keeps the tool's numerics exactly)."""
+    if float_dtype not in FLOAT_DTYPES:
+        raise ExportError(f"float_dtype={float_dtype!r} is unknown; allowed: {', '.join(FLOAT_DTYPES)}")
     model, hf = mg.model, _hf_model(mg)
     refused = other_quantized_layers(model)
     if refused:
@@ -75,9 +82,13 @@ def write(mg, path: str | Path, tokenizer: Any = None) -> dict[str, Any]:
     tied = _quantized_and_tied(model, hf, replaced)
     config = hf.config.to_dict()
     config["architectures"] = [type(hf).__name__]
+    config["dtype"] = float_dtype
+    dtype = getattr(torch, float_dtype)
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    tensors = {k: v.to(dtype) if k.endswith(".bias") else v for k, v in tensors.items()}
     if tied:
         config["tie_word_embeddings"] = False
-        state.update({name: t.detach().clone() for name, t in tied.items()})
+        state.update({name: t.detach().to(dtype) for name, t in tied.items()})
     formats = sorted({g["format"] for g in groups.values()})
     config["quantization_config"] = {
         "quant_method": "compressed-tensors",

@@ -10,7 +10,7 @@ Quantized weights map exactly, or are refused naming the layer:
   32 (either grid) and ``mxint`` 4-bit, with float16 scales as above;
 - ``MXFP4`` (blocks of 32, an E8M0 scale, E2M1 codes): ``mxfp`` E2M1 in blocks of 32.
 
-Float tensors are written as F32 (or F16). llama.cpp quantizes activations its own way, so a model with
+Float matrices are written as F32 (or F16: ``float_dtype``), vectors as F32. llama.cpp quantizes activations its own way, so a model with
 quantized activations is refused. Llama's query and key rows are permuted to llama.cpp's rotary layout,
 as its converter does (whole rows move, so each block's codes stay exact). The tokenizer goes in too:
 WordPiece (the runs' own) as llama.cpp's ``bert`` vocabulary, byte-level BPE as ``gpt2`` with its merges.
@@ -42,7 +42,7 @@ TARGET = "gguf"
 NEAREST = ("Q8_0 (mxint 8-bit or 8-bit scaled_integer in groups of 32 with float16 scales), Q4_0 (4-bit symmetric "
            "scaled_integer or mxint in groups of 32, float16 scales) or MXFP4 (mxfp e2m1 in blocks of 32)")
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-FLOAT_TYPES = ("F32", "F16")
+FLOAT_DTYPES = {"float32": "F32", "float16": "F16"}
 
 
 def _gguf():
@@ -53,11 +53,13 @@ def _gguf():
     return gguf
 
 
-def write(mg, path: str | Path, tokenizer: Any = None, float_type: str = "F32") -> dict[str, Any]:
-    """Write ``mg`` (a transformers decoder LM, captured or in module mode) to the GGUF file ``path``."""
+def write(mg, path: str | Path, tokenizer: Any = None, float_dtype: str = "float32") -> dict[str, Any]:
+    """Write ``mg`` (a transformers decoder LM, captured or in module mode) to the GGUF file ``path``; float matrices
+    (embeddings, float layers) in ``float_dtype`` (float32 or float16), vectors (norms, biases) in float32."""
     gguf = _gguf()
-    if float_type not in FLOAT_TYPES:
-        raise ExportError(f"float_type={float_type!r} is unknown; allowed: {', '.join(FLOAT_TYPES)}")
+    if float_dtype not in FLOAT_DTYPES:
+        raise ExportError(f"float_dtype={float_dtype!r} is unknown; allowed: {', '.join(FLOAT_DTYPES)}")
+    float_type = FLOAT_DTYPES[float_dtype]
     model = mg.model
     hf = getattr(mg, "source_model", model)
     config = getattr(hf, "config", None)

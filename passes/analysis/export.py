@@ -13,6 +13,8 @@ format and the target's nearest scheme (see :mod:`mase_lite.deploy`).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from mase_lite.deploy import ExportFormat, export
@@ -25,10 +27,14 @@ class ExportParams(PassParams):
     path: str = Field(min_length=1, description="where to write (a directory for compressed-tensors, else a file), "
                       "relative to the run")
     tokenizer: bool = Field(True, description="write the run's tokenizer with the model where the format keeps one")
+    float_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="dtype of the tensors that are not quantized (compressed-tensors; gguf: float32 or "
+        "float16); float32 keeps the tool's numerics exactly")
 
 
 @register_pass("export", kind="analysis", params=ExportParams, needs_graph=False)
 def export_pass(mg, params: ExportParams, ctx):
     """Write the model as a compressed-tensors directory, a GGUF file, an ONNX model or a torch.export program."""
     tokenizer = getattr(ctx.data, "tokenizer", None) if params.tokenizer else None
-    return PassResult(export(mg, params.format, ctx.path(params.path), tokenizer=tokenizer))
+    options = {"float_dtype": params.float_dtype} if params.float_dtype != "float32" else {}
+    return PassResult(export(mg, params.format, ctx.path(params.path), tokenizer=tokenizer, **options))

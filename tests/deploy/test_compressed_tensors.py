@@ -160,3 +160,25 @@ def test_a_model_that_is_not_from_transformers_is_refused(tmp_path):
     mg = ml.MaseGraph(torch.nn.Sequential(torch.nn.Linear(4, 4)), example_inputs={"input": torch.randn(2, 4)})
     with pytest.raises(UserError, match="compressed-tensors writes transformers models; this model is a Sequential"):
         export(mg, "compressed-tensors", tmp_path / "hf")
+
+
+def test_float_tensors_can_ship_in_bfloat16(tmp_path):
+    """Embeddings, norms and the float head in bfloat16 (as checkpoints usually ship); the quantized layers' codes
+    and scales are the same bytes; transformers computing in float32 gives logits close to the tool's."""
+    w4 = {"weight": {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32}}
+    mg = quantized({"head": None, "linear": w4})
+    export(mg, "compressed-tensors", tmp_path / "f32")
+    export(mg, "compressed-tensors", tmp_path / "bf16", float_dtype="bfloat16")
+    f32 = safetensors.torch.load_file(tmp_path / "f32" / "model.safetensors")
+    bf16 = safetensors.torch.load_file(tmp_path / "bf16" / "model.safetensors")
+    assert bf16["model.embed_tokens.weight"].dtype == torch.bfloat16 and bf16["lm_head.weight"].dtype == torch.bfloat16
+    packed = "model.layers.0.mlp.up_proj.weight_packed"
+    assert torch.equal(bf16[packed], f32[packed])
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    with torch.no_grad():
+        theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.float32)(input_ids=IDS).logits
+        ours = mg.model(input_ids=IDS).logits
+    assert (theirs - ours).abs().max() <= 0.02 * ours.abs().max()
+    with pytest.raises(UserError, match="the pt2 export takes no option 'float_dtype'"):
+        export(mg, "pt2", tmp_path / "m.pt2", float_dtype="bfloat16")
