@@ -4,7 +4,11 @@ on first use and loaded with ctypes.
 The system C compiler (``$CC``, else ``cc``) builds each source once per machine into
 ``$MASE_LITE_CACHE/native`` (default ``~/.cache/mase_lite/native``), named by a digest of the
 source and the headers beside it, the flags, the compiler's version and the machine, and written whole (a temporary file
-renamed into place). Where there is no compiler or the build fails, :func:`library` returns None
+renamed into place), with the SHA-256 of the library it wrote recorded beside it. A cached library is loaded only
+when it, its record and the directory belong to this user and no one else may write them, and the library's bytes
+are the ones recorded; anything else is built again. A cache directory that is not this user's alone (another
+owner, or writable by others) is never used: the libraries are built in a private temporary directory instead
+(said once). Where there is no compiler or the build fails, :func:`library` returns None
 once logged, and callers keep their torch implementation; ``MASE_LITE_NATIVE=0`` chooses that
 implementation always. ctypes releases the GIL during a call, so calls on separate row ranges run
 in parallel threads.
@@ -14,6 +18,7 @@ in parallel threads.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import hashlib
@@ -21,6 +26,7 @@ import logging
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -43,6 +49,47 @@ def cache_root() -> Path:
 
 def cache_dir() -> Path:
     return cache_root() / "native"
+
+
+def private(path: Path) -> bool:
+    """Whether ``path`` belongs to this user and no one else may write it (not through a symbolic link)."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return False
+    return (not stat.S_ISLNK(info.st_mode) and info.st_uid == os.getuid()
+            and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+@functools.cache
+def _private_build_dir() -> Path:
+    """A directory of this process's own (removed at exit), for libraries when the cache is not this user's alone."""
+    path = Path(tempfile.mkdtemp(prefix="mase_lite_native_"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def _build_dir() -> Path:
+    """The cache directory when this user alone may write it (created so), else a private temporary one."""
+    place = cache_dir()
+    try:
+        place.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as err:
+        return _fallback(place, f"it cannot be created ({err.strerror})")
+    if not private(place) or not private(place.parent):
+        return _fallback(place, "it is not this user's alone (another owner, or writable by others)")
+    return place
+
+
+_REFUSED: set[Path] = set()  # cache directories said to be refused (once each)
+
+
+def _fallback(place: Path, why: str) -> Path:
+    if place not in _REFUSED:
+        logger.warning("not using the native kernel cache %s: %s; building the kernels in a private temporary "
+                       "directory for this process", place, why)
+        _REFUSED.add(place)
+    return _private_build_dir()
 
 
 @functools.cache
@@ -86,26 +133,45 @@ def library(name: str, directory: Path = SOURCES, openmp: bool = False) -> ctype
         return None
 
 
-def _load(compiler: str, source: Path, extra: tuple[str, ...]) -> ctypes.CDLL:
-    """``source`` built with ``extra`` flags (once: the cache) and loaded."""
+def cached_name(source: Path, extra: tuple[str, ...] = ()) -> str:
+    """The file name of ``source``'s library built with ``extra`` flags: a digest of the source, the headers beside
+    it, the flags, the compiler's version and the machine."""
     texts = [p.read_text() for p in (source, *sorted(source.parent.glob("*.h")))]  # the headers it may include
     key = hashlib.sha256("\0".join([*texts, *FLAGS, *extra, _compiler()[1], platform.machine()]).encode())
-    target = cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
-    if not target.exists():
+    return f"{source.stem}-{key.hexdigest()[:16]}.so"
+
+
+def _load(compiler: str, source: Path, extra: tuple[str, ...]) -> ctypes.CDLL:
+    """``source`` built with ``extra`` flags (once: the cache) and loaded."""
+    target = _build_dir() / cached_name(source, extra)
+    if not _verified(target):
         _build(compiler, source, target, extra)
     try:
         return ctypes.CDLL(str(target))
-    except OSError:  # a damaged file in the cache: build it again
-        _build(compiler, source, target, extra)
-        try:
-            return ctypes.CDLL(str(target))
-        except OSError:  # the compiler's own output does not load: keep nothing of it
-            target.unlink(missing_ok=True)
-            raise
+    except OSError:  # the compiler's own output does not load: keep nothing of it
+        target.unlink(missing_ok=True)
+        _record(target).unlink(missing_ok=True)
+        raise
+
+
+def _record(target: Path) -> Path:
+    return target.with_name(target.name + ".sha256")
+
+
+def _verified(target: Path) -> bool:
+    """Whether ``target`` is a library this user built: it and its record are this user's alone, and its bytes
+    have the digest recorded when it was built."""
+    record = _record(target)
+    if not (private(target) and private(record)):
+        return False
+    try:
+        return hashlib.sha256(target.read_bytes()).hexdigest() == record.read_text().strip()
+    except OSError:
+        return False
 
 
 def _build(compiler: str, source: Path, target: Path, extra: tuple[str, ...] = ()) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
+    """Build ``target`` (replacing whatever stood there) and record its digest beside it."""
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     os.close(fd)
     try:
@@ -113,6 +179,13 @@ def _build(compiler: str, source: Path, target: Path, extra: tuple[str, ...] = (
                                 capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             raise OSError(f"{compiler} exited {result.returncode}: {result.stderr.strip()[:2000]}")
+        digest = hashlib.sha256(Path(tmp).read_bytes()).hexdigest()
+        os.chmod(tmp, 0o700)
+        _record(target).unlink(missing_ok=True)
         os.replace(tmp, target)
+        fd, record = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        with os.fdopen(fd, "w") as file:
+            file.write(digest)
+        os.replace(record, _record(target))
     finally:
         Path(tmp).unlink(missing_ok=True)
