@@ -150,7 +150,9 @@ class MaseGraph:
         meta_mod.refresh(self)
 
     def replace_module(self, target: str, new_module: nn.Module) -> None:
-        """Swap submodule ``target`` for ``new_module``; nodes that call it now call the new one.
+        """Swap submodule ``target`` for ``new_module``; nodes that call it now call the new one, and the model
+        (``source_model``) holds it too: below the root the two share their modules, and a child of the root is
+        swapped in both, so a pass running the model sees every replacement and no old layer stays alive.
 
         Metadata is refreshed once when the transform ends (the pass manager recompiles), not per swap.
         """
@@ -159,7 +161,10 @@ class MaseGraph:
             raise UserError(f"no submodule named {target!r} in the graph")
         parent_name, _, child = target.rpartition(".")
         parent = modules[parent_name] if parent_name else self.model
+        old = modules[target]
         setattr(parent, child, new_module)
+        if not parent_name and getattr(self.source_model, child, None) is old:
+            setattr(self.source_model, child, new_module)
 
     def erase_node(self, node: fx.Node) -> None:
         """Remove ``node``; if it still has users, say which and how to rewire them."""
