@@ -20,7 +20,8 @@ from mase_lite.trust import name_plugin
 
 
 def import_plugins(plugins: list[str], base: Path | None = None) -> None:
-    """Import each plug-in: a module name (``my_pkg.passes``) or a ``.py`` file (relative to ``base``)."""
+    """Import each plug-in: a module name (``my_pkg.passes``) or a ``.py`` file (relative to ``base``), importable
+    afterwards by its own name (``nets.py`` as ``nets``) where no other module has that name."""
     for i, plugin in enumerate(plugins):
         if not isinstance(plugin, str) or not plugin:
             raise UserError(f"expected a module name or a .py file, got {plugin!r}", location=("plugins", i))
@@ -36,10 +37,16 @@ def import_plugins(plugins: list[str], base: Path | None = None) -> None:
             spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
+            alias = _own_name(path)
+            if alias is not None:  # ``"factory": "nets:make"`` names the file's module by its own name
+                sys.modules[alias] = module
+                name_plugin(alias)
             try:
                 spec.loader.exec_module(module)
             except Exception as err:
                 del sys.modules[name]
+                if alias is not None:
+                    del sys.modules[alias]
                 raise UserError(f"importing {path} failed: {type(err).__name__}: {err}", location=("plugins", i)) from None
         else:
             try:
@@ -47,3 +54,16 @@ def import_plugins(plugins: list[str], base: Path | None = None) -> None:
             except ImportError as err:
                 raise UserError(f"cannot import module {plugin!r}: {err}", location=("plugins", i)) from None
             name_plugin(plugin)
+
+
+def _own_name(path: Path) -> str | None:
+    """The file's stem as a module name, where no other module has it (a plug-in never shadows one)."""
+    stem = path.stem
+    if not stem.isidentifier() or stem in sys.modules:
+        return None
+    try:
+        if importlib.util.find_spec(stem) is not None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    return stem
