@@ -80,6 +80,9 @@ class QuantConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "operands", MappingProxyType(dict(self.operands)))
 
+    def __deepcopy__(self, memo: dict) -> "QuantConfig":
+        return self  # immutable: a copied quantized layer shares its config
+
     def get(self, operand: str) -> OperandFormat | None:
         return self.operands.get(operand)
 

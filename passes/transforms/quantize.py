@@ -25,7 +25,11 @@ Calibrated PTQ: a format parameter ``"auto"`` (integer ``frac_width``, scaled_in
 ``tensor_amax``) is chosen per node and operand from its values — a weight's own, an activation's from
 the ``calibrate`` pass run before — by ``calibration.method`` (minmax, percentile, mse).
 ``{"name": "mxint", "element_width": 8, "storage": "packed"}`` on a Linear gives a packed
-``MXInt8Linear`` instead of a fake-quantized layer.
+``MXInt8Linear`` instead of a fake-quantized layer. A ``preset`` (W4A16, W8A16, W8A8, MXINT8, MXFP4, NVFP4;
+:mod:`mase_lite.nn.presets`) is the rules a user would write for every Linear; ``ignore`` leaves nodes alone by
+name, module path or ``re:`` regex::
+
+    {"pass": "quantize", "params": {"preset": "W4A16", "ignore": ["lm_head"]}}
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import gc
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.fx as fx
@@ -47,6 +51,7 @@ from mase_lite.errors import UserError
 from mase_lite.ir.meta import module_class
 from mase_lite.ir.ops import function_packet_name
 from mase_lite.kernels.mxint8.packing import return_free_memory
+from mase_lite.nn.presets import PRESETS
 from mase_lite.nn.quant_config import FUNCTION_OPERANDS, LAYER_OPERANDS, OperandFormat, QuantConfig, QuantSpec, resolve
 from mase_lite.numerics.calibration import Method, auto_keys, choose
 from mase_lite.nn.quant_functional import QUANTIZED_FUNCTIONS, QuantizedFunction
@@ -90,6 +95,29 @@ class QuantizeParams(PassParams):
         description="how 'auto' format parameters are chosen: from the weight itself, and from the calibrate pass's "
         "activation statistics",
     )
+    preset: Literal[tuple(PRESETS)] | None = Field(  # type: ignore[valid-type]
+        None, description="a named scheme for every Linear (W4A16, W8A16, W8A8, MXINT8, MXFP4, NVFP4): expands to "
+        "by 'type' and rules {'linear': its config}"
+    )
+    ignore: list[str] = Field(default_factory=list, description="nodes left alone whatever the rules say: node names "
+                              "or module paths, or 're:<regex>' on either (e.g. ['lm_head'])")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        """A preset is exactly the rules a user would write for it (on a copy)."""
+        if not isinstance(data, dict) or data.get("preset") is None:
+            return data
+        preset = data["preset"]
+        if preset not in PRESETS:
+            raise PydanticCustomError("quant_preset", "preset {preset!r} is unknown; allowed: {allowed}",
+                                      {"preset": preset, "allowed": ", ".join(PRESETS)})
+        given = sorted(k for k in ("rules", "default") if data.get(k)) + (["by"] if data.get("by", "type") != "type" else [])
+        if given:
+            raise PydanticCustomError("quant_preset", "give a preset or rules, not both (got preset and {given})",
+                                      {"given": ", ".join(given)})
+        return {**{k: v for k, v in data.items() if k != "preset"}, "by": "type",
+                "rules": {"linear": copy.deepcopy(dict(PRESETS[preset]))}}
 
     @model_validator(mode="before")
     @classmethod
@@ -145,6 +173,12 @@ class QuantizeParams(PassParams):
                     re.compile(key)
                 except re.error as err:
                     raise PydanticCustomError("quant_regex", f"rules.{key}: not a valid regex ({err})") from None
+        for i, entry in enumerate(self.ignore):
+            if entry.startswith("re:"):
+                try:
+                    re.compile(entry[3:])
+                except re.error as err:
+                    raise PydanticCustomError("quant_regex", f"ignore.{i}: not a valid regex ({err})") from None
         return self
 
 
@@ -193,6 +227,13 @@ def _matches(node: fx.Node, by: str, key: str) -> bool:
     return node_matches(node, by, key)
 
 
+def _ignored(node: fx.Node, ignore: list[str]) -> bool:
+    """Whether ``node`` (by its name or module path) is in ``ignore``: a name, or ``re:`` and a regex."""
+    names = [node.name] + ([str(node.target)] if node.op == "call_module" else [])
+    return any(re.fullmatch(entry[3:], name) if entry.startswith("re:") else entry == name
+               for entry in ignore for name in names)
+
+
 def _rule_of(node: fx.Node, params: QuantizeParams) -> str | None:
     return next((key for key in params.rules if _matches(node, params.by, key)), None)
 
@@ -237,12 +278,14 @@ def _check_default_applies(mg, params: QuantizeParams, modules: dict[str, nn.Mod
     logger.warning("%s", problem)
 
 
-def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str]]:
+def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str], list[dict[str, str]]]:
     """Every replacement, built and validated, without touching the graph."""
     modules = mg.modules
     layers: dict[str, _Planned] = {}
     functions: list[_Planned] = []
     skipped: list[str] = []
+    integers: list[dict[str, str]] = []  # integer operands (ids, indices) a rule selected and left alone
+    quantizing: set[str] = set()  # the rules that quantize some node
     matched: set[str] = set()
     parsed: dict[tuple[str, str], QuantConfig | None] = {}
     for node in mg.nodes:
@@ -250,6 +293,11 @@ def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str]]:
         if kind is None:
             continue
         rule = _rule_of(node, params)
+        if params.ignore and _ignored(node, params.ignore):
+            skipped.append(node.name)
+            if rule is not None:
+                matched.add(rule)
+            continue
         if rule is not None:
             matched.add(rule)
             raw, where = params.rules[rule], f"rules.{rule}"
@@ -285,17 +333,24 @@ def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str]]:
                 except ValueError as err:
                     raise PassError(f"node {node.name!r}: {err}", location=(where,)) from None
                 layers[node.target] = _Planned([node], where, config, module, kind)
+                quantizing.add(where)
             else:
                 planned.nodes.append(node)
         else:
-            _check_float_inputs(node, config, where)
+            config, left = _float_operands(node, config)
+            integers.extend({"node": node.name, "operand": operand, "rule": where} for operand in left)
+            if config is None:
+                skipped.append(node.name)
+                continue
+            quantizing.add(where)
             val = node.meta["val"]
             module = QUANTIZED_FUNCTIONS[_function_op(node, modules)](config, device=val.device, dtype=val.dtype)
             module.train(mg.model.training)
             functions.append(_Planned([node], where, config, module, kind))
+    _check_only_integers(mg, integers, quantizing)
     _check_rules_matched(mg, params, matched, modules)
     _check_default_applies(mg, params, modules)
-    return list(layers.values()) + functions, skipped
+    return list(layers.values()) + functions, skipped, [{k: e[k] for k in ("node", "operand")} for e in integers]
 
 
 def _operand_values(mg, node: fx.Node, modules: dict[str, nn.Module], operand: str, where: str) -> torch.Tensor:
@@ -343,16 +398,37 @@ def _check_weight_unshared(mg, node: fx.Node, where: str) -> None:
         )
 
 
-def _check_float_inputs(node: fx.Node, config: QuantConfig, where: str) -> None:
-    """A functional op whose quantized operand is a tensor of integers (position ids, indices) is refused."""
+def _float_operands(node: fx.Node, config: QuantConfig) -> tuple[QuantConfig | None, list[str]]:
+    """``config`` without the operands of a functional op that are tensors of integers (position ids, indices: no
+    number format holds them), and those operands; None when no quantized input is left."""
+    left, floats = [], set()
     for arg, operand in zip(node.args, ("data_in_0", "data_in_1")):
         val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
-        if config.get(operand) is not None and isinstance(val, torch.Tensor) and not val.is_floating_point():
-            raise PassError(
-                f"node {node.name!r}: its {operand} ({arg.name}) is a tensor of {str(val.dtype).removeprefix('torch.')} "
-                "values (ids or indices), which a number format cannot quantize; exclude the node (a null rule)",
-                location=(where,),
-            )
+        if isinstance(val, torch.Tensor) and val.is_floating_point():
+            floats.add(operand)
+        elif config.get(operand) is not None and isinstance(val, torch.Tensor):
+            left.append(operand)
+    if not left:
+        return config, []
+    kept = {k: v for k, v in config.operands.items() if k in floats or k == "data_out"}
+    if not set(kept) - {"data_out"}:
+        return None, left
+    return QuantConfig(kept, config.storage), left
+
+
+def _check_only_integers(mg, integers: list[dict[str, str]], quantizing: set[str]) -> None:
+    """A rule that selected integer operands only (it quantizes nothing) is refused, naming its first node."""
+    for entry in integers:
+        if entry["rule"] in quantizing:
+            continue
+        node = next(n for n in mg.nodes if n.name == entry["node"])
+        arg = node.args[("data_in_0", "data_in_1").index(entry["operand"])]
+        raise PassError(
+            f"node {node.name!r}: its {entry['operand']} ({arg.name}) is a tensor of "
+            f"{str(arg.meta['val'].dtype).removeprefix('torch.')} values (ids or indices), which a number format "
+            "cannot quantize, and the rule selects no float operand; exclude the node (a null rule)",
+            location=(entry["rule"],),
+        )
 
 
 def _free_name(mg, base: str) -> str:
@@ -434,7 +510,7 @@ def quantize(mg, params: QuantizeParams):
     functions there, not modules, so rules can select modules only."""
     if params.bypass:
         return PassResult({"bypassed": True, "replaced": [], "skipped": []})
-    plan, skipped = _plan(mg, params)
+    plan, skipped, integers = _plan(mg, params)
     _apply_all(mg, plan)
     if any(p.config.storage == "packed" for p in plan):
         gc.collect()
@@ -458,7 +534,10 @@ def quantize(mg, params: QuantizeParams):
     chose = any(auto_keys(f) for rule in [*params.rules.values(), params.default] if rule is not None
                 for f in rule.model_dump().values() if isinstance(f, dict))
     replay = {"by": "name", "rules": resolved} if chose else None  # a load replays what calibration chose
-    return PassResult({"replaced": replaced, "skipped": skipped, "count": len(replaced)}, replay_params=replay)
+    if integers:
+        logger.info("left %d integer operands (ids, indices) unquantized", len(integers))
+    return PassResult({"replaced": replaced, "skipped": skipped, "count": len(replaced), "integer_operands": integers},
+                      replay_params=replay)
 
 
 def _spec_of(config: QuantConfig) -> dict[str, Any]:

@@ -102,7 +102,7 @@ def test_a_search_candidate_error_is_located_at_the_space_entry_and_value():
     assert problem.location == ("space", 1, "path")
     assert str(info.value) == (
         "search space check failed:\nspace.1.path: steps.quantize.params.rulez: pass 'quantize' has no parameter "
-        "'rulez'; its parameters: by, rules, default, bypass, allow_unmatched, calibration"
+        "'rulez'; its parameters: by, rules, default, bypass, allow_unmatched, calibration, preset, ignore"
     )
     spec = SearchSpec.model_validate({"pipeline": pipeline, "space": entries[:1], "objectives": [{"metric": "q.x"}]})
     with pytest.raises(UserError) as info:

@@ -57,10 +57,18 @@ class Indexed(torch.nn.Module):
         return x * 2 + (ids + 1)
 
 
-def test_quantizing_an_integer_operand_is_refused_naming_the_node():
+def test_integer_operands_are_left_and_listed_and_a_rule_of_only_them_is_refused():
+    """``ids + 1`` has integer operands only; ``x * 2 + (ids + 1)`` a float and an integer one: a rule for every add
+    quantizes the float operand and lists the integer ones; a rule that selects only ``ids + 1`` is refused."""
     mg = ml.MaseGraph(Indexed(), example_inputs={"x": torch.randn(3, 4), "ids": torch.arange(12).view(3, 4)})
+    fmt = {"name": "integer", "width": 8, "frac_width": 4}
     with pytest.raises(PassError, match=r"rules.add: node 'add': its data_in_0 \(ids\) is a tensor of int64 values"):
-        ml.passes.quantize(mg, {"by": "type", "rules": {"add": {"name": "integer", "width": 8, "frac_width": 4}}})
+        ml.passes.quantize(mg, {"by": "name", "rules": {"add": fmt}})
+    mg, info = ml.passes.quantize(mg, {"by": "type", "rules": {"add": fmt}})
+    assert info["integer_operands"] == [{"node": "add", "operand": "data_in_0"}, {"node": "add_1", "operand": "data_in_1"}]
+    assert [r["node"] for r in info["replaced"]] == ["add_1"] and info["replaced"][0]["formats"] == {"data_in_0": fmt | {"signed": True, "floor": False}}
+    x, ids = torch.tensor([[0.3, -1.1, 2.0, 0.05]]), torch.tensor([[1, 2, 3, 4]])
+    assert mg.model(x=x, ids=ids).tolist() == [[2.625, 0.8125, 8.0, 5.125]]
 
 
 def test_a_failure_halfway_leaves_every_module_and_node_as_before(gpt2, monkeypatch):

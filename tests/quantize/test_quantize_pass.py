@@ -236,11 +236,11 @@ def test_avg_bits_reads_the_formats_the_pass_wrote(mlp):
     assert bits["weights"] == 8.0 and bits["activations"] == 32.0
 
 
-def test_save_and_load_replays_the_quantization(mlp, tmp_path):
+def test_save_and_load_replays_the_quantization(mlp, mlp_graph, tmp_path):
     mg, _ = passes.quantize(mlp, {"rules": {"linear": {"weight": {"name": "binary_residual_sign", "levels": 2}}, "matmul": integer(8, 4, ["data_in"])}})
     x = torch.randn(3, 16)
     expected = mg.model(x=x)
     mg.save(tmp_path)
-    loaded = ml.load(tmp_path, model=copy.deepcopy(mlp.source_model))
+    loaded = ml.load(tmp_path, model=copy.deepcopy(mlp_graph.source_model))  # a float model: the load quantizes it
     assert isinstance(loaded.modules["fc1"], QuantizedLinear)
     assert torch.equal(loaded.model(x=x), expected)
