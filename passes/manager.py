@@ -45,12 +45,9 @@ from pydantic import BaseModel
 
 from mase_lite.errors import Scope, UserError
 from mase_lite.ir.module_model import ModuleModel, inputs_taken
-from mase_lite.passes.registry import PassError, PassInfo, PassResult, all_passes, providers_of
+from mase_lite.passes.registry import BASE_FACTS, MODULE_MODE, PassError, PassInfo, PassResult, all_passes, providers_of  # noqa: F401 (BASE_FACTS: its users import it here)
 
 logger = logging.getLogger(__name__)
-
-# Facts every captured graph holds.
-BASE_FACTS = frozenset({"graph", "metadata"})
 
 
 class PassContractError(RuntimeError):
@@ -266,11 +263,7 @@ def _as_result(out: Any, mg, label: str) -> PassResult:
 
 def _module_mode_error(info: PassInfo, label: str) -> PassError:
     able = ", ".join(p.name for p in all_passes().values() if not p.needs_graph)
-    return PassError(
-        f"{label} needs the captured data-flow graph, which module mode (a plain nn.Module, or \"capture\": "
-        f"\"modules\") does not have; capture the model (\"capture\": \"graph\") or leave the pass out. "
-        f"Passes that run on modules: {able}"
-    )
+    return PassError(f"{label} {MODULE_MODE}. Passes that run on modules: {able}")
 
 
 def run_pass(info: PassInfo, mg, params: BaseModel | dict | None, context: PassContext, where: str | None = None):
@@ -291,11 +284,12 @@ def run_pass(info: PassInfo, mg, params: BaseModel | dict | None, context: PassC
         result = _as_result(info.fn(*args), target, run.label)
         new = target if result.graph is None else result.graph
         run.result = result.public_info()
-        if info.kind == "transform" and new is target:
+        changed = result.changed or new is not target
+        if info.kind == "transform" and new is target and changed:
             _settle_transform(run, target)
-        _drop_analyses(new, info.drops(target.facts) - set(info.provides))
-        base = set() if isinstance(new, ModuleModel) else BASE_FACTS
-        new.facts = (set(target.facts) - info.drops(target.facts)) | base | set(info.provides)
+        facts = info.facts_after(target.facts, graph=not isinstance(new, ModuleModel), changed=changed)
+        _drop_analyses(new, set(target.facts) - facts)
+        new.facts = facts
         run.mg = new
     except BaseException as err:
         for inst in instruments:
@@ -304,7 +298,7 @@ def run_pass(info: PassInfo, mg, params: BaseModel | dict | None, context: PassC
             raise _located(err, run) from None
         err.add_note(f"while running {run.label}")
         raise
-    if info.replay:
+    if info.replay and changed:
         replayed = result.replay_params if result.replay_params is not None else run.params.model_dump(mode="json")
         new.record_transform(info.name, replayed, info.module)
     for inst in instruments:

@@ -42,6 +42,9 @@ PassKind = Literal["analysis", "transform"]
 Metrics = tuple[str, ...] | Callable[[BaseModel, str], Any] | None
 ENTRY_POINT_GROUP = "mase_lite.passes"
 ALL_FACTS = "*"
+BASE_FACTS = frozenset({"graph", "metadata"})  # what every captured graph holds
+MODULE_MODE = ("needs the captured data-flow graph, which module mode (a plain nn.Module, or \"capture\": \"modules\") "
+               "does not have; capture the model (\"capture\": \"graph\") or leave it out")
 
 
 class PassParams(BaseModel):
@@ -68,7 +71,8 @@ class PassResult:
     ``graph``: set only by a pass that hands back another graph than the one it got (``load``);
     every other transform changes its graph in place. ``replay_params``: the params a load replays a
     structural transform with, where they differ from the call's (``quantize`` gives the formats it chose
-    from calibration data, so a checkpoint loads without data).
+    from calibration data, so a checkpoint loads without data). ``changed=False``: a transform that left the
+    graph as it was (``quantize`` with ``bypass``): nothing is recompiled, invalidated or recorded.
 
     >>> PassResult({"count": 3}, metrics={"count": 3}).public_info()
     {'count': 3, 'metrics': {'count': 3}}
@@ -79,6 +83,7 @@ class PassResult:
     label: str | None = None
     graph: Any = None
     replay_params: dict[str, Any] | None = None
+    changed: bool = True
 
     def public_info(self) -> dict[str, Any]:
         """``info`` as a caller unpacks it (and report.json records it): with ``metrics`` and ``label`` when set."""
@@ -165,6 +170,13 @@ class PassInfo:
     def drops(self, facts: set[str]) -> set[str]:
         """The facts of ``facts`` this pass invalidates."""
         return set(facts) if ALL_FACTS in self.invalidates else set(facts) & set(self.invalidates)
+
+    def facts_after(self, facts: set[str], graph: bool = True, changed: bool = True) -> set[str]:
+        """The facts held after this pass ran where ``facts`` were held (``"data"``, the run's, is never dropped);
+        ``graph``: a captured graph, which always holds :data:`BASE_FACTS`; a transform that says it ``changed``
+        nothing invalidates nothing. The one rule for the pipeline check before a run and the manager during it."""
+        dropped = self.drops(set(facts) - {"data"}) if changed else set()
+        return (set(facts) - dropped) | (set(BASE_FACTS) if graph else set()) | set(self.provides)
 
     def __call__(self, mg, params: BaseModel | dict | None = None, *, context=None, **context_fields):
         """Run the pass on ``mg`` through the pass manager (see :func:`mase_lite.passes.manager.run_pass`)."""

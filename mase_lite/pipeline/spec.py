@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from mase_lite.errors import Scope, UserError, validation_problems
 from mase_lite.plugins import import_plugins
 from mase_lite.passes.manager import BASE_FACTS, MissingRequirement, check_requirements
+from mase_lite.passes.registry import MODULE_MODE
 from mase_lite.passes.registry import all_passes, get_pass, pass_names
 from mase_lite.train.data import DataSpec, check_task_fields
 from mase_lite.train.devices import DEVICE_PATTERN, resolve_device
@@ -224,18 +225,15 @@ def check_pipeline(spec: PipelineSpec) -> None:
             if err.fact == "data":
                 err = UserError(f"steps.{i} ({info.name}) needs 'data': give the pipeline a `data` section")
             problems.append(err)
-        facts = (facts - info.drops(facts - {"data"})) | set(BASE_FACTS) | set(info.provides)
+        facts = info.facts_after(facts)
     if problems:
         raise UserError("pipeline check failed:", problems=problems)
 
 
 def graph_steps(spec: PipelineSpec) -> list[UserError]:
     """One problem per step whose pass needs the captured graph, which module mode does not have."""
-    return [
-        UserError("needs the captured data-flow graph, which module mode does not have; capture the model "
-                  "(\"capture\": \"graph\") or leave the step out", location=("steps", i, Scope(f"({step.pass_name})")))
-        for i, step in enumerate(spec.steps) if get_pass(step.pass_name).needs_graph
-    ]
+    return [UserError(MODULE_MODE, location=("steps", i, Scope(f"({step.pass_name})")))
+            for i, step in enumerate(spec.steps) if get_pass(step.pass_name).needs_graph]
 
 
 def pipeline_schema() -> dict[str, Any]:

@@ -509,7 +509,7 @@ def quantize(mg, params: QuantizeParams):
     On a plain module (module mode) the Linear/Conv modules are quantized; matmul, bmm, add and mul are
     functions there, not modules, so rules can select modules only."""
     if params.bypass:
-        return PassResult({"bypassed": True, "replaced": [], "skipped": []})
+        return PassResult({"bypassed": True, "replaced": [], "skipped": []}, changed=False)
     plan, skipped, integers = _plan(mg, params)
     _apply_all(mg, plan)
     if any(p.config.storage == "packed" for p in plan):
@@ -537,7 +537,7 @@ def quantize(mg, params: QuantizeParams):
     if integers:
         logger.info("left %d integer operands (ids, indices) unquantized", len(integers))
     return PassResult({"replaced": replaced, "skipped": skipped, "count": len(replaced), "integer_operands": integers},
-                      replay_params=replay)
+                      replay_params=replay, changed=bool(replaced))
 
 
 def _spec_of(config: QuantConfig) -> dict[str, Any]:

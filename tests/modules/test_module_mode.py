@@ -147,7 +147,7 @@ def test_a_pass_that_needs_the_graph_names_itself(tmp_path, capsys):
         path.write_text(json.dumps(spec(tmp_path, capture, [{"pass": "quantize", "params": QUANTIZE}, {"pass": step}])))
         assert main(["run", str(path)]) == 2
         err = capsys.readouterr().err
-        assert f"steps.1 ({step}): needs the captured data-flow graph, which module mode does not have" in err
+        assert f"steps.1 ({step}): needs the captured data-flow graph, which module mode (a plain nn.Module, or " in err
         assert "Traceback" not in err
     assert "models.py:20 in Refined (the model)" in err  # auto says why it fell back
 
