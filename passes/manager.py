@@ -246,19 +246,14 @@ class PassOutcome(tuple):
         return self
 
 
-def _as_result(out: Any, mg, label: str) -> PassResult:
-    """The pass's :class:`PassResult`; the older ``(mg, info_dict)`` form is read as one (``info["metrics"]``
-    and ``info["label"]`` become its metrics and label, a graph other than ``mg`` its ``graph``)."""
-    if isinstance(out, PassResult):
-        if not isinstance(out.info, dict) or not isinstance(out.metrics, (dict, type(None))):
-            raise PassContractError(f"{label} returned a PassResult whose info or metrics is not a dict")
-        return out
-    if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], (dict, type(None)))):
-        raise PassContractError(f"{label} returned {type(out).__name__}; a pass returns a PassResult")
-    graph, info = out
-    info = dict(info or {})
-    metrics, name = info.pop("metrics", None), info.pop("label", None)
-    return PassResult(info, metrics, name, None if graph is mg else graph)
+def _as_result(out: Any, label: str) -> PassResult:
+    """The pass's :class:`PassResult` (a pass returns nothing else: the caller unpacks ``mg, info`` from the call)."""
+    if not isinstance(out, PassResult):
+        hint = " (the older (graph, info) form: return PassResult(info, metrics=...) instead)" if isinstance(out, tuple) else ""
+        raise PassContractError(f"{label} returned {type(out).__name__}; a pass returns a PassResult{hint}")
+    if not isinstance(out.info, dict) or not isinstance(out.metrics, (dict, type(None))):
+        raise PassContractError(f"{label} returned a PassResult whose info or metrics is not a dict")
+    return out
 
 
 def _module_mode_error(info: PassInfo, label: str) -> PassError:
@@ -281,7 +276,7 @@ def run_pass(info: PassInfo, mg, params: BaseModel | dict | None, context: PassC
         inst.before_pass(run)
     try:
         args = (target, run.params, context) if info.takes_context else (target, run.params)
-        result = _as_result(info.fn(*args), target, run.label)
+        result = _as_result(info.fn(*args), run.label)
         new = target if result.graph is None else result.graph
         run.result = result.public_info()
         changed = result.changed or new is not target

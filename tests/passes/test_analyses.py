@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 import mase_lite as ml
-from mase_lite.passes import register_pass
+from mase_lite.passes import PassResult, register_pass
 from mase_lite.passes.registry import PassError
 
 
@@ -23,7 +23,7 @@ class Data:
 @register_pass("test_reads_profile", kind="analysis", requires=("profile",))
 def needs_profile(mg, params):
     """Reads the statistics the profile pass left."""
-    return mg, {"nodes": sorted(n.name for n in mg.nodes if n.meta["mase"].get("profile"))}
+    return PassResult({"nodes": sorted(n.name for n in mg.nodes if n.meta["mase"].get("profile"))})
 
 
 def graph():

@@ -9,7 +9,7 @@ import torch
 from pydantic import BaseModel
 
 import mase_lite as ml
-from mase_lite.passes import PassContext, PassError, PassInstrument, instrument, register_pass
+from mase_lite.passes import PassContext, PassError, PassInstrument, PassResult, instrument, register_pass
 from mase_lite.passes.instruments import Timing, VerifyAfterEach
 from mase_lite.passes.manager import PassContractError, ReadOnlyParamsError
 from mase_lite.pipeline.spec import check_pipeline, load_spec, pipeline_schema
@@ -31,7 +31,7 @@ def add_relu_no_recompile(mg, params):
         relu = mg.model.graph.call_function(torch.relu, (out,))
     out.replace_all_uses_with(relu)
     relu.args = (out,)
-    return mg, {}
+    return PassResult()
 
 
 class TagParams(BaseModel):  # a plain pydantic model, as a third-party author writes it
@@ -42,13 +42,13 @@ class TagParams(BaseModel):  # a plain pydantic model, as a third-party author w
 def mutating_tags(mg, params):
     """Appends to its params: the search-loop bug the manager must stop."""
     params.tags.append("relu")
-    return mg, {"tags": list(params.tags)}
+    return PassResult({"tags": list(params.tags)})
 
 
 @register_pass("test_needs_profile_after", kind="analysis", requires=("profile",))
 def needs_profile(mg, params):
     """Reads profile statistics."""
-    return mg, {}
+    return PassResult()
 
 
 @register_pass("test_breaks_graph", kind="analysis")
@@ -56,7 +56,7 @@ def breaks_graph(mg, params):
     """Leaves a node whose metadata lacks its weight."""
     out = next(n for n in mg.nodes if n.name == "out")
     out.meta["mase"]["params"].pop("weight")
-    return mg, {}
+    return PassResult()
 
 
 def test_a_forgotten_recompile_is_done_by_the_manager():
@@ -172,7 +172,7 @@ def test_loading_a_graph_whose_pass_is_not_registered_names_its_module(tmp_path)
     @register_pass("test_temporary_transform", kind="transform")
     def temporary(mg, params):
         """Changes nothing."""
-        return mg, {}
+        return PassResult()
 
     mg, _ = ml.passes.test_temporary_transform(mlp())
     mg.save(tmp_path / "g")

@@ -35,7 +35,7 @@ def count_op(mg, params):
 
 @register_pass("test_old_form", kind="analysis")
 def old_form(mg, params):
-    """The earlier ``(mg, info)`` form, metrics under ``info["metrics"]``."""
+    """The earlier ``(mg, info)`` form, which the contract no longer takes."""
     return mg, {"seen": len(mg.nodes), "metrics": {"nodes": len(mg.nodes)}}
 
 
@@ -72,8 +72,9 @@ def test_the_public_call_unpacks_to_graph_and_info_and_carries_the_result():
     graph, info = outcome
     assert graph is mg and info == {"nodes": ["fc1", "fc2"], "metrics": {"count": 2}}
     assert outcome.result == PassResult({"nodes": ["fc1", "fc2"]}, metrics={"count": 2})
-    outcome = ml.passes.test_old_form(mg)
-    assert outcome.result == PassResult({"seen": 6}, metrics={"nodes": 6}) and outcome[1] == {"seen": 6, "metrics": {"nodes": 6}}
+    with pytest.raises(PassContractError, match=r"pass 'test_old_form' returned tuple; a pass returns a PassResult "
+                                                r"\(the older \(graph, info\) form: return PassResult\(info, metrics=...\) instead\)"):
+        ml.passes.test_old_form(mg)
 
 
 def test_a_pass_that_returns_another_graph_says_so():

@@ -11,7 +11,7 @@ from mase_lite.cli import main
 from mase_lite.pipeline.spec import load_spec
 
 PLUGIN = '''
-from mase_lite.passes import register_pass
+from mase_lite.passes import PassResult, register_pass
 from pydantic import BaseModel
 
 class GreetParams(BaseModel):
@@ -20,7 +20,7 @@ class GreetParams(BaseModel):
 @register_pass("{name}", kind="analysis", params=GreetParams)
 def greet(mg, params):
     """Say hello in the report."""
-    return mg, {{"metrics": {{"hello": params.who}}}}
+    return PassResult(metrics={{"hello": params.who}})
 '''
 
 

@@ -6,7 +6,7 @@ import torch
 from pydantic import Field
 
 import mase_lite as ml
-from mase_lite.passes import PassError, PassParams, register_pass, registry
+from mase_lite.passes import PassError, PassParams, PassResult, register_pass, registry
 from tests.ir.models import TwiceMLP
 
 
@@ -24,7 +24,7 @@ def scale_weights(mg, params):
             with torch.no_grad():
                 mg.modules[node.target].weight.mul_(params.factor)
             scaled.append(node.name)
-    return mg, {"scaled": scaled}
+    return PassResult({"scaled": scaled})
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import torch
 
 import mase_lite as ml
 from mase_lite.cli import main
-from mase_lite.passes import PassError, PassParams, register_pass
+from mase_lite.passes import PassError, PassParams, PassResult, register_pass
 
 SMALL_DATA = {"dataset": "synthetic-sentiment", "n_train": 64, "n_test": 32}
 
@@ -28,7 +28,7 @@ def double_classifier(mg, params):
     scaled.args = (node, 1.0)
     scaled.meta = dict(node.meta)
     mg.recompile()
-    return mg, {"factor": params.factor, "metrics": {"factor": params.factor}, "label": "scaled"}
+    return PassResult({"factor": params.factor}, metrics={"factor": params.factor}, label="scaled")
 
 
 @register_pass("test_explode", kind="analysis")

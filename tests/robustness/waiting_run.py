@@ -8,7 +8,7 @@ from pathlib import Path
 WAIT_PASS = '''
 import time
 from pathlib import Path
-from mase_lite.passes import PassParams, register_pass
+from mase_lite.passes import PassParams, PassResult, register_pass
 
 class WaitParams(PassParams):
     started: str
@@ -21,7 +21,7 @@ def wait_for_go(mg, params):
     deadline = time.monotonic() + 120
     while not Path(params.go).exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    return mg, {"metrics": {"waited": True}}
+    return PassResult(metrics={"waited": True})
 '''
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from mase_lite.passes import PassParams, register_pass
+from mase_lite.passes import PassParams, PassResult, register_pass
 
 
 class FullParams(PassParams):
@@ -20,7 +20,7 @@ def disk_full(mg, params, ctx):
     if Path(params.flag).exists():
         raise OSError(errno.ENOSPC, "No space left on device", str(target))
     target.write_bytes(b"")
-    return mg, {}
+    return PassResult()
 
 
 @register_pass("test_fill", kind="analysis", params=FullParams)
@@ -28,4 +28,4 @@ def fill(mg, params, ctx):
     with open(ctx.path("fill.bin"), "wb") as f:
         for _ in range(params.mb if Path(params.flag).exists() else 0):
             f.write(bytes(1 << 20))
-    return mg, {}
+    return PassResult()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from mase_lite.passes import PassParams, register_pass
+from mase_lite.passes import PassParams, PassResult, register_pass
 
 CALLS: list[int] = []
 
@@ -24,4 +24,4 @@ def hold(mg, params):
         (flag.parent / "holding").touch()
         while flag.exists():
             time.sleep(0.05)
-    return mg, {}
+    return PassResult()

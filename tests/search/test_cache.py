@@ -8,7 +8,7 @@ import numpy
 import pytest
 import torch
 
-from mase_lite.passes import register_pass
+from mase_lite.passes import PassResult, register_pass
 from mase_lite.passes.manager import PassContext
 from mase_lite.pipeline.runner import run_pipeline
 from mase_lite.pipeline.spec import load_spec
@@ -21,7 +21,7 @@ from tests.search.conftest import TINY_PIPELINE, WIDTH
 @register_pass("test_draw_random", kind="analysis")
 def draw_random(mg, params):
     """Draws from the global generators, so a later step sees whether they were restored."""
-    return mg, {"metrics": {"torch": torch.rand(1).item(), "python": random.random(), "numpy": float(numpy.random.rand())}}
+    return PassResult(metrics={"torch": torch.rand(1).item(), "python": random.random(), "numpy": float(numpy.random.rand())})
 
 
 # train (the shared prefix), a draw; then what trials vary: quantize, another draw, evaluate

@@ -66,10 +66,10 @@ def test_a_sampler_that_would_stay_random_is_warned(tiny_search, caplog):
 def test_the_base_pipelines_plugins_are_imported_for_the_space_check(tmp_path, tiny_search):
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "mine.py").write_text(
-        "from mase_lite.passes import PassParams, register_pass\n"
+        "from mase_lite.passes import PassParams, PassResult, register_pass\n"
         "class P(PassParams):\n    k: int = 1\n"
         "@register_pass('test_preflight_mine', kind='analysis', params=P)\n"
-        "def mine(mg, params):\n    return mg, {'metrics': {'k': params.k}}\n"
+        "def mine(mg, params):\n    return PassResult(metrics={'k': params.k})\n"
     )
     pipeline = {**copy.deepcopy(TINY_PIPELINE), "plugins": ["mine.py"]}
     pipeline["steps"].append({"pass": "test_preflight_mine"})
