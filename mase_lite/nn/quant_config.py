@@ -34,7 +34,7 @@ from types import MappingProxyType
 from typing import Annotated, Any, Literal, Mapping, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_serializer, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, core_schema
 from torch import Tensor
 
 from mase_lite.errors import UserError, validation_problems
@@ -120,8 +120,55 @@ def _format_model(fmt: NumberFormat) -> type[BaseModel]:
     )
 
 
-_FORMAT_MODELS = {name: _format_model(get_format(name)) for name in format_names()}
-FormatSpec = Annotated[Union[tuple(_FORMAT_MODELS.values())], Field(discriminator="name")]
+_FORMAT_MODELS: dict[str, tuple[type, type[BaseModel]]] = {}  # name -> (its params class, its spec model)
+
+
+def format_model(name: str) -> type[BaseModel]:
+    """The spec model of registered format ``name`` (built on first use, again if the format was registered anew)."""
+    fmt = get_format(name)
+    cached = _FORMAT_MODELS.get(name)
+    if cached is None or cached[0] is not fmt.params:
+        cached = _FORMAT_MODELS[name] = (fmt.params, _format_model(fmt))
+    return cached[1]
+
+
+def _validate_format(value: Any) -> BaseModel:
+    """A format object checked against the format its ``name`` names, in the registry as it is now (a plug-in's
+    format registered after this module was imported included)."""
+    if isinstance(value, BaseModel) and isinstance(getattr(value, "name", None), str):
+        value = value.model_dump()
+    if not isinstance(value, Mapping):
+        raise PydanticCustomError("model_type", "Input should be a valid dictionary or object to extract fields from")
+    if "name" not in value:
+        raise PydanticCustomError("format_name", "give the format's name as 'name' (or 'format'); known formats: {known}",
+                                  {"known": ", ".join(format_names())})
+    name = value.get("name")
+    if name not in format_names():
+        raise PydanticCustomError("format_name", _unknown_format(name).replace("{", "{{").replace("}", "}}"))
+    return format_model(name).model_validate(dict(value))
+
+
+class _FormatSpec:
+    """The type of one operand's format: validated against the registry when validated; its JSON Schema is the
+    union of the formats registered when the schema is asked for."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        return core_schema.no_info_plain_validator_function(
+            _validate_format, serialization=core_schema.plain_serializer_function_ser_schema(
+                lambda v, info: v.model_dump(mode=info.mode, by_alias=info.by_alias), info_arg=True))
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: Any, handler: Any) -> dict[str, Any]:
+        members = {name: handler(format_model(name).__pydantic_core_schema__) for name in format_names()}
+        mapping = {name: m["$ref"] for name, m in members.items() if "$ref" in m}
+        union: dict[str, Any] = {"oneOf": list(members.values())}
+        if len(mapping) == len(members):
+            union["discriminator"] = {"propertyName": "name", "mapping": mapping}
+        return union
+
+
+FormatSpec = _FormatSpec
 _OPERAND_FIELDS = ("inputs",) + LAYER_OPERANDS + FUNCTION_OPERANDS[:2]
 
 
@@ -195,9 +242,9 @@ def _from_flat(config: Mapping[str, Any]) -> dict[str, Any]:
     name = config["name"]
     if name is None:
         return {}
-    if not isinstance(name, str) or name not in _FORMAT_MODELS:
+    if not isinstance(name, str) or name not in format_names():
         raise PydanticCustomError("format_name", _unknown_format(name).replace("{", "{{").replace("}", "}}"))
-    known = set(_FORMAT_MODELS[name].model_fields) - {"name"}
+    known = set(format_model(name).model_fields) - {"name"}
     prefixes = sorted(_OPERAND_FIELDS[1:], key=len, reverse=True)
     shared: dict[str, Any] = {}
     per_operand: dict[str, dict[str, Any]] = {}
