@@ -108,3 +108,32 @@ def test_only_the_search_internals_touch_optunas_private_api():
     private = re.compile(r"\boptuna(?:\.\w+)*\._\w|\._(?:storage|trial_id|study_id|all_grids|get_stale_trial_ids|lock|file_path)\b")
     touching = sorted(name for name, path in MODULES.items() if private.search(path.read_text()))
     assert touching == ["mase_lite.search.internals"]
+
+
+def _module_level_imports(name: str, path: Path) -> set[str]:
+    """The mase_lite modules ``name`` imports when it is imported (statements at module level): ``from x import y``
+    imports ``x`` (a package's ``__init__`` included) and ``x.y`` where that is a module; ``import x.y as z``
+    imports ``x.y``."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            out.add(base)
+            out.update(f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in MODULES)
+    return {m for m in out if m in MODULES and m != name}
+
+
+def test_no_package_has_a_module_level_import_cycle():
+    """Importing any module never comes back to one being imported (a package's __init__ included): no module
+    runs half-initialised."""
+    graph = nx.DiGraph()
+    for name, path in MODULES.items():
+        graph.add_node(name)
+        graph.add_edges_from((name, m) for m in _module_level_imports(name, path))
+    assert sorted(sorted(c) for c in nx.simple_cycles(graph)) == []

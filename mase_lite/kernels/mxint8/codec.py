@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mase_lite.kernels.mxint8 import cpu_kernel
+import mase_lite.kernels.mxint8.cpu_kernel as cpu_kernel
 from mase_lite.numerics.mx import mxint_decode, mxint_encode
 
 ELEMENT_WIDTH = 8

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mase_lite.errors import UserError
-from mase_lite.kernels.mxint8 import cpu_kernel
+import mase_lite.kernels.mxint8.cpu_kernel as cpu_kernel
 from mase_lite.kernels.mxint8.codec import DEFAULT_BLOCK_SIZE, dequantize_reference
 from mase_lite.kernels.mxint8.cuda_build import cuda_extension
 from mase_lite.numerics.mx import check_decode_args
