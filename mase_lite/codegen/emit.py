@@ -6,7 +6,9 @@ each submodule's forward is cut from the graph (:mod:`mase_lite.codegen.classes`
 torch functions, tensor methods and operators, and identical blocks share one class. Packed MXINT8
 Linear layers call ``mase_lite.kernels.mxint8.mxint8_linear`` (the op ``torch.ops.mase_lite.mxint8_linear``);
 fake-quantized layers come from ``mase_lite.nn``, their weights stored as codes and scales (decoded bit for bit at
-load). The package imports torch, safetensors and (for those layers) ``mase_lite.kernels`` and ``mase_lite.nn`` only.
+load). The package imports torch, safetensors and (for those layers) ``mase_lite.kernels`` and ``mase_lite.nn`` only;
+packed layers run without mase_lite too, through the package's own torch version of the op (``_mxint8.py``: exact
+weights, torch's float32 sums).
 
 Example::
 
@@ -31,6 +33,7 @@ from safetensors.torch import save_file
 
 from mase_lite.codegen.classes import ClassBuilder, Emitted
 from mase_lite.codegen.forwards import Names
+from mase_lite.codegen.leaves import PACKED_RUNTIME
 from mase_lite.codegen.modules import CodegenError
 from mase_lite.files import staged_directory
 from mase_lite.nn.storage import flatten, stored_codes
@@ -188,6 +191,8 @@ def write_package(mg, path: str | Path, class_name: str | None = None) -> dict[s
         (staging / "model.py").write_text(source)
         (staging / "__init__.py").write_text(init)
         save_file(tensors, str(staging / "weights.safetensors"), metadata={"stored": json.dumps(manifest)})
+        if out.packed:
+            (staging / "_mxint8.py").write_text(PACKED_RUNTIME)
     return {"path": str(path), "class_name": class_name, "tensors": len(tensors), "codes": len(manifest),
             "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
             "packed_linears": out.packed}

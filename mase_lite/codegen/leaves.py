@@ -48,8 +48,28 @@ PACKED_CLASS = '''class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return mxint8_linear(x, self.codes, self.scales, self.bias, self.block_size)'''
-PACKED_IMPORT = ("from mase_lite.kernels.mxint8 import mxint8_linear  # the op torch.ops.mase_lite.mxint8_linear; "
-                 "eager CPU calls skip its dispatcher")
+PACKED_IMPORT = """try:  # mase_lite's op (torch.ops.mase_lite.mxint8_linear) and its native kernels: the graph's bits
+    from mase_lite.kernels.mxint8 import mxint8_linear
+except ImportError:  # without mase_lite: this package's torch version, the same weights and torch's float32 sums
+    from ._mxint8 import mxint8_linear"""
+PACKED_RUNTIME = '''"""The packed MXINT8 Linear in torch alone, for where mase_lite is not installed: each weight decoded exactly
+(``code * 2**(scale - 133)``; scale code 0xFF: NaN), then ``F.linear`` (float32 sums in torch's order, so within
+float32 accumulation error of mase_lite's kernel)."""
+
+import torch
+import torch.nn.functional as F
+
+
+def mxint8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+                  block_size: int) -> torch.Tensor:
+    """``x @ W.T + bias`` with W the MXINT8 ``codes`` (int8) and ``scales`` (uint8 E8M0, one per block of a row)."""
+    rows, columns = codes.shape
+    step = torch.ldexp(torch.ones((), dtype=torch.float32, device=codes.device), scales.to(torch.int32) - 133)
+    step = torch.where(scales == 0xFF, torch.full_like(step, float("nan")), step)
+    padded = F.pad(codes.to(torch.float32), (0, -columns % block_size)).view(rows, -1, block_size)
+    weight = (padded * step.unsqueeze(-1)).view(rows, -1)[:, :columns]
+    return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+'''
 
 
 @dataclass

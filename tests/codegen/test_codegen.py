@@ -210,6 +210,46 @@ def test_emitted_package_imports_neither_ir_nor_passes(captured, tmp_path, varia
     assert ("mase_lite.nn.quantized" in loaded) == (variant == "integer")
 
 
+WITHOUT_MASE_LITE = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "mase_lite" or name.startswith("mase_lite."):
+            raise ImportError(f"blocked: {{name}}")
+        return None
+
+sys.meta_path.insert(0, Block())
+sys.path.insert(0, {root!r})
+import torch
+from safetensors.torch import load_file
+import {name}
+model = {name}.load("cpu")
+inputs = load_file({inputs!r})
+expected, bound = inputs.pop("expected"), inputs.pop("bound")
+with torch.no_grad():
+    logits = model(**inputs).logits
+assert bool(((logits - expected).abs() <= bound).all()), "outputs differ beyond float32 accumulation"
+print(sorted(m for m in sys.modules if m.startswith("mase_lite")), model.bert.encoder.layer[0].attention.self.query)
+"""
+
+
+def test_a_packed_package_runs_without_mase_lite(captured, tmp_path):
+    """torch and safetensors alone: the package's own torch op decodes the same weights; its float32 sums are torch's,
+    so the logits are the graph's within float32 accumulation error (1e-5 of the largest logit)."""
+    mg = packed(copy.deepcopy(captured["sdpa"]))
+    ml.passes.codegen(mg, {"path": str(tmp_path / "no_mase")})
+    assert (tmp_path / "no_mase" / "_mxint8.py").is_file()
+    inputs = bert_inputs(2, 11)
+    with torch.no_grad():
+        inputs["expected"] = mg.model.eval()(**inputs).logits
+    inputs["bound"] = torch.tensor(1e-5) * inputs["expected"].abs().max()
+    save_file(inputs, str(tmp_path / "inputs.safetensors"))
+    script = WITHOUT_MASE_LITE.format(root=str(tmp_path), name="no_mase", inputs=str(tmp_path / "inputs.safetensors"))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1].startswith("[] PackedLinear")
+
+
 class MLP(nn.Module):
     def __init__(self):
         super().__init__()
