@@ -133,7 +133,11 @@ def test_verify_at_capture_and_graph_vs_model_in_the_verify_pass():
     _, info = ml.passes.verify(mg, {"against_model": True})
     assert info["ok"], info["problems"]
     torch.manual_seed(1)
-    mg.replace_module("inp", nn.Linear(8, 16))  # the source model keeps its own layer
+    mg.replace_module("inp", nn.Linear(8, 16))  # one model behind the graph: the source model sees it too
+    mg.recompile()
+    _, info = ml.passes.verify(mg, {"against_model": True, "strict": False})
+    assert info["ok"], info["problems"]
+    setattr(mg.model, "inp", nn.Linear(8, 16))  # a layer set on the graph's module behind the graph's back
     mg.recompile()
     _, info = ml.passes.verify(mg, {"against_model": True, "strict": False})
     assert not info["ok"] and info["problems"][0].startswith("graph vs model in eval mode: output 0 differs")

@@ -242,12 +242,12 @@ def test_a_failed_build_is_logged_and_leaves_nothing(monkeypatch, fresh_cache, c
 @needs_compiler
 def test_the_library_is_built_once_into_the_cache(fresh_cache):
     assert native.library("blocks") is not None
-    (built,) = (fresh_cache / "native").iterdir()
-    assert built.name.startswith("blocks-") and built.suffix == ".so"
-    stamp = built.stat().st_mtime_ns
+    built, record = sorted((fresh_cache / "native").iterdir())  # the library, and the digest recorded beside it
+    assert built.name.startswith("blocks-") and built.suffix == ".so" and record.name == built.name + ".sha256"
+    stamps = [p.stat().st_mtime_ns for p in (built, record)]
     native.library.cache_clear()
     assert native.library("blocks") is not None
-    assert [p.stat().st_mtime_ns for p in (fresh_cache / "native").iterdir()] == [stamp]
+    assert [p.stat().st_mtime_ns for p in sorted((fresh_cache / "native").iterdir())] == stamps
 
 
 def test_native_kernels_can_be_switched_off(monkeypatch, fresh_cache):
@@ -258,7 +258,7 @@ def test_native_kernels_can_be_switched_off(monkeypatch, fresh_cache):
 @needs_compiler
 def test_a_damaged_library_in_the_cache_is_built_again(fresh_cache):
     assert native.library("blocks") is not None
-    (built,) = (fresh_cache / "native").iterdir()
+    (built,) = (p for p in (fresh_cache / "native").iterdir() if p.suffix == ".so")
     damaged = built.with_name("damaged")
     damaged.write_bytes(b"not a shared library")
     os.replace(damaged, built)  # a new file: writing into the one this process has mapped would crash it
