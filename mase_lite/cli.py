@@ -145,6 +145,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _threads_from_env() -> int | None:
+    value = os.environ.get("MASE_LITE_THREADS")
+    return int(value) if value and value.isdigit() and int(value) > 0 else None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mase-lite", description="Capture, compress and explore PyTorch models.")
     parser.add_argument("--version", action="version", version=f"mase-lite {__version__}")
@@ -152,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
         help="import a module or .py file that registers passes (repeatable)",
+    )
+    parser.add_argument(
+        "--threads", type=int, metavar="N", default=_threads_from_env(),
+        help="threads torch and the native kernels may use (default: $MASE_LITE_THREADS, else torch's: the cores); the "
+        "native kernels run each kind of call on one of them or all, whichever is faster, so a busy machine is not "
+        "made slower by them",
     )
     parser.add_argument(
         "--trust-code", action="store_true",
@@ -211,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     set_trust_code(args.trust_code)
     try:
+        if args.threads is not None:
+            if args.threads < 1:
+                raise UserError(f"--threads {args.threads}: give a positive number of threads")
+            import torch
+
+            torch.set_num_threads(args.threads)
         import_plugins(args.plugin)
         return args.fn(args)
     except UserError as err:

@@ -27,6 +27,15 @@ def _isolated_trust():
 
 
 @pytest.fixture(autouse=True)
+def _every_thread(monkeypatch):
+    """Native kernels run on torch's thread count, as a test sets it: the adaptive choice (timing-dependent) is
+    tested on its own (tests/numerics/test_adaptive_threads.py)."""
+    from mase_lite.numerics.native import threads
+
+    monkeypatch.setattr(threads, "ADAPTIVE", False)
+
+
+@pytest.fixture(autouse=True)
 def _fresh_capture_cache():
     """Graphs one test captured are not reused by the next (within a test they are)."""
     from mase_lite.ir.capture_cache import CACHE

@@ -55,6 +55,16 @@ class PipelineResult:
     data: Any = None
 
 
+def thread_settings() -> dict[str, Any]:
+    """The threads the run computes with: torch's count (``--threads`` / ``MASE_LITE_THREADS``, else torch's
+    default), the cores the process may use, and whether native kernels choose per call between one thread and all
+    by timing (:mod:`mase_lite.numerics.native.threads`)."""
+    from mase_lite.numerics.native import threads
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"torch": torch.get_num_threads(), "cores": cores, "adaptive": threads.ADAPTIVE}
+
+
 @functools.cache  # read once per process: every trial of a search asks
 def package_versions() -> dict[str, str]:
     versions = {"python": platform.python_version()}
@@ -311,6 +321,7 @@ def run_pipeline(
         "spec": spec.model_dump(mode="json", by_alias=True),
         "versions": package_versions(),
         "seed": spec.seed,
+        "threads": thread_settings(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "steps": [],
         "metrics": {},

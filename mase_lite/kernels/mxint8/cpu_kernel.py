@@ -6,8 +6,10 @@ product (reads one byte per weight instead of four, never materialises the float
 ``GEMM_FROM_ROWS`` rows the layer is compute-bound: with AVX-512 the kernel's own GEMM decodes each
 weight into the core's caches just before it multiplies; elsewhere (and for bfloat16 input) panels of
 W, about ``PANEL_BYTES`` each, are dequantized into a buffer kept per calling thread and handed to
-torch's GEMM. Rows of W are split over ``torch.get_num_threads()`` threads: torch's own OpenMP team
-where the kernel was built with OpenMP, else Python threads (ctypes lets go of the GIL). Weights are
+torch's GEMM. Rows of W are split over up to ``torch.get_num_threads()`` threads: torch's own OpenMP team
+where the kernel was built with OpenMP, else Python threads (ctypes lets go of the GIL); the fused kernel and the
+GEMM run each kind of call on one thread or on all, whichever its timings say is faster
+(:mod:`mase_lite.numerics.native.threads`: on a busy machine, often one). Weights are
 exact (see ``mxint8_cpu.c``); sums are float32 sums in the kernel's own order, so the result equals
 the float64 reference up to float32 accumulation error (the tolerance the tests hold it to is in
 ``tests/kernels/mxint8_cases.py``). The fused kernel and the kernel's GEMM never split a dot product,
@@ -39,7 +41,7 @@ import torch
 from torch import Tensor
 
 from mase_lite.errors import UserError
-from mase_lite.numerics.native import library
+from mase_lite.numerics.native import library, threads
 from mase_lite.numerics.native.launch import run_split
 
 LEVELS = ("c", "avx2", "avx512")
@@ -181,8 +183,10 @@ def _fused(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_
     args = (x32.data_ptr(), rows, in_features, codes.data_ptr(), scales.data_ptr(), block_size,
             None if bias32 is None else bias32.data_ptr(), out.data_ptr(), out_features)
     kernel = _library().mxint8_linear_rows
-    workers = torch.get_num_threads() if rows * out_features * in_features >= PARALLEL_FROM_MACS else 1
-    _parallel(lambda first, last, threads: kernel(*args, first, last, lvl, threads), out_features, workers)
+    most = torch.get_num_threads() if rows * out_features * in_features >= PARALLEL_FROM_MACS else 1
+    workers, probe = threads.begin(("mxint8_fused", rows, out_features, in_features, lvl), most)
+    _parallel(lambda first, last, count: kernel(*args, first, last, lvl, count), out_features, workers)
+    threads.end(probe)
     return out
 
 
@@ -191,16 +195,19 @@ def _gemm(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_s
     a row), which decodes each weight once into the core's caches; None where it does not apply."""
     rows, in_features = x.shape
     out_features = codes.shape[0]
-    lib, threads = _library(), torch.get_num_threads()
+    lib = _library()
+    workers, probe = threads.begin(("mxint8_gemm", 1 << (rows - 1).bit_length(), out_features, in_features),
+                                   torch.get_num_threads())
     packed_floats = -(-rows // 64) * 64 * in_features  # x^T in tiles of 64 rows, packed by the kernel
-    scratch = _scratch(4 * (packed_floats + threads * lib.mxint8_gemm_buffer(in_features, block_size)))
+    scratch = _scratch(4 * (packed_floats + workers * lib.mxint8_gemm_buffer(in_features, block_size)))
     scratch = scratch.view(torch.float32)
     x32 = x.to(torch.float32).contiguous()
     bias32 = None if bias is None else bias.to(torch.float32).contiguous()
     out = torch.empty(rows, out_features)
     status = lib.mxint8_gemm(x32.data_ptr(), rows, in_features, codes.data_ptr(), scales.data_ptr(), block_size,
                              None if bias32 is None else bias32.data_ptr(), out.data_ptr(), out_features,
-                             scratch.data_ptr(), scratch[packed_floats:].data_ptr(), threads)
+                             scratch.data_ptr(), scratch[packed_floats:].data_ptr(), workers)
+    threads.end(probe)
     return out if status == 0 else None
 
 

@@ -3,9 +3,9 @@
 A kernel takes ``(src, out, rows, *args)`` — raw pointers to contiguous float32 rows and their
 count — and writes ``out``. It may run where :func:`applies`: a plain float32 CPU tensor outside
 autograd, torch.compile, export and torch function/dispatch modes (a kernel sees memory, not
-tensors: none of them would see it). Large tensors are split into runs of rows over
-``torch.get_num_threads()`` threads; ctypes lets go of the GIL during each call, so the parts run
-at once. The result comes from :func:`~mase_lite.numerics.memory.empty_like_advised`.
+tensors: none of them would see it). Large tensors are split into runs of rows over up to
+``torch.get_num_threads()`` threads (as many as :mod:`~mase_lite.numerics.native.threads` finds faster); ctypes
+lets go of the GIL during each call, so the parts run at once. The result comes from :func:`~mase_lite.numerics.memory.empty_like_advised`.
 
 >>> import ctypes, torch
 >>> copy = lambda src, out, rows, length: ctypes.memmove(out, src, rows * length * 4)
@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from mase_lite.numerics.memory import empty_like_advised
+from mase_lite.numerics.native import threads
 
 PARALLEL_FROM_ELEMENTS = 1 << 20
 """Smaller tensors run in the calling thread (a hand-off costs more than it saves)."""
@@ -57,7 +58,10 @@ def run_rows(kernel: Callable, x: Tensor, arguments: Callable[[int], tuple]) -> 
     def run(first: int, last: int) -> None:
         kernel(src.data_ptr() + first * row_bytes, out.data_ptr() + first * row_bytes, last - first, *args)
 
-    run_split(run, rows, torch.get_num_threads() if src.numel() >= PARALLEL_FROM_ELEMENTS else 1)
+    most = torch.get_num_threads() if src.numel() >= PARALLEL_FROM_ELEMENTS else 1
+    workers, probe = threads.begin(("rows", id(kernel), rows, length), most)
+    run_split(run, rows, workers)
+    threads.end(probe)
     return out
 
 

@@ -1,0 +1,89 @@
+"""How many threads a native kernel call runs on: chosen by timing, per kind of call.
+
+``torch.get_num_threads()`` is the most a call uses. On a busy machine, a thread that waits at a join for one the
+scheduler preempted makes more threads slower than one (measured: a 4096 x 4096 MXINT8 layer at batch 1 took 2.9x
+longer on two threads than on one beside two busy processes on two cores, and 2x faster on a quiet machine). So
+each kind of call (its ``key``: the kernel and the sizes that set its cost) is timed on the most threads, then on one,
+on its first :data:`PROBE_CALLS` calls and again on that many in every :data:`PROBE_EVERY`, and runs on
+whichever count's median time of its latest probe was lower (one timing alone is the scheduler's noise on a busy
+machine). The kernels split rows, never a sum, so the count changes no result.
+``MASE_LITE_ADAPTIVE_THREADS=0`` (or :data:`ADAPTIVE` set false) runs every call on the most.
+
+>>> threads, probe = begin(("doc", 64), 1)
+>>> threads, probe
+(1, None)
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+PROBE_EVERY = 128
+"""Calls from the start of one probe of a kind of call to the start of the next."""
+PROBE_CALLS = 6
+"""Calls of a probe: the most threads and one, alternately."""
+ADAPTIVE = os.environ.get("MASE_LITE_ADAPTIVE_THREADS", "1") != "0"
+
+
+@dataclass
+class _Kind:
+    most: int
+    calls: int = 0
+    seconds: dict[int, list[float]] = field(default_factory=dict)  # threads -> the current probe's timings
+    best: int | None = None
+
+    def decide(self) -> None:
+        """At the end of a probe: the count with the lower median time."""
+        one, most = self.seconds.get(1, []), self.seconds.get(self.most, [])
+        if len(one) + len(most) < PROBE_CALLS or not one or not most:
+            return
+        self.best = 1 if statistics.median(one) <= statistics.median(most) else self.most
+        self.seconds = {}
+
+
+@dataclass
+class Probe:
+    """One timed call: the kind of call, the thread count it ran on and when it started."""
+
+    kind: _Kind
+    threads: int
+    started: float
+
+
+_kinds: dict[tuple, _Kind] = {}
+_lock = threading.Lock()
+
+
+def begin(key: tuple, most: int) -> tuple[int, Probe | None]:
+    """The threads this call runs on (at most ``most``), and the probe to :func:`end` when it is timed."""
+    if most <= 1 or not ADAPTIVE:
+        return max(most, 1), None
+    with _lock:
+        kind = _kinds.setdefault((*key, most), _Kind(most))
+        phase = kind.calls % PROBE_EVERY
+        kind.calls += 1
+        if kind.best is not None and phase >= PROBE_CALLS:
+            return kind.best, None
+        threads = most if phase < PROBE_CALLS // 2 else 1  # a probe: the most, then one (not alternating: threads
+        # still spinning after a call on many slow the next call on one)
+    return threads, Probe(kind, threads, time.perf_counter())
+
+
+def end(probe: Probe | None) -> None:
+    """Record a timed call's duration."""
+    if probe is None:
+        return
+    seconds = time.perf_counter() - probe.started
+    with _lock:
+        probe.kind.seconds.setdefault(probe.threads, []).append(seconds)
+        probe.kind.decide()
+
+
+def forget() -> None:
+    """Drop every timing (a test, or a machine whose load changed for good)."""
+    with _lock:
+        _kinds.clear()
