@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
-from mase_lite import __version__
+from mase_lite import __version__, progress
 from mase_lite.errors import UserError, describe, shown_paths
 from mase_lite.faults import as_fault
 from mase_lite.plugins import import_plugins
@@ -153,7 +153,9 @@ def _threads_from_env() -> int | None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mase-lite", description="Capture, compress and explore PyTorch models.")
     parser.add_argument("--version", action="version", version=f"mase-lite {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what each step does")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress (bars on a terminal, one line per step or trial elsewhere)")
     parser.add_argument(
         "--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
         help="import a module or .py file that registers passes (repeatable)",
@@ -221,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     set_trust_code(args.trust_code)
+    progress.QUIET, progress.LINES = args.quiet, True
     try:
         if args.threads is not None:
             if args.threads < 1:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Protocol
 import torch
 from tqdm import tqdm
 
+from mase_lite import progress
 from mase_lite.errors import UserError, describe, ensure_dir, show_paths_as
 from mase_lite.files import check_writable, staged_directory, staged_file
 from mase_lite.lock import DirectoryLock
@@ -251,11 +252,12 @@ def _run_steps(spec: PipelineSpec, ctx: PassContext, report: dict[str, Any], ins
         report["capture"] = {"seconds": time.perf_counter() - t0, "mode": getattr(mg, "capture", "graph"),
                              "nodes": len(mg.nodes)}
         base = (Timing(), GraphChange(), *((VerifyAfterEach(),) if spec.verify_each else ()), *instruments)
-        bar = tqdm(total=len(spec.steps), initial=done, desc=spec.name, unit="step", disable=None)
+        bar = tqdm(total=len(spec.steps), initial=done, desc=spec.name, unit="step", disable=progress.bars_disabled())
         for i in range(done, len(spec.steps)):
             step = spec.steps[i]
             current = f"steps.{i} ({step.pass_name})"
             bar.set_postfix_str(step.pass_name)
+            progress.line(f"{spec.name}: {current} of {len(spec.steps)} ...")
             keep = _Keep()
             draw = (DrawAfter(ctx.output_dir, f"step{i:02d}"),) if step.draw_after else ()
             ctx.instruments = (*base, *draw, keep)
@@ -268,6 +270,7 @@ def _run_steps(spec: PipelineSpec, ctx: PassContext, report: dict[str, Any], ins
                 report["metrics"][metrics_key(step, entry["info"])] = final(outcome.result.metrics)
             report["steps"].append(entry)
             logger.info("step %d %s: %.3f s", i, step.pass_name, entry.get("seconds", 0.0))
+            progress.line(f"{spec.name}: {current} done in {entry.get('seconds', 0.0):.1f} s")
             if cache is not None:
                 cache.store(spec, i + 1, mg, report["steps"], ctx)
             bar.update()

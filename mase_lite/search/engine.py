@@ -36,6 +36,8 @@ from mase_lite.search.preflight import TRIAL_SECONDS, check_metrics, startup_war
 from mase_lite.search.space import Space
 from mase_lite.search.spec import SearchSpec, StudySpec, load_search_spec
 from mase_lite.search.storage import JOURNAL, fail_stale, heartbeat, hidden_url, open_storage
+from mase_lite import progress
+from mase_lite.progress import bars_disabled
 
 logger = logging.getLogger(__name__)
 
@@ -275,7 +277,7 @@ def optimize(study: Study, deadline: float | None) -> None:
     storage = storage_of(study.study)
     done, running, _ = _counts(study.study)
     best = None
-    bar = tqdm(total=study.n_trials, initial=min(done, study.n_trials), desc=study.name, unit="trial", disable=None)
+    bar = tqdm(total=study.n_trials, initial=min(done, study.n_trials), desc=study.name, unit="trial", disable=bars_disabled())
     try:
         while deadline is None or time.time() < deadline:
             t0 = time.perf_counter()
@@ -309,6 +311,8 @@ def optimize(study: Study, deadline: float | None) -> None:
                 continue
             study.loop_seconds.append(time.perf_counter() - t0)
             study.overhead.append(study.loop_seconds[-1] - run_seconds)
+            shown = "" if values is None else " " + ", ".join(f"{v:.4g}" for v in values)
+            progress.line(f"{study.name}: trial {trial.number} {state.name.lower()}{shown} in {run_seconds:.1f} s")
             if values is not None and len(values) == 1:
                 better = best is None or (values[0] > best if study.spec.objectives[0].direction == "maximize" else values[0] < best)
                 best = values[0] if better else best

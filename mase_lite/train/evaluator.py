@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from mase_lite.train.batches import logits_of, model_device, model_inputs
 from mase_lite.train.tasks import TASKS
+from mase_lite.progress import bars_disabled
 
 
 def evaluate_model(
@@ -47,7 +48,7 @@ def evaluate_model(
     model.eval()
     try:
         with torch.no_grad():
-            for batch in tqdm(loader, desc=f"evaluate {split}", unit="batch", disable=None if progress else True):
+            for batch in tqdm(loader, desc=f"evaluate {split}", unit="batch", disable=bars_disabled() if progress else True):
                 meter.update(logits_of(model(**model_inputs(batch, input_names, device))), batch)
     finally:
         model.train(was_training)

@@ -23,6 +23,7 @@ from transformers import get_scheduler
 
 from mase_lite.errors import UserError
 from mase_lite.train.batches import forward_batch, model_device
+from mase_lite.progress import bars_disabled
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ def fit(
     losses: list[float] = []
     steps, samples, running = 0, 0, None
     start = time.perf_counter()
-    bar = tqdm(total=total, desc="train", unit="step", disable=None if progress else True)
+    bar = tqdm(total=total, desc="train", unit="step", disable=bars_disabled() if progress else True)
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)

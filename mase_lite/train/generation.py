@@ -1,0 +1,116 @@
+"""Text generation with a causal LM's key/value cache: greedy or sampled, up to ``max_new_tokens``, stopping at the
+end-of-text token or a stop string; timed as prefill (the prompt) and decode (one token at a time).
+
+The model is a transformers causal LM, float, fake-quantized or packed: its own modules run, so every
+quantized layer computes as in evaluation. Greedy decoding picks the highest logit (the lowest id on a tie),
+as transformers' ``generate`` does. Prompts are encoded without special tokens (a causal LM's documents carry none).
+
+Example::
+
+    out = generate(model, tokenizer, ["the cat"], max_new_tokens=8)
+    out.completions[0]["text"], out.decode_tokens_per_second
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Sampling:
+    """How the next token is chosen: ``do_sample`` false is greedy; else softmax(logits / temperature) restricted to
+    the ``top_k`` most likely and the smallest set of ``top_p`` probability mass, drawn with a seeded generator."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+
+
+@dataclass
+class Generated:
+    """Completions and their timing."""
+
+    completions: list[dict[str, Any]] = field(default_factory=list)
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        return self.prefill_tokens / self.prefill_seconds if self.prefill_seconds else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+
+def next_token(logits: Tensor, sampling: Sampling, generator: torch.Generator) -> int:
+    """The next token from one position's ``logits`` (1-D)."""
+    if not sampling.do_sample:
+        return int(torch.argmax(logits))
+    scores = logits.float() / max(sampling.temperature, 1e-6)
+    if sampling.top_k is not None and sampling.top_k < scores.numel():
+        kth = torch.topk(scores, sampling.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p is not None and sampling.top_p < 1.0:
+        ordered, order = torch.sort(scores, descending=True)
+        mass = torch.softmax(ordered, -1).cumsum(-1)
+        drop = mass - torch.softmax(ordered, -1) >= sampling.top_p  # keep the smallest set reaching top_p
+        scores[order[drop]] = float("-inf")
+    return int(torch.multinomial(torch.softmax(scores, -1), 1, generator=generator))
+
+
+@torch.no_grad()
+def generate(model: torch.nn.Module, tokenizer: Any, prompts: list[str], max_new_tokens: int = 32,
+             sampling: Sampling | None = None, stop: list[str] | None = None) -> Generated:
+    """Each prompt completed by ``model`` (batch 1, the key/value cache kept between tokens)."""
+    sampling = sampling or Sampling()
+    generator = torch.Generator().manual_seed(sampling.seed)
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    device = next(iter(model.parameters()), torch.empty(0)).device
+    eos = tokenizer.eos_token_id
+    result = Generated()
+    was_training = model.training
+    model.eval()
+    try:
+        for prompt in prompts:
+            ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"].to(device)
+            start = time.perf_counter()
+            out = model(input_ids=ids, use_cache=True)
+            result.prefill_seconds += time.perf_counter() - start
+            result.prefill_tokens += ids.shape[1]
+            new: list[int] = []
+            reason = "length"
+            start = time.perf_counter()
+            for _ in range(max_new_tokens):
+                token = next_token(out.logits[0, -1], sampling, generator)
+                new.append(token)
+                if token == eos:
+                    reason = "eos"
+                    break
+                text = tokenizer.decode(new, skip_special_tokens=True)
+                if stop and any(s in text for s in stop):
+                    reason = "stop"
+                    break
+                if len(new) == max_new_tokens:
+                    break
+                cache = getattr(out, "cache", None) or out.past_key_values
+                out = model(input_ids=torch.tensor([[token]], device=device), use_cache=True, **{cache_arg: cache})
+            result.decode_seconds += time.perf_counter() - start
+            result.decode_tokens += len(new)
+            text = tokenizer.decode(new, skip_special_tokens=True)
+            if reason == "stop":
+                text = text[: min(text.find(s) for s in stop if s in text)]
+            result.completions.append({"prompt": prompt, "completion": text, "tokens": new, "stopped": reason})
+    finally:
+        model.train(was_training)
+    return result

@@ -1,0 +1,90 @@
+"""The ``generate`` pass: complete prompts with the model (greedy or sampled, with its key/value cache) and report
+the completions and tokens per second of prefill and decode. It runs the model's own modules, float,
+fake-quantized or packed alike, in graph and module mode; the tokenizer is the run's.
+
+Example::
+
+    {"pass": "generate", "params": {"prompts": ["the small dog"], "max_new_tokens": 16, "stop": ["."]}}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from pydantic import Field, model_validator
+
+from mase_lite.passes.registry import PassError, PassParams, PassResult, register_pass
+from mase_lite.train.generation import Sampling, generate
+
+
+class GenerateParams(PassParams):
+    prompts: list[str] = Field(default_factory=list, description="the prompts to complete")
+    prompts_file: str | None = Field(None, min_length=1, description="a text file of prompts, one per line")
+    max_new_tokens: int = Field(32, ge=1, le=4096, description="tokens to generate at most per prompt")
+    do_sample: bool = Field(False, description="sample the next token; false: greedy (the most likely)")
+    temperature: float = Field(1.0, gt=0, description="logits are divided by it before sampling")
+    top_k: int | None = Field(None, ge=1, description="sample among the k most likely tokens")
+    top_p: float | None = Field(None, gt=0, le=1, description="sample among the most likely tokens holding this mass")
+    seed: int = Field(0, description="seed of the sampling generator")
+    stop: list[str] = Field(default_factory=list, description="strings that end a completion (cut before them)")
+    label: str = Field("generate", min_length=1, description="name of the metrics in the run's report")
+
+    @model_validator(mode="after")
+    def _some_prompt(self) -> "GenerateParams":
+        if not self.prompts and self.prompts_file is None:
+            raise ValueError("give prompts or a prompts_file")
+        return self
+
+
+@register_pass("generate", kind="analysis", params=GenerateParams, requires=("data",), needs_graph=False,
+               metrics=("prefill_tokens_per_second", "decode_tokens_per_second", "new_tokens"))
+def generate_pass(mg, params: GenerateParams, ctx):
+    """Complete prompts (greedy or sampled, key/value cache); completions and prefill/decode tokens per second."""
+    tokenizer = getattr(ctx.data, "tokenizer", None)
+    if tokenizer is None:
+        raise PassError("generate needs the run's tokenizer: a text task's data section")
+    prompts = list(params.prompts)
+    if params.prompts_file is not None:
+        path = Path(params.prompts_file)
+        try:
+            prompts += [line for line in path.read_text().splitlines() if line.strip()]
+        except (OSError, UnicodeDecodeError) as err:
+            raise PassError(f"cannot read {path}: {err}", location=("prompts_file",)) from None
+    model = getattr(mg, "source_model", mg.model)
+    config = getattr(model, "config", None)
+    if not hasattr(model, "generate") or getattr(config, "is_encoder_decoder", False) is None:
+        raise PassError(f"generate runs transformers language models; this model is a {type(model).__name__}")
+    sampling = Sampling(params.do_sample, params.temperature, params.top_k, params.top_p, params.seed)
+    if getattr(config, "is_encoder_decoder", False):
+        out = _seq2seq(model, tokenizer, prompts, params)
+    else:
+        out = generate(model, tokenizer, prompts, params.max_new_tokens, sampling, params.stop)
+    completions = [{k: c[k] for k in ("prompt", "completion", "stopped")} for c in out.completions]
+    metrics = {"prefill_tokens_per_second": out.prefill_tokens_per_second,
+               "decode_tokens_per_second": out.decode_tokens_per_second, "new_tokens": out.decode_tokens}
+    return PassResult({"completions": completions}, metrics=metrics, label=params.label)
+
+
+def _seq2seq(model, tokenizer, prompts, params):
+    """An encoder-decoder's completions by transformers' own generate (its cache), timed as a whole."""
+    import time
+
+    from mase_lite.train.generation import Generated
+
+    result = Generated()
+    torch.manual_seed(params.seed)
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, max_new_tokens=params.max_new_tokens, do_sample=params.do_sample,
+                                 temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+        result.decode_seconds += time.perf_counter() - start
+        new = out[0].tolist()[1:]
+        result.decode_tokens += len(new)
+        text = tokenizer.decode(new, skip_special_tokens=True)
+        hit = [text.find(s) for s in params.stop if s in text]
+        result.completions.append({"prompt": prompt, "completion": text[: min(hit)] if hit else text,
+                                   "stopped": "stop" if hit else "length"})
+    return result
