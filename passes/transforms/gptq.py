@@ -161,7 +161,8 @@ def _compensate_all(layers: dict[str, nn.Module], run, params: GPTQParams, repor
         report[name] = _compensate(name, layer, hessians.sums.pop(name), params)
 
 
-@register_pass("gptq", kind="transform", params=GPTQParams, requires=("data",), replay=False)  # a checkpoint keeps its weights
+@register_pass("gptq", kind="transform", params=GPTQParams, requires=("data",), replay=False,  # a checkpoint keeps its weights
+               needs_graph=False)
 def gptq_pass(mg, params: GPTQParams, ctx):
     """GPTQ error compensation of quantized layers' weights over calibration batches, block by block."""
     t0 = time.perf_counter()
