@@ -45,7 +45,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_search(args: argparse.Namespace) -> int:
     from mase_lite.search.engine import run_search
 
-    result = run_search(args.spec)
+    result = run_search(args.spec, output_dir=args.output_dir)
     for study in result.report["studies"]:
         states = ", ".join(f"{n} {s.lower()}" for s, n in study["states"].items())
         print(f"{study['name']}: {states}")
@@ -155,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mase-lite {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what each step does")
     parser.add_argument("-q", "--quiet", action="store_true",
-                        help="no progress (bars on a terminal, one line per step or trial elsewhere)")
+                        help="no progress (bars on a terminal, one line per step or trial elsewhere); "
+                        "MASE_LITE_PROGRESS=0 says the same")
     parser.add_argument(
         "--plugin", action="append", default=[], metavar="MODULE_OR_FILE",
         help="import a module or .py file that registers passes (repeatable)",
@@ -175,11 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a pipeline spec")
     run.add_argument("spec", help="pipeline JSON (or a report.json to reproduce)")
-    run.add_argument("--output-dir", help="override the spec's output_dir")
+    run.add_argument("--output-dir", help="override the spec's output_dir (a reproduced run: default a new directory "
+                     "beside the report, never the one it records)")
     run.set_defaults(fn=_cmd_run)
 
     search = sub.add_parser("search", help="run (or continue) a search spec; workers sharing its storage cooperate")
-    search.add_argument("spec", help="search JSON")
+    search.add_argument("spec", help="search JSON (or a search_report.json to reproduce)")
+    search.add_argument("--output-dir", help="override the spec's output_dir (a reproduced search: default a new "
+                        "directory beside the report)")
     search.set_defaults(fn=_cmd_search)
 
     draw = sub.add_parser("draw", help="draw a saved graph, or capture a model and draw its graph")
@@ -223,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     set_trust_code(args.trust_code)
-    progress.QUIET, progress.LINES = args.quiet, True
+    progress.QUIET, progress.LINES = args.quiet or os.environ.get("MASE_LITE_PROGRESS") == "0", True
     try:
         if args.threads is not None:
             if args.threads < 1:

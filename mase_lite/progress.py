@@ -1,6 +1,6 @@
 """What a run shows while it works: a progress bar on a terminal (tqdm's), and where the output is not a terminal
 (a log file, CI), one line per pipeline step and per search trial when it starts and when it ends; ``--quiet``
-(:data:`QUIET`) shows neither. Lines are the command line's: a library call shows none unless :data:`LINES` is set.
+or ``MASE_LITE_PROGRESS=0`` (:data:`QUIET`) shows neither. Lines are the command line's: a library call shows none unless :data:`LINES` is set.
 
 >>> bars_disabled() if not QUIET else None   # shown on a terminal, hidden elsewhere (tqdm decides)
 """

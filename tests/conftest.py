@@ -10,6 +10,7 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", "/tmp/mase_lite_inductor_cache"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("MASE_LITE_EXPORT_CACHE", "0")  # tests that use the on-disk export cache turn it on
+os.environ.setdefault("MASE_LITE_PROGRESS", "0")  # stderr holds what a test checks; tests/test_progress.py turns it on
 
 
 @pytest.fixture(autouse=True)

@@ -56,6 +56,21 @@ class PipelineResult:
     data: Any = None
 
 
+def beside_report(source: Any, field: str) -> Path:
+    """A new directory beside the report ``source`` names (``reproduced``, else ``reproduced-2``, ...): a report is
+    data, possibly someone else's, so what it reproduces is written where the user's command says, never to the
+    directory the report records."""
+    if not isinstance(source, (str, Path)):
+        raise UserError(f"a run or search reproduced from a report writes only where you say: give {field}",
+                        location=(field,))
+    parent = Path(source).parent
+    for n in range(1, 10_000):
+        candidate = parent / ("reproduced" if n == 1 else f"reproduced-{n}")
+        if not candidate.exists():
+            return candidate
+    raise UserError(f"{parent} holds 9999 reproductions already: give {field}", location=(field,))
+
+
 def thread_settings() -> dict[str, Any]:
     """The threads the run computes with: torch's count (``--threads`` / ``MASE_LITE_THREADS``, else torch's
     default), the cores the process may use, and whether native kernels choose per call between one thread and all
@@ -305,7 +320,8 @@ def run_pipeline(
     ``instruments``); ``cache`` may resume the run after its first steps. The report is written
     even when a step fails; it then names the step and its error, and the error is raised again.
     A spec read from a report, or ``recorded`` (a search over a report's pipeline), is data: see
-    :func:`mase_lite.pipeline.spec.load_spec`; its steps write only inside ``output_dir``.
+    :func:`mase_lite.pipeline.spec.load_spec`; its steps write only inside ``output_dir``, which for a report is the
+    one given here, else a new directory beside the report (never the directory the report records).
 
     The run is written into a staging directory beside ``output_dir`` that replaces it whole at the
     end, failed or not (:func:`mase_lite.files.staged_directory`): a killed run leaves the previous
@@ -313,6 +329,8 @@ def run_pipeline(
     """
     spec = load_spec(source, recorded=recorded)
     check_pipeline(spec)
+    if output_dir is None and spec.recorded and not recorded:  # a report reproduced: never its recorded directory
+        output_dir = beside_report(source, "output_dir")
     out = Path(output_dir or spec.output_dir)
     ensure_dir(out, "output_dir")
     for place in (out, out.parent):  # the run is staged beside its directory, which it then replaces

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from mase_lite.errors import UserError, describe, ensure_dir, short
 from mase_lite.faults import ToolFault, as_fault
 from mase_lite.files import check_writable
-from mase_lite.pipeline.runner import json_safe, run_pipeline
+from mase_lite.pipeline.runner import beside_report, json_safe, run_pipeline
 from mase_lite.search.base import base_pipeline
 from mase_lite.search.cache import PrefixCache, prefix_length
 from mase_lite.search.identity import adopt, made_by
@@ -362,15 +362,22 @@ def _all_failed(studies: list[Study]) -> str | None:
     return None if complete else "\n".join(lines) or None
 
 
-def run_search(source: str | Path | dict | SearchSpec) -> SearchResult:
+def run_search(source: str | Path | dict | SearchSpec, output_dir: str | Path | None = None) -> SearchResult:
     """Check the spec, its space and metrics, run (or continue) every study, write the results.
 
     Raises a ``UserError`` (CLI exit 2) before any trial for anything the spec gets wrong, and after
     writing the results when every trial failed; a :class:`~mase_lite.faults.ToolFault`
-    when the tool's own I/O fails (the running trial runs again on resume).
+    when the tool's own I/O fails (the running trial runs again on resume). ``output_dir`` overrides the spec's;
+    a search reproduced from a ``search_report.json`` writes there, else in a new directory beside the report,
+    with its own journal: never to the directory or storage the report records.
     """
 
     spec = load_search_spec(source)
+    if spec.recorded:
+        out = output_dir if output_dir is not None else beside_report(source, "output_dir")
+        spec = spec.model_copy(update={"output_dir": str(out), "storage": None})
+    elif output_dir is not None:
+        spec = spec.model_copy(update={"output_dir": str(output_dir)})
     studies = prepare_studies(spec)
     check_writable(spec.output_dir, "output_dir")
     out = ensure_dir(spec.output_dir, "output_dir")

@@ -151,10 +151,12 @@ def test_a_report_naming_code_reproduces_only_with_the_users_word(tmp_path, mark
     err = capsys.readouterr().err
     assert "plugins.0 = 'tests.robustness.side_effect' is recorded in the report, so it is not imported" in err
     assert not marker.exists() and "tests.robustness.side_effect" not in sys.modules
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and not (tmp_path / "reproduced").exists()
     fine = _report(tmp_path, {**base, "model": {"factory": "tests.robustness.nets:tiny", "kwargs": {"width": 4}}})
     assert main(["--plugin", "tests.robustness.nets", "run", str(fine)]) == 0
-    assert json.loads((tmp_path / "out" / "report.json").read_text())["status"] == "ok"
+    # written beside the report, never to the directory it records
+    assert json.loads((tmp_path / "reproduced" / "report.json").read_text())["status"] == "ok"
+    assert not (tmp_path / "out").exists()
 
 
 MALFORMED = [
@@ -275,3 +277,24 @@ def test_a_tokenizer_naming_custom_code_is_not_run(tmp_path, marker, capsys):
     with pytest.raises(UserError, match=r"it names custom code, which is not run\); trust the file's code with --trust-code"):
         load_tokenizer(directory)  # transformers would otherwise ask "run the custom code? [y/N]" on the terminal
     assert not marker.exists()
+
+
+def test_a_reproduced_search_writes_beside_its_report_with_its_own_journal(tmp_path):
+    """A foreign search_report.json records the user's own search directory and a storage file there: the
+    reproduction writes a new directory beside the report, with a journal of its own, and the user's files stay."""
+    mine = tmp_path / "my_search"
+    mine.mkdir()
+    (mine / "trials.csv").write_text("my trials")
+    pipeline = {"data": None, "example_inputs": {"input": {"shape": [2, 4]}}, "output_dir": "out",
+                "model": {"factory": "tests.robustness.nets:tiny"}}
+    spec = json.loads(_search(tmp_path, pipeline).read_text())
+    spec.update(output_dir=str(mine), storage=f"sqlite:///{mine / 'study.db'}")
+    (tmp_path / "foreign").mkdir()
+    report = tmp_path / "foreign" / "search_report.json"
+    report.write_text(json.dumps({"spec": spec, "versions": {}, "studies": []}))
+    assert main(["--plugin", "tests.robustness.nets", "search", str(report)]) == 0
+    assert sorted(p.name for p in mine.iterdir()) == ["trials.csv"] and (mine / "trials.csv").read_text() == "my trials"
+    out = tmp_path / "foreign" / "reproduced"
+    assert (out / "search_report.json").is_file() and sorted(p.name for p in (out / "trials").iterdir()) == ["0", "1"]
+    assert main(["--plugin", "tests.robustness.nets", "search", str(report), "--output-dir", str(tmp_path / "mine2")]) == 0
+    assert (tmp_path / "mine2" / "search_report.json").is_file()
