@@ -226,6 +226,21 @@ def mxfp(x: Tensor, element_format: str = "e4m3", block_size: int = 32, scale_ru
     return _map_blocks(x, block_size, scale_rule, prepare, element)
 
 
+def under_exponents(x: Tensor, shared: Tensor, element: ElementFormat) -> Tensor:
+    """``x`` (float32) on the element grid times ``2**shared`` (int32, broadcastable to ``x``): what a block with
+    shared exponents ``shared`` makes of its elements, bit for bit (a new tensor).
+
+    >>> E = torch.tensor(2, dtype=torch.int32)          # MXINT4: codes ±7 of 2**(E - 2) = 1, saturating at ±7
+    >>> under_exponents(torch.tensor([3.0, 0.2, -9.0]), E, mxint_element(4)).tolist()
+    [3.0, 0.0, -7.0]
+    """
+    if element.name.startswith("int"):
+        return _mxint_codes(x, shared, element, torch.empty_like(x)).mul_(pow2(shared - element.mbits, x.dtype))
+    limit = pow2(shared, x.dtype) * element.max_value
+    y = round_to_float(x, element.mbits, shared + element.emin, shared + element.emax)
+    return torch.maximum(torch.minimum(y, limit), -limit)
+
+
 def _round_elements(scaled: Tensor, element: ElementFormat, out: Tensor) -> Tensor:
     """``scaled`` (float64) rounded (ties to even) to the element's ``mbits`` fraction bits, subnormals
     below ``2**emin``, written to ``out``."""

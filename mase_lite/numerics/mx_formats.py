@@ -30,6 +30,7 @@ from mase_lite.numerics.mx import (
     mxint,
     mxint_element,
     shared_exponents,
+    under_exponents,
 )
 from mase_lite.numerics.registry import Codec, FormatParams, register_format
 
@@ -94,6 +95,23 @@ def _mx_codec(element_of, element_codes, element_values) -> Codec:
     return Codec(bits=lambda p: element_of(p).bits, side=side, codes=codes, decode=decode)
 
 
+def _mx_group_quantizer(element_of, codec: Codec):
+    """The shared exponent a block of ``values`` (one per row) fixes, and its element grid for other values."""
+
+    def group_quantizer(p, values: Tensor):
+        element = element_of(p)
+        amax, non_finite = amax_and_non_finite(to_blocks(values, p.block_size))
+        shared = shared_exponents(amax, element, p.scale_rule).reshape(-1)
+        nan = non_finite.reshape(-1)
+
+        def quantize(x: Tensor) -> Tensor:
+            return under_exponents(x, shared, element).masked_fill_(nan, float("nan"))
+
+        return codec.side(values, p), quantize
+
+    return group_quantizer
+
+
 def _int_element_codes(scaled: Tensor, element: ElementFormat) -> Tensor:
     return offset_codes(exact_integers(torch.ldexp(scaled, torch.tensor(float(element.mbits), dtype=torch.float64))),
                         element.bits)
@@ -111,13 +129,18 @@ def _fp_element_values(codes: Tensor, element: ElementFormat) -> Tensor:
     return float_grid_values(codes, element.bits, element.mbits, element.emin)
 
 
+MXINT_CODEC = _mx_codec(_mxint_element, _int_element_codes, _int_element_values)
+MXFP_CODEC = _mx_codec(_mxfp_element, _fp_element_codes, _fp_element_values)
+
+
 @register_format(
     "mxint",
     params=MXIntParams,
     bits=lambda p, shape: mx_bits_per_element(p.element_width, p.block_size),
     bounds=_mx_bounds(_mxint_element),
     group=lambda p, row: p.block_size,
-    codec=_mx_codec(_mxint_element, _int_element_codes, _int_element_values),
+    codec=MXINT_CODEC,
+    group_quantizer=_mx_group_quantizer(_mxint_element, MXINT_CODEC),
 )
 def mxint_format(x: Tensor, p: MXIntParams) -> Tensor:
     """MXINT: integer elements sharing an E8M0 scale per block."""
@@ -130,7 +153,8 @@ def mxint_format(x: Tensor, p: MXIntParams) -> Tensor:
     bits=lambda p, shape: mx_bits_per_element(MXFP_FORMATS[p.element_format].bits, p.block_size),
     bounds=_mx_bounds(_mxfp_element),
     group=lambda p, row: p.block_size,
-    codec=_mx_codec(_mxfp_element, _fp_element_codes, _fp_element_values),
+    codec=MXFP_CODEC,
+    group_quantizer=_mx_group_quantizer(_mxfp_element, MXFP_CODEC),
 )
 def mxfp_format(x: Tensor, p: MXFPParams) -> Tensor:
     """MXFP: minifloat elements sharing an E8M0 scale per block."""

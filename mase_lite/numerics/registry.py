@@ -47,6 +47,9 @@ class Codec:
     decode: Callable[[Tensor, dict[str, Tensor], Any], Tensor]
 
 
+GroupQuantizer = tuple[dict[str, Tensor], Callable[[Tensor], Tensor]]
+
+
 class FormatParams(BaseModel):
     """Base of every format's params: unknown keys are errors, no silent type coercion, frozen."""
 
@@ -66,6 +69,9 @@ class NumberFormat:
     elements (their extreme values), is the group's length (1: element by element); ``None`` for a
     format that has no such groups (it cannot be driven column by column, as GPTQ does). ``codec`` stores
     its values as codes (:class:`Codec`); ``None``: a checkpoint keeps the float values.
+    ``group_quantizer(params, values)``, for a format with groups and a codec: given the values of one group
+    per row (``[rows, k]`` float32), the shared values the group fixes (``codec.side(values)``) and a function
+    quantizing any float32 values of these rows (``[rows]``) under them; ``None``: GPTQ probes the format.
     """
 
     name: str
@@ -77,6 +83,7 @@ class NumberFormat:
     doc: str = ""
     group: Callable[[Any, int], int] | None = None
     codec: Codec | None = None
+    group_quantizer: Callable[[Any, Tensor], GroupQuantizer] | None = None
 
     def validate(self, params: Mapping[str, Any] | FormatParams) -> FormatParams:
         """``params`` as this format's frozen params model; a :class:`FormatError` naming the key otherwise."""
@@ -106,6 +113,7 @@ def register_format(
     operands: tuple[str, ...] | None = None,
     group: Callable[[Any, int], int] | None = None,
     codec: Codec | None = None,
+    group_quantizer: Callable[[Any, Tensor], GroupQuantizer] | None = None,
 ) -> Callable[[Callable[[Tensor, Any], Tensor]], Callable[[Tensor, Any], Tensor]]:
     """Register the value function it decorates as format ``name``; returns the function unchanged."""
 
@@ -122,6 +130,7 @@ def register_format(
             doc=(fn.__doc__ or "").strip(),
             group=group,
             codec=codec,
+            group_quantizer=group_quantizer,
         )
         return fn
 

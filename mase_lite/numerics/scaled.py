@@ -196,11 +196,28 @@ def _scaled_values(codes: Tensor, side: dict[str, Tensor], p: ScaledIntegerParam
     return _ungroup((signed.float() - zero) * scale + 0.0, codes, p)
 
 
+def _scaled_group_quantizer(p: ScaledIntegerParams, values: Tensor):
+    """The scale (and zero point) a group of ``values`` per row fixes — one for the tensor with granularity
+    tensor — and its integer grid for other values of these rows: the steps of :func:`scaled_integer`."""
+    scale, zero, lo, hi = _scale_and_zero(_groups(values, p), p)
+    scale, zero = scale.reshape(-1), zero.reshape(-1)
+    divisor = torch.where(scale > 0, scale, torch.ones_like(scale))
+
+    def quantize(x: Tensor) -> Tensor:
+        codes = torch.div(x, divisor).round_()
+        if not p.symmetric:
+            return codes.add_(zero).clamp_(lo, hi).sub_(zero).mul_(scale).add_(0.0)
+        return codes.clamp_(lo, hi).mul_(scale).add_(0.0)
+
+    return _scaled_side(values, p), quantize
+
+
 SCALED_INTEGER_CODEC = Codec(bits=lambda p: p.width, side=_scaled_side, codes=_scaled_codes, decode=_scaled_values)
 
 
 @register_format("scaled_integer", params=ScaledIntegerParams, bits=_scaled_bits, bounds=_scaled_bounds,
-                 group=lambda p, row: p.group_size if p.granularity == "group" else row, codec=SCALED_INTEGER_CODEC)
+                 group=lambda p, row: p.group_size if p.granularity == "group" else row, codec=SCALED_INTEGER_CODEC,
+                 group_quantizer=_scaled_group_quantizer)
 def scaled_integer(x: Tensor, p: ScaledIntegerParams) -> Tensor:
     """Integer codes times a float scale per tensor, row or group (symmetric, or with a zero point)."""
     if p.scale == "auto":
