@@ -3,48 +3,69 @@
 ``W`` (``[out, in]``) minimises ``||(W - Q) X||`` over the layer's inputs ``X`` through the Hessian
 ``H = 2 X Xᵀ / n``: with ``U`` the upper Cholesky factor of ``(H + damp·I)⁻¹``, column ``i`` is
 quantized to ``q`` and every later column ``j`` moves by ``-(w_i - q) U[i, j] / U[i, i]``. Columns are
-processed in blocks (lazy batch updates: the block's errors reach later columns in one matrix product),
-optionally in order of decreasing ``H[i, i]`` (act-order). The arithmetic equals the straightforward
-column-by-column algorithm.
+processed in blocks (lazy batch updates: a block's errors reach later columns in one matrix product,
+and within a block, a sub-block's errors reach the block's later columns in one more), optionally in
+order of decreasing ``H[i, i]`` (act-order). Only the few operations a column needs run per column,
+on a contiguous vector (the weight is held transposed), so the time goes to the matrix products.
 
 Any format whose values in a row depend only on the row's groups of consecutive elements works
 (:attr:`~mase_lite.numerics.NumberFormat.group`: integers, minifloats, logs, scaled integers, the MX and
-block formats): a group's scale is fixed when its first column is quantized, from the group's current
-values (their largest and smallest value per row, what the format's scale depends on), and each column
-is quantized under it. The result is quantized once more as a whole, so it is a value of the format; for a
-format whose scale the values give back exactly (the symmetric ones), the layer's own fake quantization
-of the stored weight then leaves it unchanged.
+block formats). A group's scale is fixed when its first column is quantized, from the group's current
+values, and every column of the group is quantized on that grid (values beyond it saturate). Formats
+with a ``group_quantizer`` (scaled integers, MX) report the scales they fixed (``side``, as their codec
+stores them): the weight decodes from its codes under exactly those scales, which a layer then holds
+(see :meth:`~mase_lite.nn.quantized.OperandQuantizer.hold`). Other formats are probed: a column is
+quantized in a group ``[column, max, min]`` of the group's extreme values, and the result quantized once
+more as a whole, so it is a value of the format.
+
+SparseGPT (Frantar & Alistarh, 2023) is the same sweep with a mask: at each block's start (unstructured:
+the block's share of the pruned count, by saliency ``w² / U[i, i]²``) or at the first column of every ``m``
+(``n`` of each ``m`` consecutive inputs of a row), the weights of least saliency are chosen and set to zero as
+their columns are reached, their error fed forward like a rounding error; with a format, the kept weights
+are quantized in the same sweep.
 
 Example::
 
-    q = gptq(weight, hessian, {"name": "mxint", "element_width": 4}, block_size=128, act_order=True)
+    result = gptq(weight, hessian, {"name": "mxint", "element_width": 4}, block_size=128, act_order=True)
+    result.weight, result.side, result.error / result.rtn_error
+    pruned = gptq(weight, hessian, None, sparsity=Sparsity(n=2, m=4))     # 2:4 SparseGPT, float values
+    pruned.mask                                                           # True where a weight is kept
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import Tensor
 
 from mase_lite.errors import UserError
+from mase_lite.nn.pruning import Sparsity, lowest_mask
 from mase_lite.numerics import NumberFormat, apply_format, parse_format
+
+SUB_BLOCK = 16  # columns whose errors reach the rest of their block one at a time (rank-1 updates)
 
 
 @dataclass
 class GPTQResult:
-    """The quantized weight, and the layer-output error ``tr((W - Q) H (W - Q)ᵀ)`` of GPTQ and of rounding alone."""
+    """The quantized (and pruned) weight, the shared values (scales) GPTQ fixed for it (None: those its values
+    give), the keep-mask (None without sparsity), and per row the layer-output error ``((W - Q) H (W - Q)ᵀ)``
+    of GPTQ and of the baseline: rounding alone, after magnitude pruning of the same pattern when pruning."""
 
     weight: Tensor
-    error: float
-    rtn_error: float
+    side: dict[str, Tensor] | None
+    row_error: Tensor
+    row_rtn_error: Tensor
+    mask: Tensor | None = None
 
+    @property
+    def error(self) -> float:
+        return float(self.row_error.sum())
 
-def _quantize_column(fmt: NumberFormat, params: Any, column: Tensor, ghost: tuple[Tensor, Tensor]) -> Tensor:
-    """``column`` quantized under the scale its group's extreme values (``ghost``: per-row max and min) give."""
-    probe = torch.stack([column, *ghost], 1).to(torch.float32)
-    return fmt.quantize(probe, params)[:, 0].to(column.dtype)
+    @property
+    def rtn_error(self) -> float:
+        return float(self.row_rtn_error.sum())
 
 
 def probe_params(fmt: NumberFormat, params: Any) -> Any:
@@ -57,84 +78,186 @@ def probe_params(fmt: NumberFormat, params: Any) -> Any:
 
 
 def _inverse_factor(hessians: list[Tensor], damp: float) -> Tensor:
-    """The upper Cholesky factor of the damped Hessian's inverse. The Hessian comes in a list the function
-    empties, so it and each intermediate are released as soon as the next exists (a 5632-wide float64
-    Hessian is 254 MB)."""
+    """The upper Cholesky factor ``U`` of the damped Hessian's inverse (``H⁻¹ = Uᵀ U``), from one Cholesky
+    factorisation and one triangular inverse: with ``P`` the reversal permutation and ``P H P = L Lᵀ``,
+    ``U = P L⁻¹ P``. The Hessian comes in a list the function empties, so it is released as soon as its
+    factor exists (a 5632-wide float64 Hessian is 254 MB)."""
     h = hessians.pop()
     h.diagonal().add_(damp * h.diagonal().mean())
     try:
-        factor = torch.linalg.cholesky(h)
+        factor = torch.linalg.cholesky(h.flip(0, 1))
     except torch.linalg.LinAlgError:
         raise UserError(
             f"gptq: the damped Hessian is not positive definite (damp {damp}); raise damp or the calibration data"
         ) from None
     del h
-    factor = torch.cholesky_inverse(factor)
-    factor = torch.linalg.cholesky(factor, upper=True)
-    return factor if factor.is_contiguous() else factor.contiguous()  # rows are read one by one
+    eye = torch.eye(factor.shape[0], dtype=factor.dtype, device=factor.device)
+    return torch.linalg.solve_triangular(factor, eye, upper=False).flip(0, 1).contiguous()
 
 
-def gptq(weight: Tensor, hessian: Tensor, fmt: Mapping[str, Any], *, block_size: int = 128, act_order: bool = False,
-         damp: float = 0.01, dtype: torch.dtype = torch.float64) -> GPTQResult:
-    """``weight`` (``[out, in]``) quantized to ``fmt`` with GPTQ error compensation for ``hessian`` (``[in, in]``).
+Quantizer = Callable[[Tensor], Tensor]
+
+
+def _group_opener(fmt: NumberFormat, params: Any, dtype: torch.dtype) -> Callable[[Tensor], tuple[dict | None, Quantizer]]:
+    """From a group's current values (``[rows, k]``): the shared values it fixes (None where the format does
+    not say) and the quantizer of a column (``[rows]`` in ``dtype``) on its grid."""
+
+    def in_dtype(fn: Quantizer) -> Quantizer:
+        return fn if dtype == torch.float32 else lambda col: fn(col.to(torch.float32)).to(dtype)
+
+    if fmt.group_quantizer is not None:
+        def opened(values: Tensor):
+            side, fn = fmt.group_quantizer(params, values.to(torch.float32).contiguous())
+            return side, in_dtype(fn)
+        return opened
+    probe = probe_params(fmt, params)
+
+    def probed(values: Tensor):
+        high, low = values.to(torch.float32).amax(1), values.to(torch.float32).amin(1)
+        return None, in_dtype(lambda col: fmt.quantize(torch.stack([col, high, low], 1), probe)[:, 0])
+    return probed
+
+
+def _elementwise(fmt: NumberFormat, params: Any, dtype: torch.dtype) -> Quantizer:
+    if dtype == torch.float32:
+        return lambda col: fmt.quantize(col, params)
+    return lambda col: fmt.quantize(col.to(torch.float32), params).to(dtype)
+
+
+def gptq(weight: Tensor, hessian: Tensor, fmt: Mapping[str, Any] | None, *, sparsity: Sparsity | None = None,
+         block_size: int = 128, act_order: bool = False, damp: float = 0.01,
+         dtype: torch.dtype = torch.float64) -> GPTQResult:
+    """``weight`` (``[out, in]``) quantized to ``fmt`` (None: kept float) and pruned to ``sparsity`` (None: not
+    pruned) with error compensation for ``hessian`` (``[in, in]``).
 
     The arithmetic runs in ``dtype``; the result has ``weight``'s dtype.
     """
-    number_format, params = parse_format(fmt)
-    if number_format.group is None:
+    number_format, params = parse_format(fmt) if fmt is not None else (None, None)
+    if number_format is not None and number_format.group is None:
         raise UserError(
             f"gptq: format '{number_format.name}' has no column groups to quantize column by column; GPTQ works with "
             "integer, minifloat, log, scaled_integer, mxint, mxfp and the block formats"
         )
-    w = weight.detach().to(dtype).clone()
+    if sparsity is not None and sparsity.m:
+        if act_order:
+            raise UserError(f"sparsity {sparsity.n}:{sparsity.m} needs the columns in their order: act_order must be off")
+        if weight.shape[1] % sparsity.m:
+            raise UserError(f"sparsity {sparsity.n}:{sparsity.m}: the weight's {weight.shape[1]} inputs are not a multiple of {sparsity.m}")
     h = hessian.detach().to(dtype, copy=True)
-    columns = w.shape[1]
+    columns = h.shape[0]
     dead = h.diagonal() == 0
     h[dead, dead] = 1
-    w[:, dead] = 0
     order = torch.argsort(h.diagonal(), descending=True, stable=True) if act_order else torch.arange(columns)
     if act_order:
         h = h.index_select(0, order).index_select(1, order)
     hessians = [h]
     del h
     u = _inverse_factor(hessians, damp)
-    size = number_format.group(params, columns)
-    column_params = probe_params(number_format, params)
+    w = weight.detach().to(dtype).clone()
+    w[:, dead] = 0
+    wt = w.t().index_select(0, order)  # [in, out] in processing order: a column is a contiguous row
+    size = number_format.group(params, columns) if number_format is not None else 1
     position = torch.empty_like(order)
     position[order] = torch.arange(columns)
-    ghosts: dict[int, tuple[Tensor, Tensor]] = {}
-    current = w.clone()  # updated at block boundaries; a block's own columns live in `block`
-    q = torch.zeros_like(w)
-    threads = torch.get_num_threads()
+    group_of = (order // size).tolist()
+    opener = _group_opener(number_format, params, dtype) if size > 1 else None
+    elementwise = (_elementwise(number_format, params, dtype) if number_format is not None else torch.clone) if size == 1 else None
+    opened: dict[int, Quantizer] = {}
+    sides: dict[int, dict | None] = {}
+    diagonal = u.diagonal().tolist()
+    drop = torch.zeros_like(wt, dtype=torch.bool) if sparsity is not None else None
+    qt = torch.empty_like(wt)
+    errors = torch.empty(min(block_size, columns), wt.shape[1], dtype=dtype)
     for start in range(0, columns, block_size):
         stop = min(start + block_size, columns)
-        block = current[:, order[start:stop]].clone()
-        errors = torch.zeros_like(block)
-        torch.set_num_threads(1)  # the column loop's small updates only wait on each other across threads
-        try:
-            for i in range(stop - start):
-                j = int(order[start + i])
-                group = j // size
-                if group not in ghosts:  # its first column: every column of the group is still to be quantized
-                    cols = torch.arange(group * size, min((group + 1) * size, columns))
-                    pos = position[cols]
-                    values = current[:, cols] - errors[:, :i] @ u[start : start + i][:, pos]
-                    inside = pos < stop
-                    values[:, inside] = block[:, pos[inside] - start]
-                    ghosts[group] = (values.amax(1), values.amin(1))
-                value = _quantize_column(number_format, column_params, block[:, i], ghosts[group])
-                q[:, j] = value
-                err = (block[:, i] - value) / u[start + i, start + i]
-                block[:, i:].addr_(err, u[start + i, start + i : stop], alpha=-1)  # one rank-1 update, in place
-                errors[:, i] = err
-        finally:
-            torch.set_num_threads(threads)
-        current[:, order[stop:]] -= errors @ u[start:stop, stop:]
-    q = apply_format(q.to(torch.float32), number_format, params).to(dtype)
+        if sparsity is not None and not sparsity.m:
+            _choose_in_block(drop, wt, u, sparsity.fraction, start, stop)
+        for sub in range(start, stop, SUB_BLOCK):
+            end = min(sub + SUB_BLOCK, stop)
+            for k in range(sub, end):
+                if sparsity is not None and sparsity.m and k % sparsity.m == 0:
+                    _choose_n_of_m(drop, _current(wt, errors, u, torch.arange(k, k + sparsity.m), start, sub, end, stop, k),
+                                   u, sparsity.n, k)
+                if elementwise is not None:
+                    quantize = elementwise
+                else:
+                    g = group_of[k]
+                    quantize = opened.get(g)
+                    if quantize is None:  # the group's first column: none of its columns is quantized yet
+                        values = _current(wt, errors, u, position[g * size : (g + 1) * size], start, sub, end, stop, k)
+                        sides[g], quantize = opener(values)
+                        opened[g] = quantize
+                column = wt[k]
+                value = quantize(column)
+                if drop is not None:
+                    value.masked_fill_(drop[k], 0.0)  # +0.0, as the codes decode
+                qt[k] = value
+                err = errors[k - start]
+                torch.sub(column, value, out=err).div_(diagonal[k])
+                if k + 1 < end:
+                    wt[k + 1 : end].addr_(u[k, k + 1 : end], err, alpha=-1)
+            if end < stop:
+                wt[end:stop].addmm_(u[sub:end, end:stop].t(), errors[sub - start : end - start], alpha=-1)
+        if stop < columns:
+            wt[stop:].addmm_(u[start:stop, stop:].t(), errors[: stop - start], alpha=-1)
+    del wt, errors, u
+    q = qt.index_select(0, position).t()
+    mask = ~drop.index_select(0, position).t() if drop is not None else None
+    side = _assemble(sides) if number_format is not None and number_format.group_quantizer is not None else None
+    if side is None and elementwise is None:  # probed: a value of the format as a whole
+        q = apply_format(q.to(torch.float32), number_format, params).to(dtype)
     h_full = hessian.detach().to(dtype)
-    rtn = apply_format(weight.detach().to(torch.float32), number_format, params).to(dtype)
-    return GPTQResult(
-        weight=q.to(weight.dtype),
-        error=float(((w - q) @ h_full * (w - q)).sum()),
-        rtn_error=float(((w - rtn) @ h_full * (w - rtn)).sum()),
-    )
+    baseline = weight.detach().to(torch.float32)
+    if sparsity is not None:
+        baseline = baseline * lowest_mask(baseline.abs(), sparsity)
+    if number_format is not None:
+        baseline = apply_format(baseline, number_format, params)
+    return GPTQResult(weight=q.to(weight.dtype), side=side, row_error=_row_error(w - q, h_full),
+                      row_rtn_error=_row_error(w - baseline.to(dtype), h_full), mask=mask)
+
+
+def _choose_in_block(drop: Tensor, wt: Tensor, u: Tensor, fraction: float, start: int, stop: int) -> None:
+    """Unstructured SparseGPT: the block's columns (rows ``start:stop`` of ``wt``) lose their share of the
+    pruned count, the weights of least saliency ``w² / U[i, i]²``; the shares add up to ``round(fraction · numel)``."""
+    rows = wt.shape[1]
+    count = round(fraction * rows * stop) - round(fraction * rows * start)
+    saliency = wt[start:stop].square() / u.diagonal()[start:stop, None].square()
+    drop[start:stop].view(-1)[saliency.flatten().argsort(stable=True)[:count]] = True
+
+
+def _choose_n_of_m(drop: Tensor, values: Tensor, u: Tensor, n: int, k: int) -> None:
+    """n:m SparseGPT: of the ``m`` columns from ``k`` (their current ``values``, ``[rows, m]``), each row loses the
+    ``n`` of least saliency."""
+    m = values.shape[1]
+    saliency = values.square() / u.diagonal()[k : k + m].square()
+    lowest = saliency.argsort(dim=1, stable=True)[:, :n]
+    drop[k : k + m].t().scatter_(1, lowest, True)
+
+
+def _current(wt: Tensor, errors: Tensor, u: Tensor, positions: Tensor, start: int, sub: int, end: int, stop: int,
+             k: int) -> Tensor:
+    """The current values (``[rows, len(positions)]``) of the columns at ``positions`` (all at or after ``k``):
+    those in the sub-block are up to date, the block's later ones lack the sub-block's errors so far, the
+    later blocks' lack the block's."""
+    values = wt.index_select(0, positions)
+    later = (positions >= end) & (positions < stop)
+    if k > sub and bool(later.any()):
+        values[later] -= u[sub:k][:, positions[later]].t() @ errors[sub - start : k - start]
+    beyond = positions >= stop
+    if k > start and bool(beyond.any()):
+        values[beyond] -= u[start:k][:, positions[beyond]].t() @ errors[: k - start]
+    return values.t()
+
+
+def _assemble(sides: dict[int, dict | None]) -> dict[str, Tensor] | None:
+    """The per-group shared values side by side, in group order (one group: as it is)."""
+    groups = [sides[g] for g in sorted(sides)]
+    if not groups or any(s is None for s in groups):
+        return None
+    if len(groups) == 1:
+        return groups[0]
+    return {key: torch.cat([s[key] for s in groups], dim=-1) for key in groups[0]}
+
+
+def _row_error(diff: Tensor, h: Tensor) -> Tensor:
+    return ((diff @ h) * diff).sum(1).to(torch.float64)

@@ -29,6 +29,7 @@ tensor([[ 1., -2.,  3.,  0.]])
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -53,6 +54,53 @@ def prune_count(n: int, sparsity: float) -> int:
 
 def _score_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@dataclass(frozen=True)
+class Sparsity:
+    """The weights SparseGPT zeroes: a ``fraction`` of the weight (unstructured), or ``n`` of every ``m``
+    consecutive inputs of each row (``n=2, m=4``: the 2:4 pattern sparse tensor cores run)."""
+
+    fraction: float = 0.0
+    n: int = 0
+    m: int = 0
+
+    def __post_init__(self):
+        if self.m and not 0 < self.n < self.m:
+            raise UserError(f"sparsity {self.n}:{self.m}: n must be between 1 and m - 1")
+        if not self.m and not 0.0 <= self.fraction <= 1.0:
+            raise UserError(f"sparsity {self.fraction!r} is outside the allowed range [0, 1]")
+
+
+def lowest_mask(scores: torch.Tensor, sparsity: Sparsity, per_row: bool = False) -> torch.Tensor:
+    """The keep-mask (``[out, in]``) pruning the lowest ``scores`` in ``sparsity``'s pattern: the ``n`` lowest of
+    every ``m`` consecutive inputs of a row, or ``round(fraction · numel)`` of the whole weight (``per_row``:
+    ``round(fraction · in)`` of each row); ties go to the earlier element.
+
+    >>> lowest_mask(torch.tensor([[1., -3., 2., 0.5], [4., 1., 1., -2.]]).abs(), Sparsity(n=2, m=4)).int().tolist()
+    [[0, 1, 1, 0], [1, 0, 0, 1]]
+    """
+    if sparsity.m:
+        groups = scores.reshape(scores.shape[0], -1, sparsity.m)
+        lowest = groups.argsort(dim=-1, stable=True)[..., : sparsity.n]
+        return torch.ones_like(groups, dtype=torch.bool).scatter_(-1, lowest, False).reshape(scores.shape)
+    if per_row:
+        lowest = scores.argsort(dim=1, stable=True)[:, : prune_count(scores.shape[1], sparsity.fraction)]
+        return torch.ones_like(scores, dtype=torch.bool).scatter_(1, lowest, False)
+    keep = torch.ones(scores.numel(), dtype=torch.bool, device=scores.device)
+    keep[scores.flatten().argsort(stable=True)[: prune_count(scores.numel(), sparsity.fraction)]] = False
+    return keep.reshape(scores.shape)
+
+
+def wanda_mask(weight: torch.Tensor, input_norms: torch.Tensor, sparsity: Sparsity) -> torch.Tensor:
+    """Wanda (Sun et al., 2023): the keep-mask pruning the weights of least ``|w_ij| · ‖x_j‖`` (``input_norms``:
+    the ``L2`` norm of each input over the calibration data), compared within each row (or each ``m`` group).
+
+    >>> wanda_mask(torch.tensor([[1., -3., 2., 0.5]]), torch.tensor([4., 1., 1., 8.]), Sparsity(0.5)).int().tolist()
+    [[1, 0, 0, 1]]
+    """
+    scores = weight.detach().abs().to(_score_dtype(weight.dtype)) * input_norms.to(_score_dtype(weight.dtype))
+    return lowest_mask(scores, sparsity, per_row=True)
 
 
 def weight_scores(
