@@ -195,10 +195,12 @@ class MissingRequirement(PassError):
 
 
 def check_requirements(
-    info: PassInfo, available: set[str], label: str, lacking: str = "the graph does not hold (or a transform since invalidated)"
+    info: PassInfo, available: set[str], label: str, lacking: str = "the graph does not hold (or a transform since invalidated)",
+    params: BaseModel | None = None,
 ) -> None:
-    """Raise a :class:`MissingRequirement` naming what ``info`` needs beyond ``available`` and who provides it."""
-    for need in info.requires:
+    """Raise a :class:`MissingRequirement` naming what ``info`` called with ``params`` needs beyond ``available``
+    and who provides it."""
+    for need in info.requirements(params):
         if need in available:
             continue
         if need == "data":
@@ -270,7 +272,7 @@ def run_pass(info: PassInfo, mg, params: BaseModel | dict | None, context: PassC
     run = PassRun(info, _validated(info, params, where), context, where, target)
     if info.needs_graph and isinstance(target, ModuleModel):
         raise _module_mode_error(info, run.label)
-    check_requirements(info, set(target.facts) | context.facts(), run.label)
+    check_requirements(info, set(target.facts) | context.facts(), run.label, params=run.params)
     instruments = (*_GLOBAL_INSTRUMENTS, *context.instruments)
     for inst in instruments:
         inst.before_pass(run)

@@ -112,6 +112,7 @@ class PassInfo:
     params: type[BaseModel]
     requires: tuple[str, ...] = ()
     provides: tuple[str, ...] = ()
+    requires_for: Callable[[BaseModel], tuple[str, ...]] | None = None
     invalidates: tuple[str, ...] = ()
     doc: str = ""
     module: str = field(default="")
@@ -119,6 +120,13 @@ class PassInfo:
     takes_context: bool = False
     metrics: Metrics = None
     needs_graph: bool = True
+
+    def requirements(self, params: BaseModel | None) -> tuple[str, ...]:
+        """The facts a call with ``params`` requires: ``requires``, and those its params add (``prune`` with
+        a calibrated method needs data)."""
+        if self.requires_for is None or params is None:
+            return self.requires
+        return (*self.requires, *self.requires_for(params))
 
     @property
     def summary(self) -> str:
@@ -206,7 +214,7 @@ def register_pass(
     *,
     kind: PassKind,
     params: type[BaseModel] = NoParams,
-    requires: tuple[str, ...] | list[str] = (),
+    requires: tuple[str, ...] | list[str] | Callable[[BaseModel], tuple[str, ...]] = (),
     provides: tuple[str, ...] | list[str] = (),
     invalidates: tuple[str, ...] | list[str] | None = None,
     replay: bool | None = None,
@@ -216,7 +224,7 @@ def register_pass(
     """Register ``fn(mg, params[, ctx]) -> PassResult`` as pass ``name``; returns the callable pass.
 
     ``requires`` and ``provides`` name metadata facts (e.g. ``"profile"``; ``"data"`` means the run
-    has data); ``invalidates`` the facts a run of this pass makes stale (default: every fact for a
+    has data); ``requires`` may be a function of the params giving them (``prune`` needs data for some methods); ``invalidates`` the facts a run of this pass makes stale (default: every fact for a
     transform, none for an analysis). Pipelines are checked against them before they run, and every
     call is checked against the graph. ``replay`` (default: true for transforms) records the call so
     a saved graph can be rebuilt with the same structure; passes that only change weights (training)
@@ -252,7 +260,8 @@ def register_pass(
             fn=fn,
             kind=kind,
             params=_frozen_model(params),
-            requires=tuple(requires),
+            requires=() if callable(requires) else tuple(requires),
+            requires_for=requires if callable(requires) else None,
             provides=tuple(provides),
             invalidates=tuple(invalidates),
             doc=fn.__doc__ or "",

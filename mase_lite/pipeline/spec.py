@@ -220,7 +220,8 @@ def check_pipeline(spec: PipelineSpec) -> None:
     for i, step in enumerate(spec.steps):
         info = get_pass(step.pass_name)
         try:
-            check_requirements(info, facts, f"steps.{i} ({info.name})", "no earlier step provides (or a transform since invalidated)")
+            check_requirements(info, facts, f"steps.{i} ({info.name})", "no earlier step provides (or a transform since invalidated)",
+                               params=step.params)
         except MissingRequirement as err:
             if err.fact == "data":
                 err = UserError(f"steps.{i} ({info.name}) needs 'data': give the pipeline a `data` section")

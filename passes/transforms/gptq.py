@@ -2,11 +2,14 @@
 
 Run ``quantize`` first: each selected layer keeps its weight format, and GPTQ (:mod:`mase_lite.nn.gptq`)
 chooses the weight values that make the layer's outputs on calibration data closest to the float
-layer's. When the model repeats blocks (a transformer's decoder layers), the inputs of the first block
-are captured once and the blocks are processed in order: a block's layers collect their Hessians over
-those inputs, are quantized, and the block runs again to give the next block its inputs, now from the
-quantized model; peak memory is the model plus one block's Hessians and the calibration activations.
-Layers outside the blocks (an output head) are handled last, over whole-model runs.
+layer's. The layers are handled one
+repeated block at a time (:mod:`mase_lite.passes.layerwise`): a block's layers collect their Hessians over
+the block's inputs from the already quantized blocks before it, and are quantized.
+
+Layers called on the same input (the query, key and value projections; gate and up) share one Hessian and,
+with the same row-wise weight format, are compensated as one weight, their rows side by side (``together``
+in the report). A compensated weight keeps the scales GPTQ fixed for its groups: the layer holds it and
+computes with exactly these values, and a checkpoint or an export stores these scales.
 
 Example::
 
@@ -26,11 +29,12 @@ import torch.nn as nn
 from pydantic import Field
 from torch.nn.utils import parametrize
 
-from mase_lite.ir.capture import caches_off
 from mase_lite.nn.gptq import gptq
+from mase_lite.nn.quant_op import format_key
+from mase_lite.numerics import parse_format
+from mase_lite.passes.layerwise import calibration_batches, collect, each_block, store_weight, weight_of
 from mase_lite.passes.registry import PassError, PassResult, register_pass
 from mase_lite.passes.select import Selection, select_nodes
-from mase_lite.train.batches import model_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -51,42 +55,6 @@ class GPTQParams(Selection):
     )
 
 
-class _Stop(Exception):
-    """Raised by the hook that captures the first block's inputs: the rest of the model need not run."""
-
-
-class _Hessians:
-    """Forward pre-hooks accumulating ``2 X Xᵀ / n`` of each layer's (quantized) input."""
-
-    def __init__(self, layers: dict[str, nn.Module], dtype: torch.dtype):
-        self.sums: dict[str, torch.Tensor] = {}
-        self.counts: dict[str, int] = {}
-        self.dtype = dtype
-        self.handles = [layer.register_forward_pre_hook(self._hook(name)) for name, layer in layers.items()]
-
-    def _hook(self, name: str):
-        def hook(layer: nn.Module, args: tuple) -> None:
-            x = args[0]
-            if getattr(layer, "data_in_quantizer", None) is not None:
-                x = layer.data_in_quantizer(x)
-            x = x.detach().reshape(-1, x.shape[-1]).to(self.dtype)
-            n = self.counts.get(name, 0)
-            total = n + x.shape[0]
-            h = self.sums.get(name)
-            if h is None:
-                h = self.sums[name] = torch.zeros(x.shape[1], x.shape[1], dtype=self.dtype, device=x.device)
-            else:
-                h.mul_(n / total)  # in place: a 5632-wide Hessian is 254 MB in float64
-            h.addmm_(x.t(), x, alpha=2 / total)
-            self.counts[name] = total
-
-        return hook
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-
-
 def _weight_format(name: str, layer: nn.Module) -> dict[str, Any]:
     quantizer = getattr(layer, "weight_quantizer", None)
     if quantizer is None:
@@ -96,69 +64,45 @@ def _weight_format(name: str, layer: nn.Module) -> dict[str, Any]:
     return quantizer.spec.as_dict()
 
 
-def _compensate(name: str, layer: nn.Module, hessian: torch.Tensor, params: GPTQParams) -> dict[str, float]:
-    transposed = getattr(layer, "mase_op", None) == "hf_conv1d"  # transformers' Conv1D keeps [in, out]
-    weight = layer.weight.t() if transposed else layer.weight
-    result = gptq(weight, hessian, _weight_format(name, layer), block_size=params.block_size, act_order=params.act_order,
-                  damp=params.damp, dtype=getattr(torch, params.precision))
-    with torch.no_grad():
-        layer.weight.copy_(result.weight.t() if transposed else result.weight)
-    return {"error": result.error, "rtn_error": result.rtn_error}
+def _row_wise(fmt: dict[str, Any], columns: int) -> bool:
+    """Whether a row's values depend on that row alone (its groups), so layers sharing a Hessian can be
+    compensated as one weight, their rows side by side (not with a scale shared by the whole tensor)."""
+    number_format, params = parse_format(fmt)
+    if number_format.group(params, columns) == 1:
+        return True
+    if number_format.codec is None:
+        return False
+    side = number_format.codec.side(torch.ones(2, columns), params)
+    return side is not None and all(t.dim() > 0 and t.shape[0] == 2 for t in side.values())
 
 
-def _blocks(model: nn.Module, layers: dict[str, nn.Module]) -> tuple[str, nn.ModuleList] | None:
-    """The ``ModuleList`` of repeated blocks holding the most selected layers (a transformer's layers)."""
-    best, count = None, 0
-    for name, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and len(module) > 1:
-            inside = sum(layer.startswith(f"{name}.") for layer in layers) if name else 0
-            if inside > count:
-                best, count = (name, module), inside
-    return best
-
-
-def _first_block_inputs(model: nn.Module, block: nn.Module, batches: list[dict]) -> list[tuple[tuple, dict]]:
-    captured = []
-
-    def hook(module, args, kwargs):
-        captured.append((args, kwargs))
-        raise _Stop
-
-    handle = block.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        for batch in batches:
-            try:
-                model(**batch)
-            except _Stop:
-                pass
-    finally:
-        handle.remove()
-    return captured
-
-
-def _run_block(block: nn.Module, inputs: list[tuple[tuple, dict]]) -> list[tuple[tuple, dict]]:
-    """The block on each input, and the next block's inputs (its output in place of the hidden states)."""
-    nxt = []
-    for args, kwargs in inputs:
-        out = block(*args, **kwargs)
-        hidden = out[0] if isinstance(out, (tuple, list)) else out
-        if args:
-            nxt.append(((hidden, *args[1:]), kwargs))
-        else:
-            nxt.append(((), {**kwargs, "hidden_states": hidden}))
-    return nxt
-
-
-def _compensate_all(layers: dict[str, nn.Module], run, params: GPTQParams, report: dict) -> None:
-    hessians = _Hessians(layers, getattr(torch, params.precision))
-    try:
-        run()
-    finally:
-        hessians.remove()
+def _compensate_all(layers: dict[str, nn.Module], run, params: GPTQParams, report: dict, together: list) -> None:
+    """Collect the layers' Hessians over ``run()`` and compensate each; layers with the same inputs and the same
+    row-wise format are compensated as one weight (one factorisation, one column sweep), listed in ``together``."""
+    hessians = collect(layers, run, getattr(torch, params.precision), who="gptq")
+    sets: dict[tuple, list[str]] = {}
     for name, layer in layers.items():
-        if name not in hessians.sums:
-            raise PassError(f"layer {name!r} was not called on the calibration data; select only layers the model runs")
-        report[name] = _compensate(name, layer, hessians.sums.pop(name), params)
+        fmt = _weight_format(name, layer)
+        fused = _row_wise(fmt, weight_of(layer).shape[1])
+        sets.setdefault((tuple(hessians.history[name]), format_key(fmt), name if not fused else ""), []).append(name)
+    for names in sets.values():
+        if len(names) > 1:
+            together.append(names)
+        hessian = hessians.sums[names[0]]
+        for name in names:
+            hessians.sums.pop(name)
+        fmt = _weight_format(names[0], layers[names[0]])
+        weights = [weight_of(layers[name]) for name in names]
+        result = gptq(torch.cat(weights) if len(weights) > 1 else weights[0], hessian, fmt, block_size=params.block_size,
+                      act_order=params.act_order, damp=params.damp, dtype=getattr(torch, params.precision))
+        del hessian
+        row = 0
+        for name, weight in zip(names, weights):
+            rows = slice(row, row + weight.shape[0])
+            side = result.side if result.side is None or len(names) == 1 else {k: v[rows] for k, v in result.side.items()}
+            store_weight(layers[name], result.weight[rows], side, fmt)
+            report[name] = {"error": float(result.row_error[rows].sum()), "rtn_error": float(result.row_rtn_error[rows].sum())}
+            row += weight.shape[0]
 
 
 @register_pass("gptq", kind="transform", params=GPTQParams, requires=("data",), replay=False,  # a checkpoint keeps its weights
@@ -172,38 +116,18 @@ def gptq_pass(mg, params: GPTQParams, ctx):
     layers = {name: modules[name] for name in names if getattr(modules[name], "weight_quantizer", None) is not None}
     skipped = [name for name in names if name not in layers]
     if not names and params.allow_empty:  # a search chose no layer for GPTQ
-        return PassResult({"layers": {}, "skipped": [], "error": 0.0, "rtn_error": 0.0, "seconds": 0.0, "calibration_rows": 0})
+        return PassResult({"layers": {}, "skipped": [], "together": [], "error": 0.0, "rtn_error": 0.0, "seconds": 0.0, "calibration_rows": 0})
     if not layers:
         raise PassError(f"no selected layer has a weight format to quantize to ({', '.join(skipped[:5]) or 'none selected'}): "
                         "run quantize (with a weight format) before gptq")
     for name, layer in layers.items():
         _weight_format(name, layer)
-    model = mg.source_model
-    device = next(iter(model.parameters()), torch.empty(0)).device
-    loader = ctx.data.loader(params.split, params.batch_size, shuffle=False)
-    batches = [model_inputs(b, mg.input_names, device) for _, b in zip(range(params.num_batches), loader)]
+    batches = calibration_batches(mg, ctx.data, params.split, params.batch_size, params.num_batches)
     report: dict[str, dict[str, float]] = {}
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), caches_off(model):
-            found = _blocks(model, layers)
-            rest = dict(layers)
-            if found is not None:
-                prefix, blocks = found
-                inputs = _first_block_inputs(model, blocks[0], batches)
-                for i, block in enumerate(blocks):
-                    inside = {n: m for n, m in layers.items() if n.startswith(f"{prefix}.{i}.")}
-                    rest = {n: m for n, m in rest.items() if n not in inside}
-                    if inside:
-                        _compensate_all(inside, lambda: _run_block(block, inputs), params, report)
-                    inputs = _run_block(block, inputs)
-                    logger.info("gptq: block %d of %d done", i + 1, len(blocks))
-            if rest:
-                _compensate_all(rest, lambda: [model(**batch) for batch in batches], params, report)
-    finally:
-        model.train(was_training)
+    together: list[list[str]] = []
+    each_block(mg.source_model, layers, batches, lambda inside, run: _compensate_all(inside, run, params, report, together),
+               lambda i, n: logger.info("gptq: block %d of %d done", i, n))
     error, rtn = sum(r["error"] for r in report.values()), sum(r["rtn_error"] for r in report.values())
-    return PassResult({"layers": report, "skipped": skipped, "error": error, "rtn_error": rtn,
+    return PassResult({"layers": report, "skipped": skipped, "together": together, "error": error, "rtn_error": rtn,
                        "seconds": time.perf_counter() - t0,
                        "calibration_rows": sum(len(next(iter(b.values()))) for b in batches)})

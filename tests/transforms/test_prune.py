@@ -114,7 +114,7 @@ def test_selection_matching_nothing_is_an_error_or_a_warning(cnn, caplog):
 def test_bad_configs_name_the_field_and_the_allowed_values(cnn):
     with pytest.raises(UserError, match=r"activation\.scope: Input should be 'local' \(got 'global'\)"):
         passes.prune(cnn, {"activation": {"scope": "global"}})
-    with pytest.raises(UserError, match=r"weight\.method: Input should be 'random' or 'l1-norm' \(got 'l2'\)"):
+    with pytest.raises(UserError, match=r"weight\.method: Input should be 'random', 'l1-norm', 'wanda' or 'sparsegpt' \(got 'l2'\)"):
         passes.prune(cnn, {"weight": {"method": "l2"}})
     with pytest.raises(UserError, match=r"weight\.sparsity: Input should be less than or equal to 1"):
         passes.prune(cnn, {"weight": {"sparsity": 1.5}})

@@ -1,0 +1,189 @@
+"""Layer-wise calibration: statistics of chosen layers' inputs collected one repeated block at a time.
+
+GPTQ, SparseGPT and Wanda change a layer's weight from the layer's inputs on calibration data. When the
+model repeats blocks (a transformer's decoder layers), the inputs of the first block are captured once and
+the blocks are processed in order: ``handle`` sees a block's selected layers and a function that runs the
+block on its inputs (to collect statistics through hooks), changes the layers, and the block runs again to
+give the next block its inputs, now from the changed model. Peak memory is the model plus one block's
+statistics and the calibration activations. Selected layers outside the blocks (an output head) are handled
+last, over whole-model runs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from mase_lite.ir.capture import caches_off
+from mase_lite.numerics.codes import encode
+from mase_lite.passes.registry import PassError
+from mase_lite.train.batches import model_inputs
+
+
+class _Stop(Exception):
+    """Raised by the hook that captures the first block's inputs: the rest of the model need not run."""
+
+
+class InputStatistics:
+    """Forward pre-hooks accumulating, per layer, ``2 X Xᵀ / n`` of its (quantized) input ``X`` (``[rows, in]``),
+    or only its diagonal ``2 Σ x² / n`` with ``diagonal``. Layers called on the same tensor (a block's query,
+    key and value projections) share its product: one GEMM per input and batch, and the same sequence of
+    inputs (``history``) gives bit-identical sums."""
+
+    def __init__(self, layers: dict[str, nn.Module], dtype: torch.dtype, diagonal: bool = False):
+        self.sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, int] = {}
+        self.history: dict[str, list[int]] = {name: [] for name in layers}
+        self.dtype = dtype
+        self.diagonal = diagonal
+        self._last: tuple | None = None  # (input, input format, serial, rows, product) of the latest input
+        self._serial = 0
+        self.handles = [layer.register_forward_pre_hook(self._hook(name)) for name, layer in layers.items()]
+
+    def _product(self, layer: nn.Module, x: torch.Tensor) -> tuple[int, int, torch.Tensor]:
+        quantizer = getattr(layer, "data_in_quantizer", None)
+        key = None if quantizer is None else quantizer.spec.as_dict()
+        last = self._last
+        if last is not None and last[0] is x and last[1] == key:
+            return last[2:]
+        original = x
+        if quantizer is not None:
+            x = quantizer(x)
+        x = x.detach().reshape(-1, x.shape[-1]).to(self.dtype)
+        self._serial += 1
+        self._last = (original, key, self._serial, x.shape[0], x.square().sum(0) if self.diagonal else x.t() @ x)
+        return self._last[2:]
+
+    def _hook(self, name: str):
+        def hook(layer: nn.Module, args: tuple) -> None:
+            serial, rows, product = self._product(layer, args[0])
+            n = self.counts.get(name, 0)
+            total = n + rows
+            h = self.sums.get(name)
+            if h is None:
+                h = self.sums[name] = torch.zeros_like(product)
+            else:
+                h.mul_(n / total)  # in place: a 5632-wide Hessian is 254 MB in float64
+            h.add_(product, alpha=2 / total)
+            self.counts[name] = total
+            self.history[name].append(serial)
+
+        return hook
+
+    def remove(self) -> None:
+        self._last = None
+        for handle in self.handles:
+            handle.remove()
+
+
+def collect(layers: dict[str, nn.Module], run: Callable[[], object], dtype: torch.dtype, diagonal: bool = False,
+            who: str = "the pass") -> InputStatistics:
+    """The layers' input statistics over ``run()``; a layer ``run`` never called is a PassError naming it."""
+    statistics = InputStatistics(layers, dtype, diagonal)
+    try:
+        run()
+    finally:
+        statistics.remove()
+    for name in layers:
+        if name not in statistics.sums:
+            raise PassError(f"{who}: layer {name!r} was not called on the calibration data; select only layers the model runs")
+    return statistics
+
+
+def blocks(model: nn.Module, layers: dict[str, nn.Module]) -> tuple[str, nn.ModuleList] | None:
+    """The ``ModuleList`` of repeated blocks holding the most selected layers (a transformer's layers)."""
+    best, count = None, 0
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 1:
+            inside = sum(layer.startswith(f"{name}.") for layer in layers) if name else 0
+            if inside > count:
+                best, count = (name, module), inside
+    return best
+
+
+def _first_block_inputs(model: nn.Module, block: nn.Module, batches: list[dict]) -> list[tuple[tuple, dict]]:
+    captured = []
+
+    def hook(module, args, kwargs):
+        captured.append((args, kwargs))
+        raise _Stop
+
+    handle = block.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        for batch in batches:
+            try:
+                model(**batch)
+            except _Stop:
+                pass
+    finally:
+        handle.remove()
+    return captured
+
+
+def _run_block(block: nn.Module, inputs: list[tuple[tuple, dict]]) -> list[tuple[tuple, dict]]:
+    """The block on each input, and the next block's inputs (its output in place of the hidden states)."""
+    nxt = []
+    for args, kwargs in inputs:
+        out = block(*args, **kwargs)
+        hidden = out[0] if isinstance(out, (tuple, list)) else out
+        if args:
+            nxt.append(((hidden, *args[1:]), kwargs))
+        else:
+            nxt.append(((), {**kwargs, "hidden_states": hidden}))
+    return nxt
+
+
+def each_block(model: nn.Module, layers: dict[str, nn.Module], batches: list[dict],
+               handle: Callable[[dict[str, nn.Module], Callable[[], object]], None], log: Callable[[int, int], None] | None = None) -> None:
+    """Call ``handle(block_layers, run)`` for the selected layers of each repeated block in order, then for those
+    outside the blocks (``run`` runs the whole model on ``batches``), in evaluation mode without gradients or
+    key/value caches."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), caches_off(model):
+            found = blocks(model, layers)
+            rest = dict(layers)
+            if found is not None:
+                prefix, repeated = found
+                inputs = _first_block_inputs(model, repeated[0], batches)
+                for i, block in enumerate(repeated):
+                    inside = {n: m for n, m in layers.items() if n.startswith(f"{prefix}.{i}.")}
+                    rest = {n: m for n, m in rest.items() if n not in inside}
+                    if inside:
+                        handle(inside, lambda: _run_block(block, inputs))
+                    inputs = _run_block(block, inputs)
+                    if log is not None:
+                        log(i + 1, len(repeated))
+            if rest:
+                handle(rest, lambda: [model(**batch) for batch in batches])
+    finally:
+        model.train(was_training)
+
+
+def calibration_batches(mg, data, split: str, batch_size: int, num_batches: int) -> list[dict]:
+    """The first ``num_batches`` batches of ``split`` (in order), as the model's inputs on its device."""
+    device = next(iter(mg.source_model.parameters()), torch.empty(0)).device
+    loader = data.loader(split, batch_size, shuffle=False)
+    return [model_inputs(b, mg.input_names, device) for _, b in zip(range(num_batches), loader)]
+
+
+def weight_of(layer: nn.Module) -> torch.Tensor:
+    """The weight as its format sees it, ``[out, in]`` (transformers' Conv1D keeps ``[in, out]``)."""
+    stored = getattr(layer, "_stored_view", None)
+    return (stored("weight", layer.weight) if stored is not None else layer.weight).detach()
+
+
+def store_weight(layer: nn.Module, weight: torch.Tensor, side: dict[str, torch.Tensor] | None, fmt: dict | None) -> None:
+    """Write ``weight`` (``[out, in]``) into the layer; where its format stores it as codes under the scales
+    ``side`` (those a sweep fixed), the layer holds it (computes with exactly these values, and a checkpoint
+    stores these scales)."""
+    weight = weight.to(layer.weight.dtype)
+    encoded = encode(weight, fmt, side, values=weight) if side is not None and fmt is not None else None
+    if encoded is not None:
+        layer.restore_parameter("weight", encoded)
+        return
+    with torch.no_grad():
+        weight_of(layer).copy_(weight)
