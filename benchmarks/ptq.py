@@ -93,7 +93,11 @@ def held_out_error(float_model, model, batches) -> float:
 
 
 def child(out: str, model_name: str, batches: int, layers: int, grid: str) -> None:
+    import torch  # noqa: F401  (the imports' memory is the baseline: torch, transformers' Llama, the passes)
+    from transformers import LlamaForCausalLM  # noqa: F401
+
     import mase_lite as ml
+    import mase_lite.passes  # noqa: F401
 
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     config = {**MODELS[model_name], "num_hidden_layers": layers}

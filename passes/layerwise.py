@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from mase_lite.ir.capture import caches_off
+from mase_lite.nn.quantized import quantized_once
 from mase_lite.numerics.codes import encode
 from mase_lite.passes.registry import PassError
 from mase_lite.train.batches import model_inputs
@@ -152,9 +153,10 @@ def each_block(model: nn.Module, layers: dict[str, nn.Module], batches: list[dic
                 for i, block in enumerate(repeated):
                     inside = {n: m for n, m in layers.items() if n.startswith(f"{prefix}.{i}.")}
                     rest = {n: m for n, m in rest.items() if n not in inside}
-                    if inside:
-                        handle(inside, lambda: _run_block(block, inputs))
-                    inputs = _run_block(block, inputs)
+                    with quantized_once(block):  # a weight is quantized once for all the batches
+                        if inside:
+                            handle(inside, lambda: _run_block(block, inputs))
+                        inputs = _run_block(block, inputs)
                     if log is not None:
                         log(i + 1, len(repeated))
             if rest:

@@ -77,22 +77,25 @@ def probe_params(fmt: NumberFormat, params: Any) -> Any:
     return params
 
 
-def _inverse_factor(hessians: list[Tensor], damp: float) -> Tensor:
-    """The upper Cholesky factor ``U`` of the damped Hessian's inverse (``H⁻¹ = Uᵀ U``), from one Cholesky
+def _inverse_factor(hessians: list[Tensor], damp: float) -> tuple[Tensor, float]:
+    """The upper Cholesky factor ``U`` of the damped Hessian's inverse (``H⁻¹ = Uᵀ U``) and the damping ``λ``
+    added to the diagonal, from one Cholesky
     factorisation and one triangular inverse: with ``P`` the reversal permutation and ``P H P = L Lᵀ``,
     ``U = P L⁻¹ P``. The Hessian comes in a list the function empties, so it is released as soon as its
     factor exists (a 5632-wide float64 Hessian is 254 MB)."""
     h = hessians.pop()
-    h.diagonal().add_(damp * h.diagonal().mean())
-    try:
-        factor = torch.linalg.cholesky(h.flip(0, 1))
-    except torch.linalg.LinAlgError:
-        raise UserError(
-            f"gptq: the damped Hessian is not positive definite (damp {damp}); raise damp or the calibration data"
-        ) from None
+    lam = damp * float(h.diagonal().mean())
+    h.diagonal().add_(lam)
+    flipped = h.flip(0, 1)
     del h
-    eye = torch.eye(factor.shape[0], dtype=factor.dtype, device=factor.device)
-    return torch.linalg.solve_triangular(factor, eye, upper=False).flip(0, 1).contiguous()
+    factor, info = torch.linalg.cholesky_ex(flipped)
+    del flipped
+    if int(info):
+        raise UserError(f"gptq: the damped Hessian is not positive definite (damp {damp}); raise damp or the calibration data")
+    inverse = torch.eye(factor.shape[0], dtype=factor.dtype, device=factor.device)
+    torch.linalg.solve_triangular(factor, inverse, upper=False, out=inverse)  # in place: one n² buffer less
+    del factor
+    return inverse.flip(0, 1), lam
 
 
 Quantizer = Callable[[Tensor], Tensor]
@@ -125,12 +128,14 @@ def _elementwise(fmt: NumberFormat, params: Any, dtype: torch.dtype) -> Quantize
 
 
 def gptq(weight: Tensor, hessian: Tensor, fmt: Mapping[str, Any] | None, *, sparsity: Sparsity | None = None,
-         block_size: int = 128, act_order: bool = False, damp: float = 0.01,
-         dtype: torch.dtype = torch.float64) -> GPTQResult:
+         block_size: int = 128, act_order: bool = False, damp: float = 0.01, dtype: torch.dtype = torch.float64,
+         baseline: bool = True) -> GPTQResult:
     """``weight`` (``[out, in]``) quantized to ``fmt`` (None: kept float) and pruned to ``sparsity`` (None: not
     pruned) with error compensation for ``hessian`` (``[in, in]``).
 
-    The arithmetic runs in ``dtype``; the result has ``weight``'s dtype.
+    The arithmetic runs in ``dtype``; the result has ``weight``'s dtype. The layer-output error comes from the
+    sweep itself (the errors it feeds forward: ``Σ err² = (W - Q)(H + λI)(W - Q)ᵀ``, less ``λ‖W - Q‖²``); the
+    baseline's (``baseline=False``: not computed, NaN) costs one more product as large as the sweep's updates.
     """
     number_format, params = parse_format(fmt) if fmt is not None else (None, None)
     if number_format is not None and number_format.group is None:
@@ -152,10 +157,11 @@ def gptq(weight: Tensor, hessian: Tensor, fmt: Mapping[str, Any] | None, *, spar
         h = h.index_select(0, order).index_select(1, order)
     hessians = [h]
     del h
-    u = _inverse_factor(hessians, damp)
-    w = weight.detach().to(dtype).clone()
-    w[:, dead] = 0
-    wt = w.t().index_select(0, order)  # [in, out] in processing order: a column is a contiguous row
+    u, lam = _inverse_factor(hessians, damp)
+    wt = torch.empty(columns, weight.shape[0], dtype=dtype)  # [in, out] in processing order: a column is a contiguous row
+    wt.copy_(weight.detach().t().index_select(0, order) if act_order else weight.detach().t())
+    dead = dead[order]
+    wt[dead] = 0
     size = number_format.group(params, columns) if number_format is not None else 1
     position = torch.empty_like(order)
     position[order] = torch.arange(columns)
@@ -168,6 +174,7 @@ def gptq(weight: Tensor, hessian: Tensor, fmt: Mapping[str, Any] | None, *, spar
     drop = torch.zeros_like(wt, dtype=torch.bool) if sparsity is not None else None
     qt = torch.empty_like(wt)
     errors = torch.empty(min(block_size, columns), wt.shape[1], dtype=dtype)
+    loss = torch.zeros(wt.shape[1], dtype=dtype)
     for start in range(0, columns, block_size):
         stop = min(start + block_size, columns)
         if sparsity is not None and not sparsity.m:
@@ -200,20 +207,28 @@ def gptq(weight: Tensor, hessian: Tensor, fmt: Mapping[str, Any] | None, *, spar
                 wt[end:stop].addmm_(u[sub:end, end:stop].t(), errors[sub - start : end - start], alpha=-1)
         if stop < columns:
             wt[stop:].addmm_(u[start:stop, stop:].t(), errors[: stop - start], alpha=-1)
+        loss.add_(errors[: stop - start].square().sum(0))
     del wt, errors, u
-    q = qt.index_select(0, position).t()
-    mask = ~drop.index_select(0, position).t() if drop is not None else None
+    q = (qt.index_select(0, position) if act_order else qt).t()
+    mask = ~(drop.index_select(0, position) if act_order else drop).t() if drop is not None else None
     side = _assemble(sides) if number_format is not None and number_format.group_quantizer is not None else None
-    if side is None and elementwise is None:  # probed: a value of the format as a whole
+    w = weight.detach().to(dtype)
+    diff = (w - q).masked_fill_(dead[position], 0)  # dead inputs carry no error
+    if side is None and elementwise is None:  # probed: a value of the format as a whole, its error computed
         q = apply_format(q.to(torch.float32), number_format, params).to(dtype)
-    h_full = hessian.detach().to(dtype)
-    baseline = weight.detach().to(torch.float32)
-    if sparsity is not None:
-        baseline = baseline * lowest_mask(baseline.abs(), sparsity)
-    if number_format is not None:
-        baseline = apply_format(baseline, number_format, params)
-    return GPTQResult(weight=q.to(weight.dtype), side=side, row_error=_row_error(w - q, h_full),
-                      row_rtn_error=_row_error(w - baseline.to(dtype), h_full), mask=mask)
+        row_error = _row_error((w - q).masked_fill_(dead[position], 0), hessian.detach().to(dtype))
+    else:
+        row_error = loss.sub_(diff.square().sum(1), alpha=lam)
+    row_baseline = torch.full_like(row_error, float("nan"))
+    if baseline:
+        reference = weight.detach().to(torch.float32)
+        if sparsity is not None:
+            reference = reference * lowest_mask(reference.abs(), sparsity)
+        if number_format is not None:
+            reference = apply_format(reference, number_format, params)
+        row_baseline = _row_error(w - reference.to(dtype), hessian.detach().to(dtype))
+    return GPTQResult(weight=q.to(weight.dtype).contiguous(), side=side, row_error=row_error.to(torch.float64),
+                      row_rtn_error=row_baseline, mask=mask)
 
 
 def _choose_in_block(drop: Tensor, wt: Tensor, u: Tensor, fraction: float, start: int, stop: int) -> None:

@@ -16,7 +16,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
 
 import torch
 import torch.nn as nn
@@ -60,6 +61,7 @@ class OperandQuantizer(nn.Module):
             self.level_means = None
         self._key = format_key(spec.as_dict())
         self._held: tuple | None = None  # (identity of the held tensor, the shared values of its codes)
+        self._memo: tuple | None = None  # (identity of the tensor, its quantized values) inside quantized_once
 
     @torch.no_grad()
     def _initialize(self, x: Tensor) -> None:
@@ -91,6 +93,15 @@ class OperandQuantizer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self._held is not None and self.held(x) is not None:
             return x
+        if self._memo is not None and not torch.is_grad_enabled():
+            identity = _identity(x)
+            if identity is not None and self._memo[0] == identity:
+                return self._memo[1]
+            self._memo = (identity, y := self._quantize(x))
+            return y
+        return self._quantize(x)
+
+    def _quantize(self, x: Tensor) -> Tensor:
         if self.level_means is None:  # one opaque operator: export and compile see no quantizer internals
             return fake_quantize(x, self._key, self.spec.ste)
         if not bool(self.initialized):
@@ -110,6 +121,29 @@ def _identity(x: Tensor) -> tuple | None:
         return x.data_ptr(), x._version, tuple(x.shape), x.stride(), x.dtype, x.device
     except RuntimeError:  # a fake or functional tensor (export, tracing) has no storage to compare
         return None
+
+
+@contextmanager
+def quantized_once(module: nn.Module) -> Iterator[None]:
+    """Within it, each weight and bias quantizer of ``module`` quantizes an unchanged tensor once (without
+    gradients): a calibration loop over many batches pays one quantization per weight. The remembered
+    values are dropped on leaving (they are as large as the weights).
+
+    >>> layer = quantize_module(nn.Linear(4, 2), {"weight": {"name": "mxint", "element_width": 4}})
+    >>> with torch.no_grad(), quantized_once(layer):
+    ...     first = layer.weight_quantizer(layer.weight)
+    ...     first is layer.weight_quantizer(layer.weight)
+    True
+    """
+    quantizers = [m for name, m in module.named_modules()
+                  if isinstance(m, OperandQuantizer) and name.rsplit(".", 1)[-1] in ("weight_quantizer", "bias_quantizer")]
+    for quantizer in quantizers:
+        quantizer._memo = (None, None)
+    try:
+        yield
+    finally:
+        for quantizer in quantizers:
+            quantizer._memo = None
 
 
 class QuantizedLayer:

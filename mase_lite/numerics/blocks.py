@@ -28,7 +28,17 @@ def from_blocks(blocks: Tensor, shape: torch.Size) -> Tensor:
 
 
 def finite_amax(blocks: Tensor) -> Tensor:
-    """The largest finite magnitude of each block, keeping the block dimension (NaN/Inf ignored)."""
+    """The largest finite magnitude of each block, keeping the block dimension (NaN/Inf ignored; +0.0 for a
+    block of zeros). Two reductions when every block is finite (the maximum and minimum propagate NaN and
+    Inf), the masked one only otherwise.
+
+    >>> finite_amax(torch.tensor([[1.0, -3.0], [-0.0, 0.0], [float("nan"), -2.0]])).tolist()
+    [[3.0], [0.0], [2.0]]
+    """
+    if blocks.numel() and blocks.shape[-1]:
+        amax = torch.maximum(blocks.amax(dim=-1, keepdim=True), blocks.amin(dim=-1, keepdim=True).neg_()).abs_()
+        if bool(torch.isfinite(amax).all()):
+            return amax
     magnitudes = torch.where(torch.isfinite(blocks), blocks.abs(), torch.zeros_like(blocks))
     return magnitudes.amax(dim=-1, keepdim=True)
 

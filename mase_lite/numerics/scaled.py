@@ -107,7 +107,6 @@ def stored_scale(scale: Tensor, scale_dtype: str) -> Tensor:
 
 def _scale_and_zero(groups: Tensor, p: ScaledIntegerParams) -> tuple[Tensor, Tensor, float, float]:
     """Per group: the stored scale and the zero point, and the code range."""
-    finite = torch.isfinite(groups)
     if p.symmetric:
         qmax = 2.0 ** (p.width - 1) - 1
         if p.scale is not None:
@@ -116,6 +115,7 @@ def _scale_and_zero(groups: Tensor, p: ScaledIntegerParams) -> tuple[Tensor, Ten
             scale = finite_amax(groups) * p.clip / (qmax + 0.5 if p.full_range else qmax)
         return stored_scale(scale, p.scale_dtype), torch.zeros_like(scale), -qmax - p.full_range, qmax
     qmax = 2.0**p.width - 1
+    finite = torch.isfinite(groups)
     high = torch.where(finite, groups, torch.zeros_like(groups)).amax(-1, keepdim=True).clamp(min=0) * p.clip
     low = torch.where(finite, groups, torch.zeros_like(groups)).amin(-1, keepdim=True).clamp(max=0) * p.clip
     scale = stored_scale((high - low) / qmax, p.scale_dtype)
@@ -158,6 +158,10 @@ def _scaled_side(x: Tensor, p: ScaledIntegerParams) -> dict[str, Tensor]:
     if p.scale == "auto":
         raise ValueError("scaled_integer scale='auto' is chosen by calibration")
     scale, zero, _, _ = _scale_and_zero(_groups(x, p), p)
+    return _stored_side(scale, zero, p)
+
+
+def _stored_side(scale: Tensor, zero: Tensor, p: ScaledIntegerParams) -> dict[str, Tensor]:
     scale, zero = (scale.reshape(1), zero.reshape(1)) if p.granularity == "tensor" else (scale.squeeze(-1), zero.squeeze(-1))
     if p.scale_dtype == "pow2":
         stored = {"scale_exponent": (torch.frexp(scale)[1] - 1).masked_fill(scale == 0, -128).to(torch.int8)}
@@ -200,6 +204,7 @@ def _scaled_group_quantizer(p: ScaledIntegerParams, values: Tensor):
     """The scale (and zero point) a group of ``values`` per row fixes — one for the tensor with granularity
     tensor — and its integer grid for other values of these rows: the steps of :func:`scaled_integer`."""
     scale, zero, lo, hi = _scale_and_zero(_groups(values, p), p)
+    side = _stored_side(scale, zero, p)
     scale, zero = scale.reshape(-1), zero.reshape(-1)
     divisor = torch.where(scale > 0, scale, torch.ones_like(scale))
 
@@ -209,7 +214,7 @@ def _scaled_group_quantizer(p: ScaledIntegerParams, values: Tensor):
             return codes.add_(zero).clamp_(lo, hi).sub_(zero).mul_(scale).add_(0.0)
         return codes.clamp_(lo, hi).mul_(scale).add_(0.0)
 
-    return _scaled_side(values, p), quantize
+    return side, quantize
 
 
 SCALED_INTEGER_CODEC = Codec(bits=lambda p: p.width, side=_scaled_side, codes=_scaled_codes, decode=_scaled_values)

@@ -53,6 +53,8 @@ class GPTQParams(Selection):
     precision: Literal["float32", "float64"] = Field(
         "float32", description="dtype of the Hessians and the updates (float64: twice the memory, for small models)"
     )
+    rounding_error: bool = Field(False, description="also report each layer's output error under plain rounding "
+                                 "(rtn_error: one more product as large as the column updates)")
 
 
 def _weight_format(name: str, layer: nn.Module) -> dict[str, Any]:
@@ -94,14 +96,17 @@ def _compensate_all(layers: dict[str, nn.Module], run, params: GPTQParams, repor
         fmt = _weight_format(names[0], layers[names[0]])
         weights = [weight_of(layers[name]) for name in names]
         result = gptq(torch.cat(weights) if len(weights) > 1 else weights[0], hessian, fmt, block_size=params.block_size,
-                      act_order=params.act_order, damp=params.damp, dtype=getattr(torch, params.precision))
+                      act_order=params.act_order, damp=params.damp, dtype=getattr(torch, params.precision),
+                      baseline=params.rounding_error)
         del hessian
         row = 0
         for name, weight in zip(names, weights):
             rows = slice(row, row + weight.shape[0])
             side = result.side if result.side is None or len(names) == 1 else {k: v[rows] for k, v in result.side.items()}
             store_weight(layers[name], result.weight[rows], side, fmt)
-            report[name] = {"error": float(result.row_error[rows].sum()), "rtn_error": float(result.row_rtn_error[rows].sum())}
+            report[name] = {"error": float(result.row_error[rows].sum())}
+            if params.rounding_error:
+                report[name]["rtn_error"] = float(result.row_rtn_error[rows].sum())
             row += weight.shape[0]
 
 
@@ -116,7 +121,8 @@ def gptq_pass(mg, params: GPTQParams, ctx):
     layers = {name: modules[name] for name in names if getattr(modules[name], "weight_quantizer", None) is not None}
     skipped = [name for name in names if name not in layers]
     if not names and params.allow_empty:  # a search chose no layer for GPTQ
-        return PassResult({"layers": {}, "skipped": [], "together": [], "error": 0.0, "rtn_error": 0.0, "seconds": 0.0, "calibration_rows": 0})
+        return PassResult({"layers": {}, "skipped": [], "together": [], "error": 0.0, "seconds": 0.0, "calibration_rows": 0,
+                           **({"rtn_error": 0.0} if params.rounding_error else {})})
     if not layers:
         raise PassError(f"no selected layer has a weight format to quantize to ({', '.join(skipped[:5]) or 'none selected'}): "
                         "run quantize (with a weight format) before gptq")
@@ -127,7 +133,9 @@ def gptq_pass(mg, params: GPTQParams, ctx):
     together: list[list[str]] = []
     each_block(mg.source_model, layers, batches, lambda inside, run: _compensate_all(inside, run, params, report, together),
                lambda i, n: logger.info("gptq: block %d of %d done", i, n))
-    error, rtn = sum(r["error"] for r in report.values()), sum(r["rtn_error"] for r in report.values())
-    return PassResult({"layers": report, "skipped": skipped, "together": together, "error": error, "rtn_error": rtn,
+    totals = {"error": sum(r["error"] for r in report.values())}
+    if params.rounding_error:
+        totals["rtn_error"] = sum(r["rtn_error"] for r in report.values())
+    return PassResult({"layers": report, "skipped": skipped, "together": together, **totals,
                        "seconds": time.perf_counter() - t0,
                        "calibration_rows": sum(len(next(iter(b.values()))) for b in batches)})

@@ -189,7 +189,7 @@ def test_the_pass_compensates_a_decoder_block_by_block():
     with torch.no_grad():
         reference_logits = [float_model(**b).logits for b in data.batches]
         rtn = sum(float((mg.model(**b).logits - r).square().sum()) for b, r in zip(data.batches, reference_logits))
-    mg, info = ml.passes.gptq(mg, {"num_batches": 4, "act_order": True}, data=data)
+    mg, info = ml.passes.gptq(mg, {"num_batches": 4, "act_order": True, "rounding_error": True}, data=data)
     assert len(info["layers"]) == 14 and info["skipped"] == ["lm_head"] and info["error"] < info["rtn_error"]
     assert info["calibration_rows"] == 16
     with torch.no_grad():
@@ -203,6 +203,19 @@ def test_a_layer_without_a_weight_format_is_named():
     mg = ml.MaseGraph(nn.Sequential(nn.Linear(4, 4)), example_inputs={"input": torch.randn(2, 4)})
     with pytest.raises(PassError, match=r"no selected layer has a weight format to quantize to \(0\): run quantize"):
         ml.passes.gptq(mg, {}, data=Data(5))
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_the_sweeps_error_is_the_layer_output_error(dtype, tolerance, act_order):
+    w, h, _ = correlated(n_out=30)
+    h[5, :] = h[:, 5] = 0  # a dead input
+    fmt = {"name": "scaled_integer", "width": 3, "granularity": "group", "group_size": 16}
+    result = gptq(w, h, fmt, act_order=act_order, block_size=24, dtype=dtype, baseline=False)
+    diff = w.double() - result.weight.double()
+    diff[:, 5] = 0
+    torch.testing.assert_close(result.row_error, ((diff @ h) * diff).sum(1), rtol=tolerance, atol=0)
+    assert result.row_rtn_error.isnan().all()
 
 
 def test_rows_are_independent_so_layers_sharing_a_hessian_run_as_one():
@@ -226,6 +239,7 @@ def test_the_pass_shares_hessians_and_the_layers_hold_the_scales_gptq_fixed(tmp_
            "scale_dtype": "float16"}
     mg, _ = ml.passes.quantize(mg, {"by": "type", "rules": {"head": None, "linear": {"weight": fmt}}})
     mg, info = ml.passes.gptq(mg, {"num_batches": 2, "act_order": True}, data=Data(50))
+    assert "rtn_error" not in info and info["error"] == sum(layer["error"] for layer in info["layers"].values())
     attn, mlp = "model.layers.{}.self_attn.{}_proj", "model.layers.{}.mlp.{}_proj"
     assert info["together"] == [[attn.format(i, p) for p in "qkv"] for i in (0,)] + [[mlp.format(0, "gate"), mlp.format(0, "up")]] \
         + [[attn.format(1, p) for p in "qkv"], [mlp.format(1, "gate"), mlp.format(1, "up")]]
