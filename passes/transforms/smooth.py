@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
-import torch.nn as nn
 from pydantic import Field
 
-from mase_lite.ir.ops import function_packet_name
+from mase_lite.passes.folding import fold_target, input_groups, linear_weight
 from mase_lite.passes.registry import PassError, PassResult, register_pass
 from mase_lite.passes.select import Selection, select_nodes
 
@@ -34,41 +33,6 @@ class SmoothParams(Selection):
     power_of_two: bool = Field(False, description="round each factor to a power of two (the float model stays bit-exact)")
 
 
-def _weight(module: nn.Module) -> torch.Tensor:
-    """The ``[out, in]`` weight of a Linear (or transformers' Conv1D, stored ``[in, out]``)."""
-    return module.weight.t() if getattr(module, "mase_op", None) == "hf_conv1d" else module.weight
-
-
-def _fold_target(mg, producer: fx.Node, channels: int, modules: dict[str, nn.Module]):
-    """``(divide(s), description)`` for the node making the group's input, or ``(None, reason)``."""
-    if producer.op == "call_module":
-        module = modules[producer.target]
-        if isinstance(module, nn.LayerNorm) and module.weight is not None and module.weight.shape == (channels,):
-            def divide(s):
-                module.weight.div_(s)
-                if module.bias is not None:
-                    module.bias.div_(s)
-            return divide, f"LayerNorm {producer.target}"
-        if hasattr(module, "weight") and _weight(module).shape[0] == channels and getattr(module, "mase_op", None) in ("linear", "hf_conv1d"):
-            weight, bias = _weight(module), getattr(module, "bias", None)
-
-            def divide(s):
-                weight.div_(s.unsqueeze(1))
-                if bias is not None:
-                    bias.div_(s)
-            return divide, f"Linear {producer.target}"
-    if producer.op == "call_function" and function_packet_name(producer.target) == "mul":
-        for arg in producer.args:
-            if isinstance(arg, fx.Node) and arg.op == "get_attr":
-                try:
-                    param = mg.model.get_parameter(arg.target)
-                except AttributeError:  # a buffer or a constant
-                    continue
-                if param.shape == (channels,):
-                    return (lambda s, p=param: p.div_(s)), f"norm weight {arg.target}"
-    return None, f"its input comes from {producer.name} ({producer.op} {producer.target}), which no factor folds into"
-
-
 @register_pass("smooth", kind="transform", params=SmoothParams, requires=("calibration",), replay=False)
 def smooth_pass(mg, params: SmoothParams):
     """Migrate activation outliers into the weights per input channel, folded into norms or Linears (SmoothQuant)."""
@@ -76,23 +40,15 @@ def smooth_pass(mg, params: SmoothParams):
     nodes = [n for n in select_nodes(mg, params.by, params.targets, params.allow_empty, modules_only=True)
              if hasattr(modules[n.target], "weight") and isinstance(n.args[0], fx.Node)]
     calibration = mg.analyses["calibration"]
-    groups: dict[fx.Node, list[fx.Node]] = {}
-    for node in nodes:
-        groups.setdefault(node.args[0], []).append(node)
     smoothed, skipped = {}, {}
     with torch.no_grad():
-        for producer, group in groups.items():
+        for producer, group in input_groups(nodes).items():
             names = [n.name for n in group]
             missing = [n for n in names if "channel_absmax" not in calibration.get(n, {}).get("data_in", {})]
             if missing:
                 raise PassError(f"node {missing[0]!r} has no calibration record of its input: calibrate it before smooth")
-            outside = [u.name for u in producer.users if u not in group]
-            if outside:
-                skipped[", ".join(names)] = f"its input is also read by {', '.join(outside[:3])}"
-                continue
-            weights = [_weight(modules[n.target]) for n in group]
-            channels = weights[0].shape[1]
-            divide, where = _fold_target(mg, producer, channels, modules)
+            weights = [linear_weight(modules[n.target]) for n in group]
+            divide, where = fold_target(mg, producer, group, modules)
             if divide is None:
                 skipped[", ".join(names)] = where
                 continue

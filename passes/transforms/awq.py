@@ -1,0 +1,128 @@
+"""The ``awq`` pass (AWQ, Lin et al., 2023): per-input-channel scales that protect the salient weights.
+
+Run ``quantize`` first (a weight format per Linear). For each group of Linears reading one input (q/k/v,
+gate/up), the input's mean magnitude per channel ``m_j`` over calibration data gives candidate scales
+``s = m**α`` (normalised to a geometric mean of 1) for ``α`` on a grid in ``[0, 1)``; each candidate is
+judged by the group's output error ``Σ ||X Wᵀ - (X/s) Q(W·s)ᵀ||²`` on the calibration rows with each
+layer's own weight format ``Q``, and the best is folded like SmoothQuant's (:mod:`mase_lite.passes.folding`):
+the input divided by ``s`` where it is made (a norm's weight, a preceding Linear's rows), the weight
+columns multiplied by ``s``. ``α = 0`` (no scaling) is a candidate, so no group gets worse on these rows.
+The float model computes the same function; the weights' salient columns are now larger, so rounding
+costs them less. Groups are handled one repeated block at a time (:mod:`mase_lite.passes.layerwise`),
+each on the inputs the blocks before it give after their own scaling. Follow it with ``gptq`` or just
+let the quantized layers round.
+
+Example::
+
+    {"pass": "quantize", "params": {"by": "type", "rules": {"head": null, "linear": {"weight": {"name":
+        "scaled_integer", "width": 4, "granularity": "group", "group_size": 128}}}}},
+    {"pass": "awq", "params": {"num_batches": 16}}
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from pydantic import Field
+
+from mase_lite.numerics import quantize
+from mase_lite.passes.folding import fold_target, input_groups, linear_weight
+from mase_lite.passes.layerwise import calibration_batches, each_block
+from mase_lite.passes.registry import PassError, PassResult, register_pass
+from mase_lite.passes.select import Selection, select_nodes
+
+
+class AWQParams(Selection):
+    targets: list[str] = Field(default_factory=lambda: ["linear"], description="Linears to scale (those with a weight format)")
+    num_batches: int = Field(16, ge=1, description="calibration batches")
+    batch_size: int = Field(8, ge=1, description="rows per calibration batch")
+    split: str = Field("train", description="data split of the calibration batches")
+    grid: int = Field(20, ge=1, description="exponents tried: 0, 1/grid, ..., (grid - 1)/grid")
+    max_rows: int = Field(4096, ge=1, description="calibration rows (tokens) per group the search judges on")
+
+
+def _inputs(leaders: dict[str, nn.Module], run, max_rows: int) -> dict[str, torch.Tensor]:
+    """Up to ``max_rows`` rows of each leader's input over ``run()``, in float32."""
+    kept: dict[str, list[torch.Tensor]] = {name: [] for name in leaders}
+
+    def hook(name):
+        def record(module, args):
+            rows = sum(t.shape[0] for t in kept[name])
+            if rows < max_rows:
+                kept[name].append(args[0].detach().reshape(-1, args[0].shape[-1])[: max_rows - rows].float())
+        return record
+
+    handles = [module.register_forward_pre_hook(hook(name)) for name, module in leaders.items()]
+    try:
+        run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    for name, rows in kept.items():
+        if not rows:
+            raise PassError(f"awq: layer {name!r} was not called on the calibration data; select only layers the model runs")
+    return {name: torch.cat(rows) for name, rows in kept.items()}
+
+
+def _best_scales(x: torch.Tensor, weights: list[torch.Tensor], formats: list[dict], grid: int) -> tuple[torch.Tensor, float, float, float]:
+    """``(s, α, error, error at α = 0)`` minimising the group's output error over ``x``."""
+    magnitude = x.abs().mean(0)
+    floats = [w.detach().float() for w in weights]
+    reference = [x @ w.t() for w in floats]
+    best = None
+    for step in range(grid):
+        alpha = step / grid
+        s = magnitude.pow(alpha).clamp(min=1e-4)
+        s = s / (s.max() * s.min()).sqrt()
+        error = sum(float((x @ (quantize(w * s, fmt) / s).t() - ref).square().sum())
+                    for w, fmt, ref in zip(floats, formats, reference))
+        if step == 0:
+            unscaled = error
+        if best is None or error < best[2]:
+            best = (s, alpha, error)
+    return (*best, unscaled)
+
+
+@register_pass("awq", kind="transform", params=AWQParams, requires=("data",), replay=False)
+def awq_pass(mg, params: AWQParams, ctx):
+    """Activation-aware per-channel weight scales, searched on calibration data and folded into the input's producer."""
+    modules = mg.modules
+    nodes = select_nodes(mg, params.by, params.targets, params.allow_empty, modules_only=True)
+    quantized = [n for n in nodes if getattr(modules[n.target], "weight_quantizer", None) is not None]
+    skipped = {n.name: "no weight format (run quantize with one first)" for n in nodes if n not in quantized}
+    if not quantized:
+        if params.allow_empty:
+            return PassResult({"groups": {}, "skipped": skipped})
+        raise PassError("awq: no selected Linear has a weight format: run quantize (with a weight format) before awq")
+    groups = {}
+    for producer, group in input_groups(quantized).items():
+        divide, where = fold_target(mg, producer, group, modules)
+        if divide is None:
+            skipped[", ".join(n.name for n in group)] = where
+        else:
+            groups[group[0].target] = (group, divide, where)
+    report: dict[str, dict] = {}
+
+    def handle(inside: dict[str, nn.Module], run) -> None:
+        leaders = {target: module for target, module in inside.items() if target in groups}
+        if not leaders:
+            return
+        inputs = _inputs(leaders, run, params.max_rows)
+        with torch.no_grad():
+            for target, x in inputs.items():
+                group, divide, where = groups[target]
+                weights = [linear_weight(modules[n.target]) for n in group]
+                formats = [modules[n.target].weight_quantizer.spec.as_dict() for n in group]
+                s, alpha, error, unscaled = _best_scales(x, weights, formats, params.grid)
+                divide(s.to(weights[0].dtype))
+                for w in weights:
+                    w.mul_(s.to(w.dtype))
+                report[", ".join(n.name for n in group)] = {"alpha": alpha, "error": error, "unscaled_error": unscaled,
+                                                           "into": where}
+
+    leaders = {target: modules[target] for target in groups}
+    each_block(mg.source_model, leaders, calibration_batches(mg, ctx.data, params.split, params.batch_size, params.num_batches),
+               handle)
+    return PassResult({"groups": report, "skipped": skipped,
+                       "error": sum(g["error"] for g in report.values()),
+                       "unscaled_error": sum(g["unscaled_error"] for g in report.values())})
