@@ -59,7 +59,7 @@ def shrunk(path: Path, tmp_path: Path) -> dict:
 
 def test_every_task_spec_validates_against_its_schema():
     assert {p.stem for p in SEARCHES} == {
-        "llm_ptq_sweep", "llm_mixed_precision", "llm_gptq_sweep", "llm_smoothquant", "llm_methods_search",
+        "llm_ptq_sweep", "llm_mixed_precision", "llm_gptq_sweep", "llm_smoothquant", "llm_methods_search", "llm_outliers_methods",
         "cnn_quantize_sweep", "cnn_prune_sweep", "vit_quantize_sweep", "vit_prune_sweep",
     }
     for path in SPECS:
@@ -80,6 +80,8 @@ def test_each_task_search_runs_shrunk_and_draws_its_plots(path, tmp_path):
             assert all(metric in metrics for plot in spec["plots"] for metric in plot["y"])
             if path.stem.startswith("llm"):
                 assert 1 < metrics["fp32.perplexity_bound"] < metrics["fp32.perplexity"]
+            if "outliers.perplexity" in metrics:  # the outliers leave the float model's function as it was
+                assert metrics["outliers.perplexity"] == metrics["fp32.perplexity"]
     for plot in spec["plots"]:
         data = (tmp_path / path.stem / plot["file"]).read_bytes()
         assert data.startswith(PNG) and len(data) > 5000
