@@ -190,6 +190,10 @@ class PassInfo:
         """Run the pass on ``mg`` through the pass manager (see :func:`mase_lite.passes.manager.run_pass`)."""
         from mase_lite.passes.manager import PassContext, run_pass
 
+        if "data" in context_fields:
+            from mase_lite.train.batches import as_data
+
+            context_fields["data"] = as_data(context_fields["data"])
         if context is None:
             context = PassContext(**context_fields)
         elif context_fields:

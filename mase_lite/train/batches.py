@@ -69,3 +69,32 @@ def forward_batch(
     if loss is None:
         loss = TASKS[task].loss(logits, batch)
     return loss, logits
+
+
+class GivenBatches:
+    """Batches given as they are (model-input dicts), seen as the run's data by the passes that take data:
+    every split and batch size gives these batches, in order.
+
+    >>> data = GivenBatches([{"input_ids": torch.tensor([[1, 2]])}])
+    >>> data.input_names, len(list(data.loader("train", 8)))
+    (['input_ids'], 1)
+    """
+
+    def __init__(self, batches: list[dict]):
+        self.batches = batches
+        self.input_names = [k for k, v in batches[0].items() if isinstance(v, torch.Tensor)]
+
+    def loader(self, split: str, batch_size: int, shuffle: bool = False, seed: int = 0) -> list[dict]:
+        return self.batches
+
+
+def as_data(data):
+    """``data=`` of a pass call: the pipeline's data (anything with ``loader(split, batch_size)``), or an iterable
+    of model-input dicts (the batches, as :class:`GivenBatches`)."""
+    if data is None or hasattr(data, "loader"):
+        return data
+    batches = list(data) if not isinstance(data, (str, bytes, dict, torch.Tensor)) and hasattr(data, "__iter__") else None
+    if not batches or not all(isinstance(b, dict) and b for b in batches):
+        raise UserError(f"data= takes the run's data (a DataModule, e.g. result.data) or a list of model-input dicts "
+                        f"(batches such as {{'input_ids': tensor}}), got {type(data).__name__}")
+    return GivenBatches(batches)

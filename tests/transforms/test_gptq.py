@@ -12,6 +12,7 @@ import mase_lite as ml
 from mase_lite.nn.gptq import gptq
 from mase_lite.numerics import get_format, parse_format, quantize
 from mase_lite.numerics.codes import decode, encode
+from mase_lite.errors import UserError
 from mase_lite.passes.registry import PassError
 
 
@@ -256,3 +257,22 @@ def test_the_pass_shares_hessians_and_the_layers_hold_the_scales_gptq_fixed(tmp_
     loaded = ml.load(tmp_path / "ckpt").model
     with torch.no_grad():
         assert torch.equal(loaded(**batch).logits, logits)
+
+
+def test_data_may_be_a_list_of_model_input_dicts():
+    def run(data):
+        torch.manual_seed(0)
+        config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                             intermediate_size=64, vocab_size=50)
+        mg = ml.MaseGraph(LlamaForCausalLM(config).eval(), hf_input_names=["input_ids", "attention_mask", "labels"])
+        mg, _ = ml.passes.quantize(mg, {"by": "type", "rules": {"head": None, "linear": {"weight": {"name": "mxint", "element_width": 4}}}})
+        mg, info = ml.passes.gptq(mg, {"num_batches": 4}, data=data)
+        return info["error"], mg.modules["model.layers.1.mlp.down_proj"].weight.detach()
+
+    given = Data(50)
+    (error, weight), (listed_error, listed_weight) = run(given), run(list(given.batches))
+    assert listed_error == error and torch.equal(listed_weight, weight)
+    mg = ml.MaseGraph(nn.Sequential(nn.Linear(4, 4)), example_inputs={"input": torch.randn(2, 4)})
+    with pytest.raises(UserError, match=r"data= takes the run's data \(a DataModule, e.g. result.data\) or a list of "
+                                        r"model-input dicts \(batches such as \{'input_ids': tensor\}\), got int"):
+        ml.passes.gptq(mg, {}, data=3)
