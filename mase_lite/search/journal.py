@@ -5,6 +5,8 @@
 * A record a killed writer left half-written, or garbage as the last line, is dropped when a worker
   opens the journal (the trial it belonged to runs again); anything wrong before the last line is
   real corruption, refused with a ``UserError`` naming the file and the line.
+* A journal that is not a regular file (a directory, a FIFO) or that was emptied while the directory
+  holds the search's results is refused naming the file, before anything opens it.
 * Records are forced to disk (fsync) when a study or trial is created or a trial ends, not after
   each of a running trial's writes (a parameter, an attribute, a heartbeat): a machine crash can
   lose only running trials' last writes, and those trials run again.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -151,8 +154,32 @@ def _cut(path: Path, size: int, line: int, why: str) -> None:
         os.fsync(f.fileno())
 
 
+RESULTS = ("search_report.json", "trials.csv")  # what a search that ran leaves beside its journal
+
+
+def _check_file(path: Path) -> None:
+    """A UserError naming ``path`` when it is not a journal this search can open: not a regular file (a
+    directory, a FIFO that would block the open, a device), or emptied beside the results of trials it held."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise UserError(f"{path}: cannot read the study journal ({err.strerror})") from None
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise UserError(f"{path}: the study journal is {kind}; move it away (the search keeps its trials in a file)")
+    if os.path.getsize(path) == 0:
+        left = [name for name in RESULTS if (path.parent / name).exists()]
+        if left:
+            raise UserError(f"{path}: the study journal is empty, but {path.parent} holds a search's results ({left[0]}): "
+                            "it was emptied, and its trials would be lost. Restore it, or move the directory away to "
+                            "start the study over")
+
+
 def open_journal(path: Path) -> TrialSyncedJournalFileBackend:
     """The journal backend at ``path``, its last record repaired (see :func:`repair`) under its lock."""
+    _check_file(path)
     lock = JournalFileOpenLock(str(path))
     backend = TrialSyncedJournalFileBackend(str(path), lock)
     lock.acquire()

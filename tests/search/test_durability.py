@@ -277,3 +277,24 @@ def test_a_postgresql_server_that_stays_down_stops_the_worker(tmp_path, tiny_sea
     last = output.strip().splitlines()[-1]
     assert last.startswith(f"mase-lite: error: storage: {postgres.url} is unreachable (") and "retried for 2 s" in last
     worker.send_signal(signal.SIGKILL) if worker.poll() is None else None
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "emptied"])
+def test_a_journal_that_is_not_a_study_file_is_refused_naming_it(kind, tmp_path):
+    journal = tmp_path / "study.journal"
+    if kind == "directory":
+        journal.mkdir()
+        message = r"study.journal: the study journal is a directory; move it away"
+    elif kind == "fifo":
+        os.mkfifo(journal)
+        message = r"study.journal: the study journal is a FIFO; move it away"
+    else:
+        journal.write_bytes(b"")
+        (tmp_path / "trials.csv").write_text("number,value\n0,1.0\n")
+        message = (r"study.journal: the study journal is empty, but .* holds a search's results \(trials.csv\): it was "
+                   r"emptied, and its trials would be lost")
+    with pytest.raises(UserError, match=message):
+        open_storage(None, tmp_path, heartbeat_interval=1)
+    journal.unlink() if kind != "directory" else journal.rmdir()
+    (tmp_path / "trials.csv").unlink(missing_ok=True)
+    open_storage(None, tmp_path, heartbeat_interval=1)  # a new study's journal: absent, then created
