@@ -14,9 +14,11 @@ from torch import Tensor
 
 
 def to_blocks(x: Tensor, block_size: int) -> Tensor:
-    """``x`` as ``(*rows, n_blocks, block_size)``, each row zero-padded to a multiple of ``block_size``."""
+    """``x`` as ``(*rows, n_blocks, block_size)``, each row zero-padded to a multiple of ``block_size`` (a view of
+    ``x`` where its rows tile: not to be written to)."""
     rows = x.reshape(x.shape if x.dim() else (1,))
-    padded = F.pad(rows, (0, -rows.shape[-1] % block_size))
+    pad = -rows.shape[-1] % block_size
+    padded = F.pad(rows, (0, pad)) if pad else rows  # rows that tile need no copy
     return padded.reshape(*padded.shape[:-1], padded.shape[-1] // block_size, block_size)
 
 

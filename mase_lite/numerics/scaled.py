@@ -186,10 +186,13 @@ def _scales_of(side: dict[str, Tensor], p: ScaledIntegerParams) -> tuple[Tensor,
 
 def _scaled_codes(values: Tensor, side: dict[str, Tensor], p: ScaledIntegerParams) -> Tensor:
     scale, zero = _scales_of(side, p)
-    groups = _groups(values, p).double()
+    # a value is float32(code × scale): in float32, value / scale is within |code| · 2**-22 of the code, so up
+    # to 16 bits it rounds back to it exactly (float64 beyond)
+    dtype = torch.float32 if p.width <= 16 else torch.float64
+    groups = _groups(values, p).to(dtype)
     live = scale > 0
-    steps = torch.where(live, groups / torch.where(live, scale, 1.0).double(), 0.0).round()
-    codes = exact_integers(steps + zero.double())
+    steps = torch.where(live, groups / torch.where(live, scale, 1.0).to(dtype), 0.0).round()
+    codes = exact_integers(steps + zero.to(dtype))
     return _ungroup(offset_codes(codes, p.width) if p.symmetric else codes, values, p)
 
 
