@@ -29,6 +29,7 @@ both inputs of a functional op) — what the flat form means when no key names a
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Annotated, Any, Literal, Mapping, Union
@@ -37,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import PydanticCustomError, core_schema
 from torch import Tensor
 
-from mase_lite.errors import UserError, validation_problems
+from mase_lite.errors import UserError, short, validation_problems
 from mase_lite.numerics import FormatParams, NumberFormat, apply_format, get_format
 from mase_lite.numerics.registry import format_names
 from mase_lite.numerics.ste import SteKind
@@ -291,6 +292,25 @@ def _explain(error: dict) -> QuantConfigError | None:
     return None
 
 
+def format_key_error(error: dict, document: Any) -> QuantConfigError | None:
+    """An unknown key of a number format's params (pydantic's ``extra_forbidden``), in words: the format's keys
+    and the nearest one (``widht``: did you mean 'width'?), found by following the error's path through the
+    validated ``document``; None for another error."""
+    if error["type"] != "extra_forbidden":
+        return None
+    node, path = document, []
+    for part in error["loc"][:-1]:  # parts that are not keys or indices are the unions' tags
+        if isinstance(node, Mapping) and part in node or isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node, path = node[part], [*path, part]
+    name = node.get("name", node.get("format")) if isinstance(node, Mapping) else None
+    if not isinstance(name, str) or name not in format_names():
+        return None
+    key, keys = str(error["loc"][-1]), sorted(get_format(name).params.model_fields)
+    near = difflib.get_close_matches(key, keys, n=1)
+    return QuantConfigError(f"unknown key for format '{name}'; {f'did you mean {near[0]!r}? ' if near else ''}"
+                            f"allowed keys: {', '.join(keys)} (got {short(error['input'])})", location=(*path, key))
+
+
 def _precedence(operand: str) -> int:
     """``inputs`` first, then the aliases of a functional op, so a specific operand overrides them."""
     return {"inputs": 0, "data_in": 1, "weight": 2}.get(operand, 3)
@@ -353,7 +373,8 @@ def validate_spec(config: Any, where: str = "config") -> BaseModel | None:
     try:
         return QuantSpec.model_validate(config)
     except ValidationError as err:
-        raise QuantConfigError(problems=validation_problems(err, model=QuantSpec, explain=_explain), location=(where,)) from None
+        raise QuantConfigError(problems=validation_problems(
+            err, model=QuantSpec, explain=lambda e: _explain(e) or format_key_error(e, config)), location=(where,)) from None
 
 
 def parse_quant_config(

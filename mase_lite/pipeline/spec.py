@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 
 from mase_lite.errors import Scope, UserError, validation_problems
+from mase_lite.nn.quant_config import format_key_error
 from mase_lite.plugins import import_plugins
 from mase_lite.passes.manager import BASE_FACTS, MissingRequirement, check_requirements
 from mase_lite.passes.registry import MODULE_MODE
@@ -139,8 +140,11 @@ def _explain(error: dict) -> UserError | None:
     return None
 
 
-def spec_error(err: ValidationError, source: str, model: type[BaseModel]) -> UserError:
-    return UserError(f"invalid pipeline spec {source}:", problems=validation_problems(err, model=model, explain=_explain))
+def spec_error(err: ValidationError, source: str, model: type[BaseModel], document: Any = None) -> UserError:
+    """The spec's problems, one per line; ``document`` (what was validated) lets a format's unknown key be named
+    with the format's keys."""
+    explain = lambda e: _explain(e) or format_key_error(e, document)  # noqa: E731
+    return UserError(f"invalid pipeline spec {source}:", problems=validation_problems(err, model=model, explain=explain))
 
 
 def is_report(source: Any) -> bool:
@@ -186,7 +190,7 @@ def load_spec(source: str | Path | dict | BaseModel, plugins: list[str] = (), re
     try:  # as JSON, strictly: `true` is not a number and "8" is not an integer
         spec = model.model_validate_json(json.dumps(source, default=str), strict=True)
     except ValidationError as err:
-        raise spec_error(err, name, model) from None
+        raise spec_error(err, name, model, source) from None
     spec._recorded = recorded
     return spec
 

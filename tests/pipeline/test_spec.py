@@ -98,3 +98,11 @@ def test_report_json_is_accepted_as_a_spec():
     report = {"spec": spec.model_dump(mode="json", by_alias=True), "versions": {}}
     reproduced = load_spec(report)
     assert reproduced.model_dump() == spec.model_dump() and reproduced.recorded and not spec.recorded
+
+
+def test_a_formats_unknown_key_names_the_formats_keys_and_the_nearest():
+    spec = {"steps": [{"pass": "quantize", "params": {"by": "type", "rules": {"linear": {"weight": {"name": "scaled_integer", "widht": 4}}}}}]}
+    with pytest.raises(UserError, match=r"steps.0.params.rules.linear.weight.widht: unknown key for format 'scaled_integer'; "
+                                        r"did you mean 'width'\? allowed keys: clip, full_range, granularity, group_size, "
+                                        r"scale, scale_dtype, symmetric, width \(got 4\)"):
+        load_spec(spec)
