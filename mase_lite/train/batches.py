@@ -89,12 +89,12 @@ class GivenBatches:
 
 
 def as_data(data):
-    """``data=`` of a pass call: the pipeline's data (anything with ``loader(split, batch_size)``), or an iterable
-    of model-input dicts (the batches, as :class:`GivenBatches`)."""
-    if data is None or hasattr(data, "loader"):
-        return data
-    batches = list(data) if not isinstance(data, (str, bytes, dict, torch.Tensor)) and hasattr(data, "__iter__") else None
-    if not batches or not all(isinstance(b, dict) and b for b in batches):
+    """``data=`` of a pass call: the pipeline's data (an object with ``loader(split, batch_size)``, passed on), or
+    a list of model-input dicts (the batches, as :class:`GivenBatches`); a number, a string, a tensor or a
+    list of other things is refused in one line."""
+    if isinstance(data, (list, tuple)) and data and all(isinstance(b, dict) and b for b in data):
+        return GivenBatches(list(data))
+    if isinstance(data, (list, tuple, dict, str, bytes, int, float, torch.Tensor)):
         raise UserError(f"data= takes the run's data (a DataModule, e.g. result.data) or a list of model-input dicts "
                         f"(batches such as {{'input_ids': tensor}}), got {type(data).__name__}")
-    return GivenBatches(batches)
+    return data

@@ -8,7 +8,9 @@ layer's own weight format ``Q``, and the best is folded like SmoothQuant's (:mod
 the input divided by ``s`` where it is made (a norm's weight, a preceding Linear's rows), the weight
 columns multiplied by ``s``. ``α = 0`` (no scaling) is a candidate, so no group gets worse on these rows.
 The float model computes the same function; the weights' salient columns are now larger, so rounding
-costs them less. Groups are handled one repeated block at a time (:mod:`mase_lite.passes.layerwise`),
+costs them less. Then (``clip``) each row's group of weights (the format's group: 128 columns, a whole row
+per channel) is clipped to the fraction of its largest magnitude, from 1 down to 0.55, whose rounding gives
+the least output error on the calibration rows: a few large weights no longer stretch the group's scale. Groups are handled one repeated block at a time (:mod:`mase_lite.passes.layerwise`),
 each on the inputs the blocks before it give after their own scaling. Follow it with ``gptq`` or just
 let the quantized layers round.
 
@@ -25,7 +27,7 @@ import torch
 import torch.nn as nn
 from pydantic import Field
 
-from mase_lite.numerics import quantize
+from mase_lite.numerics import parse_format, quantize
 from mase_lite.passes.folding import fold_target, input_groups, linear_weight
 from mase_lite.passes.layerwise import calibration_batches, each_block
 from mase_lite.passes.registry import PassError, PassResult, register_pass
@@ -39,6 +41,9 @@ class AWQParams(Selection):
     split: str = Field("train", description="data split of the calibration batches")
     grid: int = Field(20, ge=1, description="exponents tried: 0, 1/grid, ..., (grid - 1)/grid")
     max_rows: int = Field(4096, ge=1, description="calibration rows (tokens) per group the search judges on")
+    clip: bool = Field(True, description="then clip each row's weight group to the range (1, 0.95, ..., 0.55 of "
+                       "its largest magnitude) that makes its output error on the calibration rows least")
+    clip_rows: int = Field(512, ge=1, description="calibration rows the clipping search judges on")
 
 
 def _inputs(leaders: dict[str, nn.Module], run, max_rows: int) -> dict[str, torch.Tensor]:
@@ -62,6 +67,34 @@ def _inputs(leaders: dict[str, nn.Module], run, max_rows: int) -> dict[str, torc
         if not rows:
             raise PassError(f"awq: layer {name!r} was not called on the calibration data; select only layers the model runs")
     return {name: torch.cat(rows) for name, rows in kept.items()}
+
+
+def _clip(x: torch.Tensor, weight: torch.Tensor, fmt: dict, steps: int = 10) -> tuple[torch.Tensor, float, float]:
+    """``weight`` (``[out, in]``) with each row's groups clipped to the fraction ``1 - i/20`` (``i < steps``) of their
+    largest magnitude that makes ``||x_g (w_g - Q(clip(w))_g)ᵀ||²`` least per row and group ``g``; and the
+    summed output error before and after."""
+    number_format, params = parse_format(fmt)
+    rows, columns = weight.shape
+    size = number_format.group(params, columns) if number_format.group is not None else columns
+    if columns % size:
+        return weight, 0.0, 0.0
+    groups = columns // size
+    xg = x.reshape(x.shape[0], groups, size)
+    w = weight.detach().float()
+    top = w.reshape(rows, groups, size).abs().amax(-1, keepdim=True)
+    best_error, best = None, w
+    for i in range(steps):
+        bound = (top * (1 - i / 20)).expand(rows, groups, size).reshape(rows, columns)
+        clipped = torch.maximum(torch.minimum(w, bound), -bound)
+        diff = (w - quantize(clipped, fmt)).reshape(rows, groups, size)
+        error = torch.einsum("ngk,rgk->rgn", xg, diff).square().sum(-1)  # [rows, groups]
+        if best_error is None:
+            first, best_error, best = error, error, clipped
+            continue
+        better = (error < best_error).unsqueeze(-1).expand(rows, groups, size).reshape(rows, columns)
+        best = torch.where(better, clipped, best)
+        best_error = torch.minimum(error, best_error)
+    return best, float(first.sum()), float(best_error.sum())
 
 
 def _best_scales(x: torch.Tensor, weights: list[torch.Tensor], formats: list[dict], grid: int) -> tuple[torch.Tensor, float, float, float]:
@@ -117,8 +150,16 @@ def awq_pass(mg, params: AWQParams, ctx):
                 divide(s.to(weights[0].dtype))
                 for w in weights:
                     w.mul_(s.to(w.dtype))
-                report[", ".join(n.name for n in group)] = {"alpha": alpha, "error": error, "unscaled_error": unscaled,
-                                                           "into": where}
+                entry = {"alpha": alpha, "error": error, "unscaled_error": unscaled, "into": where}
+                if params.clip:
+                    rows = (x / s)[: params.clip_rows]
+                    before = after = 0.0
+                    for w, fmt in zip(weights, formats):
+                        clipped, b, a = _clip(rows, w, fmt)
+                        w.copy_(clipped.to(w.dtype))
+                        before, after = before + b, after + a
+                    entry.update(clip_error_before=before, clip_error=after)
+                report[", ".join(n.name for n in group)] = entry
 
     leaders = {target: modules[target] for target in groups}
     each_block(mg.source_model, leaders, calibration_batches(mg, ctx.data, params.split, params.batch_size, params.num_batches),

@@ -44,7 +44,7 @@ def test_awq_keeps_the_float_function_and_beats_rounding():
     reference = logits(with_outliers().model)
     rounded = ml.passes.quantize(with_outliers(), RULES)[0]
     mg, _ = ml.passes.quantize(with_outliers(), RULES)
-    mg, info = ml.passes.awq(mg, {"num_batches": 4}, data=Data())
+    mg, info = ml.passes.awq(mg, {"num_batches": 4, "clip": False}, data=Data())
     assert len(info["groups"]) == 4 and all(g["error"] <= g["unscaled_error"] for g in info["groups"].values())
     assert any(g["alpha"] > 0 for g in info["groups"].values())
     assert info["skipped"]["lm_head"] == "no weight format (run quantize with one first)"
@@ -59,6 +59,9 @@ def test_awq_keeps_the_float_function_and_beats_rounding():
     error = lambda model: float((logits(model) - reference).square().mean())  # noqa: E731
     scaled = error(mg.model)
     assert scaled < 0.8 * error(rounded.model)
+    clipped, info = ml.passes.awq(ml.passes.quantize(with_outliers(), RULES)[0], {"num_batches": 4}, data=Data())
+    assert all(g["clip_error"] <= g["clip_error_before"] for g in info["groups"].values())
+    assert error(clipped.model) < scaled
     mg, _ = ml.passes.gptq(mg, {"num_batches": 4}, data=Data())
     assert error(mg.model) < scaled
 
