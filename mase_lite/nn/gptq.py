@@ -79,10 +79,9 @@ def probe_params(fmt: NumberFormat, params: Any) -> Any:
 
 def _inverse_factor(hessians: list[Tensor], damp: float) -> tuple[Tensor, float]:
     """The upper Cholesky factor ``U`` of the damped Hessian's inverse (``H⁻¹ = Uᵀ U``) and the damping ``λ``
-    added to the diagonal, from one Cholesky
-    factorisation and one triangular inverse: with ``P`` the reversal permutation and ``P H P = L Lᵀ``,
-    ``U = P L⁻¹ P``. The Hessian comes in a list the function empties, so it is released as soon as its
-    factor exists (a 5632-wide float64 Hessian is 254 MB)."""
+    added to the diagonal, from one Cholesky factorisation and one triangular inverse: with ``P`` the
+    reversal permutation and ``P H P = L Lᵀ``, ``U = P L⁻¹ P``. The Hessian comes in a list the function
+    empties, so it is released as soon as its factor exists (a 5632-wide float64 Hessian is 254 MB)."""
     h = hessians.pop()
     lam = damp * float(h.diagonal().mean())
     h.diagonal().add_(lam)
@@ -213,10 +212,12 @@ def gptq(weight: Tensor, hessian: Tensor, fmt: Mapping[str, Any] | None, *, spar
     mask = ~(drop.index_select(0, position) if act_order else drop).t() if drop is not None else None
     side = _assemble(sides) if number_format is not None and number_format.group_quantizer is not None else None
     w = weight.detach().to(dtype)
-    diff = (w - q).masked_fill_(dead[position], 0)  # dead inputs carry no error
-    if side is None and elementwise is None:  # probed: a value of the format as a whole, its error computed
+    probed = side is None and elementwise is None
+    if probed:  # a value of the format as a whole, its error computed
         q = apply_format(q.to(torch.float32), number_format, params).to(dtype)
-        row_error = _row_error((w - q).masked_fill_(dead[position], 0), hessian.detach().to(dtype))
+    diff = (w - q).masked_fill_(dead[position], 0)  # dead inputs carry no error
+    if probed:
+        row_error = _row_error(diff, hessian.detach().to(dtype))
     else:
         row_error = loss.sub_(diff.square().sum(1), alpha=lam)
     row_baseline = torch.full_like(row_error, float("nan"))

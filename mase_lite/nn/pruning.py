@@ -92,6 +92,13 @@ def lowest_mask(scores: torch.Tensor, sparsity: Sparsity, per_row: bool = False)
     return keep.reshape(scores.shape)
 
 
+def check_n_of_m(name: str, weight: torch.Tensor, pattern: Sparsity) -> None:
+    """A UserError naming the weight when its rows do not divide into groups of ``m`` inputs."""
+    if weight.dim() < 2 or weight.shape[1] % pattern.m:
+        raise UserError(f"{pattern.n}:{pattern.m} sparsity needs weights whose inputs are a multiple of {pattern.m}; "
+                        f"{name!r} has shape {tuple(weight.shape)}")
+
+
 def wanda_mask(weight: torch.Tensor, input_norms: torch.Tensor, sparsity: Sparsity) -> torch.Tensor:
     """Wanda (Sun et al., 2023): the keep-mask pruning the weights of least ``|w_ij| · ‖x_j‖`` (``input_norms``:
     the ``L2`` norm of each input over the calibration data), compared within each row (or each ``m`` group).
@@ -146,14 +153,23 @@ def weight_masks(
     granularity: Granularity = "unstructured",
     scope: Literal["local", "global"] = "local",
     seed: int = 0,
+    pattern: Sparsity | None = None,
 ) -> dict[str, torch.Tensor]:
     """Keep-masks (bool, weight-shaped) pruning ``sparsity`` of the units of each weight or of all of them.
 
     ``local``: each weight loses ``round(sparsity * units)`` units. ``global``: the units of all
     weights are ranked together and ``round(sparsity * total units)`` are pruned, wherever they are.
     A unit is an element (``unstructured``) or an output row / output channel (``row``, ``channel``).
+    An ``n:m`` ``pattern`` instead prunes the ``n`` lowest elements of every ``m`` consecutive inputs of each
+    row (``sparsity``, ``granularity`` and ``scope`` then say nothing).
     """
     generator = torch.Generator().manual_seed(seed)
+    if pattern is not None and pattern.m:
+        masks = {}
+        for name, w in weights.items():
+            check_n_of_m(name, w, pattern)
+            masks[name] = lowest_mask(weight_scores(w, method, "unstructured", generator).flatten(1), pattern).reshape(w.shape)
+        return masks
     scores = {name: weight_scores(w, method, granularity, generator) for name, w in weights.items()}
     if scope == "local":
         unit_masks = {name: keep_mask_from_scores(s, prune_count(s.numel(), sparsity)) for name, s in scores.items()}

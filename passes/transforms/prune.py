@@ -31,7 +31,7 @@ from pydantic import Field, StringConstraints, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from mase_lite.nn.gptq import gptq
-from mase_lite.nn.pruning import (ActivationPruner, Sparsity, attach_activation_pruner, attach_weight_mask, lowest_mask,
+from mase_lite.nn.pruning import (ActivationPruner, Sparsity, attach_activation_pruner, attach_weight_mask, check_n_of_m,
                                   wanda_mask, weight_masks)
 from mase_lite.passes.layerwise import calibration_batches, collect, each_block, store_weight, weight_of
 from mase_lite.passes.registry import PassError, PassParams, PassResult, register_pass
@@ -133,21 +133,6 @@ def _needs(params: PruneParams) -> tuple[str, ...]:
     return ("data",) if params.weight is not None and params.weight.method in CALIBRATED else ()
 
 
-def _static_masks(weights: dict[str, torch.Tensor], w: WeightPruning) -> dict[str, torch.Tensor]:
-    if w.n_of_m is None:
-        return weight_masks(weights, w.sparsity, w.method, _granularity(w.granularity), w.scope, w.seed)
-    generator = torch.Generator().manual_seed(w.seed)
-    masks = {}
-    for target, weight in weights.items():
-        if weight.dim() < 2 or weight.shape[1] % w.pattern.m:
-            raise PassError(f"prune: granularity {w.granularity!r} needs a weight whose inputs are a multiple of "
-                            f"{w.pattern.m}; {target!r} has {tuple(weight.shape)}")
-        scores = (torch.rand(weight.shape, generator=generator, dtype=torch.float64) if w.method == "random"
-                  else weight.detach().abs().float())
-        masks[target] = lowest_mask(scores.flatten(1), w.pattern).reshape(weight.shape)
-    return masks
-
-
 def _calibrated(mg, layers: dict[str, nn.Module], w: WeightPruning, ctx, report: dict[str, dict]) -> None:
     """Wanda or SparseGPT on each layer, one repeated block at a time; the layers are masked as they go, so later
     blocks see the pruned ones."""
@@ -155,11 +140,9 @@ def _calibrated(mg, layers: dict[str, nn.Module], w: WeightPruning, ctx, report:
         if not isinstance(getattr(layer, "weight", None), torch.Tensor) or layer.weight.dim() != 2:
             raise PassError(f"prune: method {w.method!r} prunes Linear layers; {target!r} is a {type(layer).__name__}")
     pattern = w.pattern
-    if pattern.m:
+    if pattern.m:  # before any block runs
         for target, layer in layers.items():
-            if weight_of(layer).shape[1] % pattern.m:
-                raise PassError(f"prune: granularity {w.granularity!r} needs inputs in multiples of {pattern.m}; "
-                                f"{target!r} has {weight_of(layer).shape[1]}")
+            check_n_of_m(target, weight_of(layer), pattern)
 
     def handle(inside: dict[str, nn.Module], run) -> None:
         statistics = collect(inside, run, torch.float32, diagonal=w.method == "wanda", who=f"prune ({w.method})")
@@ -195,10 +178,8 @@ def prune(mg, params: PruneParams, ctx):
     if params.weight is not None and by_target:
         w = params.weight
         if w.method in CALIBRATED:
-            by_name: dict[str, dict] = {target: {} for target in by_target}
-            _calibrated(mg, {target: modules[target] for target in by_target}, w, ctx, by_name)
-            for target, name in by_target.items():
-                report[name].update(by_name[target])
+            _calibrated(mg, {target: modules[target] for target in by_target}, w, ctx,
+                        {target: report[name] for target, name in by_target.items()})
             # a load rebuilds the masks' structure only; the checkpoint holds the masks and weights
             replay = params.model_copy(update={"weight": w.model_copy(update={"method": "l1-norm"})}).model_dump(mode="json")
         else:
@@ -211,7 +192,8 @@ def prune(mg, params: PruneParams, ctx):
                         f"Linear/Conv nodes, or set weight to null to prune activations only"
                     )
                 weights[target] = weight
-            masks = _static_masks(weights, w)
+            masks = weight_masks(weights, w.sparsity, w.method, _granularity(w.granularity), w.scope, w.seed,
+                                 pattern=w.pattern if w.n_of_m else None)
             for target, name in by_target.items():
                 with torch.no_grad():
                     attach_weight_mask(modules[target], masks[target])

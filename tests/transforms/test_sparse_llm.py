@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import mase_lite as ml
 from mase_lite.errors import UserError
@@ -14,6 +13,7 @@ from mase_lite.nn.gptq import gptq
 from mase_lite.nn.pruning import Sparsity, lowest_mask, wanda_mask
 from mase_lite.numerics.codes import decode, encode
 from mase_lite.pipeline.spec import check_pipeline, load_spec
+from tests.transforms.llms import TokenBatches, tiny_llama
 
 
 def correlated(n_in=64, n_out=24, rows=512, seed=0):
@@ -114,42 +114,25 @@ def test_sparsegpt_quantizes_in_the_same_sweep():
     assert layer_error(w, float_only.weight, h) < result.error < result.rtn_error
 
 
-class Data:
-    def __init__(self, vocab):
-        g = torch.Generator().manual_seed(0)
-        self.batches = [{"input_ids": (ids := torch.randint(0, vocab, (4, 16), generator=g)),
-                         "attention_mask": torch.ones_like(ids), "labels": ids} for _ in range(4)]
-
-    def loader(self, split, batch_size, shuffle=False, seed=0):
-        return self.batches
-
-
-def llama():
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=128, vocab_size=50)
-    return LlamaForCausalLM(config).eval()
-
-
 BLOCK_LINEARS = {"by": "regex", "targets": [r"model_layers_.*_proj"]}
 
 
 def logits_error(model, reference):
     with torch.no_grad():
-        return sum(float((model(**b).logits - r).square().sum()) for b, r in zip(Data(50).batches, reference))
+        return sum(float((model(**b).logits - r).square().sum()) for b, r in zip(TokenBatches().batches, reference))
 
 
 def test_the_pass_prunes_a_decoder_and_the_checkpoint_loads_without_data(tmp_path):
-    float_model = llama()
+    float_model = tiny_llama()
     with torch.no_grad():
-        reference = [float_model(**b).logits for b in Data(50).batches]
+        reference = [float_model(**b).logits for b in TokenBatches().batches]
     errors = {}
     for method in ("l1-norm", "wanda", "sparsegpt"):
-        model = llama()
+        model = tiny_llama()
         model.load_state_dict(float_model.state_dict())
         mg = ml.MaseGraph(model, hf_input_names=["input_ids", "attention_mask", "labels"])
         mg, info = ml.passes.prune(mg, {**BLOCK_LINEARS, "weight": {"method": method, "granularity": "2:4", "num_batches": 4}},
-                                   data=Data(50))
+                                   data=TokenBatches())
         assert len(info["nodes"]) == 14
         for name, layer in mg.modules.items():
             if name.startswith("model.layers.") and isinstance(layer, torch.nn.Linear):
@@ -159,21 +142,21 @@ def test_the_pass_prunes_a_decoder_and_the_checkpoint_loads_without_data(tmp_pat
         if method == "sparsegpt":
             assert all(entry["error"] < entry["magnitude_error"] for entry in info["nodes"].values())
             with torch.no_grad():
-                logits = mg.model(**Data(50).batches[0]).logits
+                logits = mg.model(**TokenBatches().batches[0]).logits
             mg.save(tmp_path / "ckpt")
             loaded = ml.load(tmp_path / "ckpt").model
             with torch.no_grad():
-                assert torch.equal(loaded(**Data(50).batches[0]).logits, logits)
+                assert torch.equal(loaded(**TokenBatches().batches[0]).logits, logits)
     assert errors["sparsegpt"] < 0.6 * errors["l1-norm"], errors  # (a random model has no outlier channels for wanda)
 
 
 def test_sparsegpt_on_quantized_layers_holds_their_codes():
-    model = llama()
+    model = tiny_llama()
     mg = ml.MaseGraph(model, hf_input_names=["input_ids", "attention_mask", "labels"])
     fmt = {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "full_range": True}
     mg, _ = ml.passes.quantize(mg, {"by": "type", "rules": {"head": None, "linear": {"weight": fmt}}})
     mg, info = ml.passes.prune(mg, {**BLOCK_LINEARS, "weight": {"method": "sparsegpt", "sparsity": 0.5, "num_batches": 2}},
-                               data=Data(50))
+                               data=TokenBatches())
     layer = mg.modules["model.layers.1.mlp.down_proj"]
     assert layer.weight_quantizer.held(layer.weight) is not None
     assert info["nodes"]["model_layers_1_mlp_down_proj"]["weight_sparsity"] == 0.5
@@ -183,7 +166,7 @@ def test_sparsegpt_on_quantized_layers_holds_their_codes():
 
 
 def test_calibrated_methods_need_data_and_bad_patterns_name_the_field(tmp_path):
-    mg = ml.MaseGraph(llama(), hf_input_names=["input_ids", "attention_mask", "labels"])
+    mg = ml.MaseGraph(tiny_llama(), hf_input_names=["input_ids", "attention_mask", "labels"])
     with pytest.raises(UserError, match=r"pass 'prune' needs 'data', which this call lacks"):
         ml.passes.prune(mg, {"weight": {"method": "wanda"}})
     with pytest.raises(UserError, match=r"steps.0 \(prune\) needs 'data'.*give the pipeline a `data` section"):
@@ -193,6 +176,9 @@ def test_calibrated_methods_need_data_and_bad_patterns_name_the_field(tmp_path):
         ml.passes.prune(mg, {"weight": {"granularity": "2:4", "sparsity": 0.3}})
     with pytest.raises(UserError, match=r"granularity '4:2': n of n:m must be between 1 and m - 1"):
         ml.passes.prune(mg, {"weight": {"granularity": "4:2"}})
+    with pytest.raises(UserError, match=r"2:4 sparsity needs weights whose inputs are a multiple of 4; '0' has shape \(3, 6\)"):
+        ml.passes.prune(ml.MaseGraph(torch.nn.Sequential(torch.nn.Linear(6, 3)), example_inputs={"input": torch.randn(2, 6)}),
+                        {"weight": {"granularity": "2:4"}})
     with pytest.raises(UserError, match=r"method 'sparsegpt' prunes each layer on its own: scope must be local"):
         ml.passes.prune(mg, {"weight": {"method": "sparsegpt", "scope": "global"}})
     with pytest.raises(UserError, match=r"params.weight.granularity: should be 'unstructured', 'elementwise', 'row', 'channel' or 'n:m' \(e.g. '2:4'\) \(got 'half'\)$"):
