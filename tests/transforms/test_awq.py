@@ -3,48 +3,31 @@ and on a model with outlier channels 3-bit weights lose less than by rounding al
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import mase_lite as ml
 from mase_lite.errors import UserError
+from tests.transforms.llms import TokenBatches, tiny_llama
 
 W3 = {"name": "scaled_integer", "width": 3, "granularity": "group", "group_size": 32}
 RULES = {"by": "type", "rules": {"head": None, "linear": {"weight": W3}}}
 
 
-class Data:
-    def __init__(self):
-        g = torch.Generator().manual_seed(0)
-        self.batches = [{"input_ids": (ids := torch.randint(0, 50, (4, 16), generator=g)),
-                         "attention_mask": torch.ones_like(ids)} for _ in range(4)]
-
-    def loader(self, split, batch_size, shuffle=False, seed=0):
-        return self.batches
-
-
-def llama():
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=128, vocab_size=50)
-    return LlamaForCausalLM(config).eval()
-
-
 def with_outliers():
-    mg = ml.MaseGraph(llama(), hf_input_names=["input_ids", "attention_mask"])
+    mg = ml.MaseGraph(tiny_llama(), hf_input_names=["input_ids", "attention_mask"])
     mg, _ = ml.passes.outliers(mg, {"channels": 4})
     return mg
 
 
 def logits(model):
     with torch.no_grad():
-        return torch.cat([model(**b).logits for b in Data().batches])
+        return torch.cat([model(**b).logits for b in TokenBatches(labels=False).batches])
 
 
 def test_awq_keeps_the_float_function_and_beats_rounding():
     reference = logits(with_outliers().model)
     rounded = ml.passes.quantize(with_outliers(), RULES)[0]
     mg, _ = ml.passes.quantize(with_outliers(), RULES)
-    mg, info = ml.passes.awq(mg, {"num_batches": 4, "clip": False}, data=Data())
+    mg, info = ml.passes.awq(mg, {"num_batches": 4, "clip": False}, data=TokenBatches(labels=False))
     assert len(info["groups"]) == 4 and all(g["error"] <= g["unscaled_error"] for g in info["groups"].values())
     assert any(g["alpha"] > 0 for g in info["groups"].values())
     assert info["skipped"]["lm_head"] == "no weight format (run quantize with one first)"
@@ -59,16 +42,16 @@ def test_awq_keeps_the_float_function_and_beats_rounding():
     error = lambda model: float((logits(model) - reference).square().mean())  # noqa: E731
     scaled = error(mg.model)
     assert scaled < 0.8 * error(rounded.model)
-    clipped, info = ml.passes.awq(ml.passes.quantize(with_outliers(), RULES)[0], {"num_batches": 4}, data=Data())
+    clipped, info = ml.passes.awq(ml.passes.quantize(with_outliers(), RULES)[0], {"num_batches": 4}, data=TokenBatches(labels=False))
     assert all(g["clip_error"] <= g["clip_error_before"] for g in info["groups"].values())
     assert error(clipped.model) < scaled
-    mg, _ = ml.passes.gptq(mg, {"num_batches": 4}, data=Data())
+    mg, _ = ml.passes.gptq(mg, {"num_batches": 4}, data=TokenBatches(labels=False))
     assert error(mg.model) < scaled
 
 
 def test_awq_needs_weight_formats_and_data():
-    mg = ml.MaseGraph(llama(), hf_input_names=["input_ids", "attention_mask"])
+    mg = ml.MaseGraph(tiny_llama(), hf_input_names=["input_ids", "attention_mask"])
     with pytest.raises(UserError, match=r"pass 'awq' needs 'data'"):
         ml.passes.awq(mg, {})
     with pytest.raises(UserError, match=r"awq: no selected Linear has a weight format: run quantize"):
-        ml.passes.awq(mg, {}, data=Data())
+        ml.passes.awq(mg, {}, data=TokenBatches(labels=False))

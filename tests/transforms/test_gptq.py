@@ -14,6 +14,7 @@ from mase_lite.numerics import get_format, parse_format, quantize
 from mase_lite.numerics.codes import decode, encode
 from mase_lite.errors import UserError
 from mase_lite.passes.registry import PassError
+from tests.transforms.llms import TokenBatches
 
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
@@ -164,18 +165,6 @@ def test_dead_inputs_and_formats_without_groups():
     assert get_format("mxint").group is not None and get_format("binary").group is None
 
 
-class Data:
-    seed = 0
-
-    def __init__(self, vocab):
-        g = torch.Generator().manual_seed(0)
-        self.batches = [{"input_ids": (ids := torch.randint(0, vocab, (4, 16), generator=g)),
-                         "attention_mask": torch.ones_like(ids), "labels": ids} for _ in range(4)]
-
-    def loader(self, split, batch_size, shuffle=False, seed=0):
-        return self.batches
-
-
 def test_the_pass_compensates_a_decoder_block_by_block():
     torch.manual_seed(0)
     config = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -183,7 +172,7 @@ def test_the_pass_compensates_a_decoder_block_by_block():
     float_model = LlamaForCausalLM(config).eval()
     model = LlamaForCausalLM(config).eval()
     model.load_state_dict(float_model.state_dict())
-    data = Data(50)
+    data = TokenBatches(50)
     mg = ml.MaseGraph(model, hf_input_names=["input_ids", "attention_mask", "labels"])
     fmt = {"name": "mxint", "element_width": 4, "block_size": 32}
     mg, _ = ml.passes.quantize(mg, {"by": "type", "rules": {"head": None, "linear": {"weight": fmt}}})
@@ -203,7 +192,7 @@ def test_the_pass_compensates_a_decoder_block_by_block():
 def test_a_layer_without_a_weight_format_is_named():
     mg = ml.MaseGraph(nn.Sequential(nn.Linear(4, 4)), example_inputs={"input": torch.randn(2, 4)})
     with pytest.raises(PassError, match=r"no selected layer has a weight format to quantize to \(0\): run quantize"):
-        ml.passes.gptq(mg, {}, data=Data(5))
+        ml.passes.gptq(mg, {}, data=TokenBatches(5))
 
 
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float64, 1e-10), (torch.float32, 1e-4)])
@@ -239,7 +228,7 @@ def test_the_pass_shares_hessians_and_the_layers_hold_the_scales_gptq_fixed(tmp_
     fmt = {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "full_range": True,
            "scale_dtype": "float16"}
     mg, _ = ml.passes.quantize(mg, {"by": "type", "rules": {"head": None, "linear": {"weight": fmt}}})
-    mg, info = ml.passes.gptq(mg, {"num_batches": 2, "act_order": True}, data=Data(50))
+    mg, info = ml.passes.gptq(mg, {"num_batches": 2, "act_order": True}, data=TokenBatches(50))
     assert "rtn_error" not in info and info["error"] == sum(layer["error"] for layer in info["layers"].values())
     attn, mlp = "model.layers.{}.self_attn.{}_proj", "model.layers.{}.mlp.{}_proj"
     assert info["together"] == [[attn.format(i, p) for p in "qkv"] for i in (0,)] + [[mlp.format(0, "gate"), mlp.format(0, "up")]] \
@@ -250,7 +239,7 @@ def test_the_pass_shares_hessians_and_the_layers_hold_the_scales_gptq_fixed(tmp_
     assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight))  # its values, not quantized again
     # on compressed-tensors' grid (amax / 7.5) the values do not give their scales back: only the held ones do
     assert not torch.equal(quantize(layer.weight, fmt), layer.weight.detach())
-    batch = Data(50).batches[0]
+    batch = TokenBatches(50).batches[0]
     with torch.no_grad():
         logits = mg.model(**batch).logits
     mg.save(tmp_path / "ckpt")
@@ -269,7 +258,7 @@ def test_data_may_be_a_list_of_model_input_dicts():
         mg, info = ml.passes.gptq(mg, {"num_batches": 4}, data=data)
         return info["error"], mg.modules["model.layers.1.mlp.down_proj"].weight.detach()
 
-    given = Data(50)
+    given = TokenBatches(50)
     (error, weight), (listed_error, listed_weight) = run(given), run(list(given.batches))
     assert listed_error == error and torch.equal(listed_weight, weight)
     mg = ml.MaseGraph(nn.Sequential(nn.Linear(4, 4)), example_inputs={"input": torch.randn(2, 4)})

@@ -3,17 +3,10 @@ the others', and per-tensor int8 activations then hurt."""
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import mase_lite as ml
 from mase_lite.errors import UserError
-
-
-def llama():
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=128, vocab_size=50)
-    return LlamaForCausalLM(config).eval()
+from tests.transforms.llms import tiny_llama
 
 
 def graph(model):
@@ -35,8 +28,8 @@ def q_proj_inputs(model):
 
 
 def test_float_logits_are_unchanged_and_the_inputs_have_outliers():
-    reference, x = q_proj_inputs(llama())
-    mg, info = ml.passes.outliers(graph(llama()), {"channels": 3, "factors": [20, 100], "seed": 0})
+    reference, x = q_proj_inputs(tiny_llama())
+    mg, info = ml.passes.outliers(graph(tiny_llama()), {"channels": 3, "factors": [20, 100], "seed": 0})
     assert sorted(info["scaled"]) == ["model_layers_0_mlp_gate_proj, model_layers_0_mlp_up_proj",
                                       "model_layers_0_self_attn_q_proj, model_layers_0_self_attn_k_proj, model_layers_0_self_attn_v_proj",
                                       "model_layers_1_mlp_gate_proj, model_layers_1_mlp_up_proj",
@@ -57,10 +50,10 @@ def test_float_logits_are_unchanged_and_the_inputs_have_outliers():
 def test_per_tensor_activations_then_lose_accuracy():
     int8 = {"data_in": {"name": "scaled_integer", "width": 8, "granularity": "tensor"}}
     rules = {"by": "type", "rules": {"head": None, "linear": int8}}
-    reference, _ = q_proj_inputs(llama())
+    reference, _ = q_proj_inputs(tiny_llama())
     errors = []
     for steps in ([], [("outliers", {"channels": 4})]):
-        mg = graph(llama())
+        mg = graph(tiny_llama())
         for name, params in steps:
             mg, _ = getattr(ml.passes, name)(mg, params)
         mg, _ = ml.passes.quantize(mg, rules)
@@ -71,6 +64,6 @@ def test_per_tensor_activations_then_lose_accuracy():
 
 def test_bad_params_name_the_field():
     with pytest.raises(UserError, match=r"factors must be \[low, high\] with 1 <= low <= high, got \[50, 20\]"):
-        ml.passes.outliers(graph(llama()), {"factors": [50, 20]})
+        ml.passes.outliers(graph(tiny_llama()), {"factors": [50, 20]})
     with pytest.raises(UserError, match=r"channels = 65: the Linears' inputs have only 64 channels"):
-        ml.passes.outliers(graph(llama()), {"channels": 65})
+        ml.passes.outliers(graph(tiny_llama()), {"channels": 65})
