@@ -152,7 +152,7 @@ def awq_pass(mg, params: AWQParams, ctx):
                     w.mul_(s.to(w.dtype))
                 entry = {"alpha": alpha, "error": error, "unscaled_error": unscaled, "into": where}
                 if params.clip:
-                    rows = (x / s)[: params.clip_rows]
+                    rows = x[: params.clip_rows] / s
                     before = after = 0.0
                     for w, fmt in zip(weights, formats):
                         clipped, b, a = _clip(rows, w, fmt)

@@ -83,17 +83,17 @@ def _compensate_all(layers: dict[str, nn.Module], run, params: GPTQParams, repor
     row-wise format are compensated as one weight (one factorisation, one column sweep), listed in ``together``."""
     hessians = collect(layers, run, getattr(torch, params.precision), who="gptq")
     sets: dict[tuple, list[str]] = {}
+    formats = {name: _weight_format(name, layer) for name, layer in layers.items()}
     for name, layer in layers.items():
-        fmt = _weight_format(name, layer)
-        fused = _row_wise(fmt, weight_of(layer).shape[1])
-        sets.setdefault((tuple(hessians.history[name]), format_key(fmt), name if not fused else ""), []).append(name)
+        fused = _row_wise(formats[name], weight_of(layer).shape[1])
+        sets.setdefault((tuple(hessians.history[name]), format_key(formats[name]), name if not fused else ""), []).append(name)
     for names in sets.values():
         if len(names) > 1:
             together.append(names)
         hessian = hessians.sums[names[0]]
         for name in names:
             hessians.sums.pop(name)
-        fmt = _weight_format(names[0], layers[names[0]])
+        fmt = formats[names[0]]
         weights = [weight_of(layers[name]) for name in names]
         result = gptq(torch.cat(weights) if len(weights) > 1 else weights[0], hessian, fmt, block_size=params.block_size,
                       act_order=params.act_order, damp=params.damp, dtype=getattr(torch, params.precision),
