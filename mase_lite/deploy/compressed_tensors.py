@@ -8,10 +8,13 @@ Schemes, by the weight's format (every value exact: the runtime decodes the same
   packed into int32, ``weight_scale``, ``weight_zero_point``); with int8 activations, ``int-quantized``;
 - ``mxint`` (blocks of 32 or any size that tiles a row): int codes in groups of the block with float32
   power-of-two scales, ``pack-quantized``;
-- ``mxfp`` E2M1 in blocks of 32: ``mxfp4-pack-quantized`` (E2M1 nibbles, E8M0 scales).
+- ``mxfp`` E2M1 in blocks of 32: ``mxfp4-pack-quantized`` (E2M1 nibbles, E8M0 scales);
+- ``nvfp4`` with ``per_tensor="global_scale"`` (compressed-tensors' own convention, the ``NVFP4`` preset):
+  ``nvfp4-pack-quantized`` (E2M1 nibbles, E4M3 scales per 16, ``weight_global_scale``); with NVFP4 input
+  activations of a calibrated ``tensor_amax`` (``input_global_scale``), compressed-tensors' W4A4 ``NVFP4``.
 
 Activations (``data_in``): ``scaled_integer`` with ``full_range`` (compressed-tensors' own grid), 8 bits,
-per tensor with a static scale (``input_scale``) or dynamic per tensor or per token. Everything else is
+per tensor with a static scale (``input_scale``) or dynamic per tensor or per token; NVFP4 as above. Everything else is
 refused before anything is written, naming the layer, its format and the nearest scheme. Float Linears go to
 ``ignore``; a quantized bias is written as its (exact) float values.
 
@@ -41,7 +44,10 @@ from mase_lite.nn.quant_functional import QuantizedFunction
 from mase_lite.numerics.codes import offset_values, pack_bits
 
 TARGET = "compressed-tensors"
-NEAREST = "int4 or int8 weights per channel or group (scaled_integer, W4A16 / W8A16), or mxfp e2m1 in blocks of 32"
+NEAREST = ("int4 or int8 weights per channel or group (scaled_integer, W4A16 / W8A16), mxfp e2m1 in blocks of 32, "
+           "or nvfp4 with per_tensor global_scale (NVFP4)")
+NVFP4_ARGS = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "group_size": 16,
+              "dynamic": False, "scale_dtype": "torch.float8_e4m3fn"}
 WEIGHTS_FILE = "model.safetensors"
 
 
@@ -167,6 +173,9 @@ def layer_scheme(layer: Layer) -> tuple[dict[str, Any], dict[str, Tensor]] | Non
     if fmt["name"] == "mxfp":
         tensors = _mxfp4_tensors(layer)
         form = "mxfp4-pack-quantized"
+    elif fmt["name"] == "nvfp4":
+        tensors = _nvfp4_tensors(layer)
+        form = "nvfp4-pack-quantized"
     else:
         tensors = _int_tensors(layer, weights)
         form = "int-quantized" if inputs is not None and weights["num_bits"] == 8 else "pack-quantized"
@@ -174,7 +183,9 @@ def layer_scheme(layer: Layer) -> tuple[dict[str, Any], dict[str, Tensor]] | Non
             tensors = {"weight": _signed_codes(layer), "weight_scale": tensors["weight_scale"]}
             if not weights["symmetric"] and layer.codes.format["name"] == "scaled_integer":
                 tensors["weight_zero_point"] = (layer.codes.side["zero_point"].to(torch.int64) - 128).to(torch.int8)
-    if inputs is not None and inputs.get("scale") is not None:
+    if inputs is not None and inputs.get("global_scale") is not None:
+        tensors["input_global_scale"] = inputs.pop("global_scale")
+    elif inputs is not None and inputs.get("scale") is not None:
         tensors["input_scale"] = torch.tensor([inputs.pop("scale")], dtype=torch.float32)
     elif inputs is not None:
         inputs.pop("scale")
@@ -208,6 +219,8 @@ def weight_args(fmt: dict[str, Any], layer: str, shape: tuple[int, ...]) -> dict
     if name == "mxfp" and fmt["element_format"] == "e2m1" and fmt["block_size"] == 32 and columns % 32 == 0:
         return {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "group", "group_size": 32,
                 "dynamic": False, "scale_dtype": "torch.uint8"}
+    if name == "nvfp4" and fmt["per_tensor"] == "global_scale" and columns % 16 == 0:
+        return dict(NVFP4_ARGS)
     described = ", ".join(f"{k}={v}" for k, v in fmt.items() if k != "name" and v is not None)
     raise unsupported(TARGET, layer, f"weight format {name} ({described})", NEAREST)
 
@@ -217,16 +230,31 @@ def input_args(layer: Layer) -> dict[str, Any] | None:
     fmt = layer.data_in
     if fmt is None:
         return None
+    if fmt["name"] == "nvfp4" and fmt["per_tensor"] == "global_scale" and isinstance(fmt["tensor_amax"], float):
+        if layer.weight_format is None or layer.weight_format["name"] != "nvfp4":
+            raise unsupported(TARGET, layer.name, "NVFP4 activations beside a weight that is not NVFP4", "NVFP4 weights")
+        amax = torch.tensor(fmt["tensor_amax"], dtype=torch.float32)
+        return {**NVFP4_ARGS, "dynamic": "local", "global_scale": _finite_global_scale(amax).reshape(1)}
     exact = (fmt["name"] == "scaled_integer" and fmt["width"] == 8 and fmt["symmetric"] and fmt["full_range"]
              and fmt["clip"] == 1.0 and fmt["scale_dtype"] == "float32" and fmt["granularity"] in ("tensor", "channel"))
     if not exact or (fmt["granularity"] == "channel" and fmt["scale"] is not None):
         raise unsupported(TARGET, layer.name, f"activation format {fmt['name']} "
                           f"({', '.join(f'{k}={v}' for k, v in fmt.items() if k != 'name')})",
                           "8-bit scaled_integer activations with full_range true (its grid), per tensor with a static "
-                          "scale or dynamic per tensor or per token (granularity channel)")
+                          "scale or dynamic per tensor or per token (granularity channel); or nvfp4 with per_tensor "
+                          "global_scale and a calibrated tensor_amax beside nvfp4 weights")
     strategy = "tensor" if fmt["granularity"] == "tensor" else "token"
     return {"num_bits": 8, "type": "int", "symmetric": True, "strategy": strategy, "group_size": None,
             "dynamic": fmt["scale"] is None, "scale": fmt["scale"]}
+
+
+def _finite_global_scale(amax: Tensor) -> Tensor:
+    """NVFP4's global scale ``(1 / amax) * 2688`` in float32; 1 where that is infinite (every code is zero then,
+    as compressed-tensors has it)."""
+    from mase_lite.numerics.scaled import nvfp4_global_scale
+
+    scale = nvfp4_global_scale(amax)
+    return torch.where(torch.isfinite(scale), scale, torch.ones_like(scale))
 
 
 def _signed_codes(layer: Layer) -> Tensor:
@@ -300,9 +328,20 @@ def _mxfp4_tensors(layer: Layer) -> dict[str, Tensor]:
     return {"weight_packed": packed, "weight_scale": scale.contiguous()}
 
 
+def _nvfp4_tensors(layer: Layer) -> dict[str, Tensor]:
+    """E2M1 codes two per byte (low nibble first), the E4M3 block scales and the float32 global scale."""
+    codes = layer.codes
+    rows, columns = codes.shape
+    global_scale = codes.side["global_scale"].reshape(1)
+    if not bool(torch.isfinite(global_scale).all()):  # a weight of zeros: codes zero under any scale
+        global_scale = torch.ones(1)
+    return {"weight_packed": pack_bits(codes.unpacked(), 4).reshape(rows, columns // 2),
+            "weight_scale": codes.side["block_scale"].contiguous(), "weight_global_scale": global_scale.float()}
+
+
 # Import ------------------------------------------------------------------------------------------------
 
-READ_FORMATS = ("pack-quantized", "int-quantized", "mxfp4-pack-quantized")
+READ_FORMATS = ("pack-quantized", "int-quantized", "mxfp4-pack-quantized", "nvfp4-pack-quantized")
 
 
 def is_checkpoint(path: str | Path) -> bool:
@@ -429,6 +468,12 @@ def _layer_codes(name: str, module: nn.Module, group: dict, form: str, tensors: 
         packed, scale = tensor("weight_packed"), tensor("weight_scale")
         codes = torch.stack([packed & 0xF, packed >> 4], -1).reshape(rows, columns).to(torch.int64)
         side = {"scale": scale.to(torch.uint8)}
+    elif form == "nvfp4-pack-quantized":
+        fmt = {"name": "nvfp4", "per_tensor": "global_scale"}
+        packed = tensor("weight_packed")
+        codes = torch.stack([packed & 0xF, packed >> 4], -1).reshape(rows, columns).to(torch.int64)
+        side = {"global_scale": tensor("weight_global_scale").float().reshape(1),
+                "block_scale": tensor("weight_scale").to(torch.float8_e4m3fn)}
     elif kind == "int" and isinstance(bits, int) and 1 < bits <= 8 and strategy in ("tensor", "channel", "group"):
         scale = tensor("weight_scale")
         granularity = strategy
@@ -452,7 +497,7 @@ def _layer_codes(name: str, module: nn.Module, group: dict, form: str, tensors: 
             side["zero_point"] = zero.reshape(side["scale"].shape).to(torch.uint8)
     else:
         raise ExportError(f"{path}: layer {name!r}: weights {json.dumps(weights)} have no equivalent format here "
-                          "(int of 2-8 bits per tensor, channel or group, or MXFP4)")
+                          "(int of 2-8 bits per tensor, channel or group, MXFP4 or NVFP4)")
     values = _decoded(fmt, codes, side, module.weight.dtype)
     encoded = encode(values, fmt, side=side, values=values)
     if encoded is None:
@@ -473,10 +518,17 @@ def _decoded(fmt: dict, codes: Tensor, side: dict[str, Tensor], dtype: torch.dty
 def _input_format(name: str, args: dict | None, tensors: dict[str, Tensor], path: Path) -> dict[str, Any] | None:
     if not args:
         return None
+    if args.get("type") == "float" and args.get("num_bits") == 4 and args.get("group_size") == 16:
+        scale = tensors.get(f"{name}.input_global_scale")
+        amax = None if scale is None else nvfp4_amax_of(scale.float().reshape(-1)[0])
+        if amax is None:
+            raise ExportError(f"{path}: layer {name!r}: NVFP4 input activations need an input_global_scale of a "
+                              "finite amax")
+        return {"name": "nvfp4", "per_tensor": "global_scale", "tensor_amax": amax}
     if not (args.get("type") == "int" and args.get("num_bits") == 8 and args.get("symmetric", True)
             and args.get("strategy") in ("tensor", "token")):
         raise ExportError(f"{path}: layer {name!r}: input activations {json.dumps(args)} have no equivalent format here "
-                          "(8-bit symmetric int per tensor or token)")
+                          "(8-bit symmetric int per tensor or token, or NVFP4)")
     fmt = {"name": "scaled_integer", "width": 8, "full_range": True,
            "granularity": "tensor" if args["strategy"] == "tensor" else "channel"}
     if not args.get("dynamic", False):
@@ -485,6 +537,25 @@ def _input_format(name: str, args: dict | None, tensors: dict[str, Tensor], path
             raise ExportError(f"{path}: layer {name!r}: static input activations need a per-tensor input_scale")
         fmt["scale"] = float(scale.float().reshape(-1)[0])
     return fmt
+
+
+def nvfp4_amax_of(global_scale: Tensor) -> float | None:
+    """The float32 amax whose NVFP4 global scale is ``global_scale`` exactly (None if there is none).
+
+    >>> nvfp4_amax_of(torch.tensor(336.0))
+    8.0
+    """
+    from mase_lite.numerics.scaled import nvfp4_global_scale
+
+    guess = (torch.tensor(2688.0) / global_scale.float()).reshape(1)
+    if not bool(torch.isfinite(guess).all()) or float(guess) <= 0:
+        return None
+    bits = guess.view(torch.int32)
+    for step in (0, -1, 1, -2, 2, -3, 3):
+        amax = (bits + step).view(torch.float32)
+        if torch.equal(nvfp4_global_scale(amax), global_scale.float().reshape(1)):
+            return float(amax)
+    return None
 
 
 def unpack_rows(words: Tensor, bits: int, columns: int) -> Tensor:

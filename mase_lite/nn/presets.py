@@ -25,6 +25,6 @@ PRESETS = MappingProxyType({
     # OCP MX: int8 / E2M1 elements sharing an E8M0 scale per 32 (GGUF Q8_0 / MXFP4)
     "MXINT8": {"weight": {"name": "mxint", "element_width": 8}},
     "MXFP4": {"weight": {"name": "mxfp", "element_format": "e2m1"}},
-    # NVIDIA's FP4 weights: E2M1 elements, an E4M3 scale per 16, a float32 scale per tensor
-    "NVFP4": {"weight": {"name": "nvfp4"}},
+    # NVIDIA's FP4 weights: E2M1 elements, an E4M3 scale per 16, a float32 global scale per tensor (vLLM's NVFP4A16)
+    "NVFP4": {"weight": {"name": "nvfp4", "per_tensor": "global_scale"}},
 })

@@ -21,8 +21,13 @@ and one float32 scale per tensor: ``tensor_scale = amax / (448 * 6)``; a block's
 ``amax_block / 6 / tensor_scale`` is clamped to ``[2**-6, 448]`` and rounded to E4M3; elements are
 ``x * ((1 / tensor_scale) / block_scale)`` (NVIDIA's kernels multiply by the reciprocal) rounded to
 E2M1 (ties to even, saturating at 6) and decode as ``element * (tensor_scale * block_scale)``; bit for
-bit torchao 0.18's emulation. ``tensor_amax`` fixes the per-tensor amax (calibrated). Bits per
-element: 4 + 8/16 + 32 per tensor.
+bit torchao 0.18's emulation. With ``per_tensor="global_scale"`` the per-tensor scale is NVIDIA
+ModelOpt's, compressed-tensors' and vLLM's: ``global_scale = (1 / amax) * (448 * 6)`` divides instead,
+``block_scale = (amax_block / 6) * global_scale`` rounded to E4M3 (subnormal scales too; a zero one is 1/8,
+as compressed-tensors has it), elements ``x / (block_scale / global_scale)`` and values ``element *
+(block_scale / global_scale)``, bit for bit compressed-tensors' (llm-compressor's) NVFP4. The two
+conventions differ by a rounding of the scale in most tensors; only this one exports to compressed-tensors
+exactly. ``tensor_amax`` fixes the per-tensor amax (calibrated). Bits per element: 4 + 8/16 + 32 per tensor.
 
 On CPU, float32 tensors outside autograd and tracing run through the native kernel
 (:mod:`~mase_lite.numerics.native.scaled_kernel`), the same bits in one pass over the groups (a
@@ -264,23 +269,53 @@ class NVFP4Params(FormatParams):
     tensor_amax: float | Literal["auto"] | None = Field(
         None, description="a static per-tensor amax (auto: chosen by calibration); null: each tensor's own"
     )
+    per_tensor: Literal["torchao", "global_scale"] = Field(
+        "torchao", description="torchao: multiply by amax / (448 * 6); global_scale: divide by (448 * 6) / amax "
+        "(NVIDIA ModelOpt, compressed-tensors, vLLM)"
+    )
 
 
-def _nvfp4_scales(blocks: Tensor, p: NVFP4Params) -> tuple[Tensor, Tensor]:
-    """Per block: the decoding scale ``tensor_scale * block_scale`` and the encoding multiplier
-    ``(1 / tensor_scale) / block_scale`` (NVIDIA's kernels multiply by it instead of dividing), with
-    the E4M3 block scale rounded as NVIDIA rounds it; both zero for a tensor of zeros."""
-    tensor_scale = _nvfp4_tensor_scale(finite_amax(blocks.reshape(1, -1)).reshape(()) if p.tensor_amax is None
-                                       else torch.tensor(float(p.tensor_amax), device=blocks.device))
-    block_scale = finite_amax(blocks) / E2M1_MAX / tensor_scale
-    block_scale = block_scale.clamp(E4M3_TINY, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+def _nvfp4_amax(blocks: Tensor, p: NVFP4Params) -> Tensor:
+    return (finite_amax(blocks.reshape(1, -1)).reshape(()) if p.tensor_amax is None
+            else torch.tensor(float(p.tensor_amax), device=blocks.device))
+
+
+def _nvfp4_scales(blocks: Tensor, p: NVFP4Params) -> tuple[Tensor, Tensor | None]:
+    """Per block: the decoding scale and, under torchao's convention, the encoding multiplier
+    ``(1 / tensor_scale) / block_scale`` (NVIDIA's kernels multiply by it instead of dividing; None under
+    ``global_scale``, whose elements are ``x / scale``), with the E4M3 block scale rounded as NVIDIA rounds
+    it; both zero for a tensor of zeros."""
+    amax, block_amax = _nvfp4_amax(blocks, p), finite_amax(blocks)
+    zero = torch.zeros_like(block_amax)
+    if p.per_tensor == "global_scale":
+        global_scale = nvfp4_global_scale(amax)
+        block_scale = _global_block_scale(block_amax, global_scale).float()
+        return torch.where(torch.isfinite(global_scale), block_scale / global_scale, zero), None
+    tensor_scale = _nvfp4_tensor_scale(amax)
+    block_scale = _e4m3(block_amax / E2M1_MAX / tensor_scale)
     live = tensor_scale > 0
-    zero = torch.zeros_like(block_scale)
     return torch.where(live, tensor_scale * block_scale, zero), torch.where(live, (1.0 / tensor_scale) / block_scale, zero)
+
+
+def _e4m3(scale: Tensor) -> Tensor:
+    return scale.clamp(E4M3_TINY, E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+
+
+def _global_block_scale(block_amax: Tensor, global_scale: Tensor) -> Tensor:
+    """E4M3 block scales as compressed-tensors rounds them: no lower clamp (subnormal scales), and a scale
+    that rounds to zero becomes E4M3's epsilon, 1/8."""
+    scale = (block_amax / E2M1_MAX * global_scale).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    return torch.where(scale.float() == 0, torch.tensor(0.125, dtype=torch.float8_e4m3fn), scale)
 
 
 def _nvfp4_tensor_scale(amax: Tensor) -> Tensor:
     return amax / (E4M3_MAX * E2M1_MAX)
+
+
+def nvfp4_global_scale(amax: Tensor) -> Tensor:
+    """``(448 * 6) / amax`` as compressed-tensors computes it in float32, ``(1 / amax) * 2688`` (torch's division
+    of a number by a tensor); infinite for a tensor of zeros (whose values are all zero)."""
+    return torch.reciprocal(amax.float()) * (E4M3_MAX * E2M1_MAX)
 
 
 def _nvfp4_bounds(x: Tensor, p: NVFP4Params) -> tuple[Tensor, Tensor]:
@@ -295,22 +330,30 @@ def _nvfp4_bits(p: NVFP4Params, shape: Shape | None) -> float:
 
 
 def _nvfp4_side(x: Tensor, p: NVFP4Params) -> dict[str, Tensor]:
-    """The float32 tensor scale and, per block of 16, the E4M3 block scale (float8_e4m3fn)."""
+    """The float32 tensor scale (``global_scale``: the global scale) and, per block of 16, the E4M3 block
+    scale (float8_e4m3fn)."""
     if p.tensor_amax == "auto":
         raise ValueError("nvfp4 tensor_amax='auto' is chosen by calibration")
     blocks = to_blocks(x, p.block_size)
-    amax = (finite_amax(blocks.reshape(1, -1)).reshape(()) if p.tensor_amax is None
-            else torch.tensor(float(p.tensor_amax), device=x.device))
+    amax, block_amax = _nvfp4_amax(blocks, p), finite_amax(blocks)
+    if p.per_tensor == "global_scale":
+        global_scale = nvfp4_global_scale(amax)
+        block_scale = _global_block_scale(block_amax, global_scale)
+        return {"global_scale": global_scale.reshape(1), "block_scale": block_scale.squeeze(-1)}
     tensor_scale = _nvfp4_tensor_scale(amax)
-    block_scale = (finite_amax(blocks) / E2M1_MAX / tensor_scale).clamp(E4M3_TINY, E4M3_MAX)
+    block_scale = (block_amax / E2M1_MAX / tensor_scale).clamp(E4M3_TINY, E4M3_MAX)
     return {"tensor_scale": tensor_scale.reshape(1).float(), "block_scale": block_scale.squeeze(-1).to(torch.float8_e4m3fn)}
 
 
 def _nvfp4_scale(side: dict[str, Tensor]) -> Tensor:
-    """Per block: the decoding scale ``tensor_scale * block_scale`` (float32, zero for a tensor of zeros)."""
+    """Per block: the decoding scale ``tensor_scale * block_scale`` or ``block_scale / global_scale``
+    (float32, zero for a tensor of zeros)."""
+    block_scale = side["block_scale"].float().unsqueeze(-1)
+    if "global_scale" in side:
+        global_scale = side["global_scale"].reshape(())
+        return torch.where(torch.isfinite(global_scale), block_scale / global_scale, torch.zeros_like(block_scale))
     tensor_scale = side["tensor_scale"].reshape(())
-    scale = tensor_scale * side["block_scale"].float().unsqueeze(-1)
-    return torch.where(tensor_scale > 0, scale, torch.zeros_like(scale))
+    return torch.where(tensor_scale > 0, tensor_scale * block_scale, torch.zeros_like(block_scale))
 
 
 def _nvfp4_codes(values: Tensor, side: dict[str, Tensor], p: NVFP4Params) -> Tensor:
@@ -320,7 +363,7 @@ def _nvfp4_codes(values: Tensor, side: dict[str, Tensor], p: NVFP4Params) -> Ten
     blocks = to_blocks(values, p.block_size).double()
     elements = torch.where(scale > 0, blocks / torch.where(scale > 0, scale, 1.0), blocks.sign() * 0.0)
     grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
-    nearest = grid[(elements.nan_to_num(0.0).abs().unsqueeze(-1) - grid).abs().argmin(-1)]
+    nearest = grid[(elements.nan_to_num(0.0).abs().clamp(max=E2M1_MAX).unsqueeze(-1) - grid).abs().argmin(-1)]
     return from_blocks(float_grid_codes(nearest.copysign(blocks), 4, 1, 0), values.shape)
 
 
@@ -338,7 +381,7 @@ def nvfp4(x: Tensor, p: NVFP4Params) -> Tensor:
     """NVIDIA's FP4: E2M1 elements, an E4M3 scale per 16 and a float32 scale per tensor."""
     if p.tensor_amax == "auto":
         raise ValueError("nvfp4 tensor_amax='auto' is chosen by calibration: run the calibrate pass, then quantize")
-    if scaled_kernel.available(x):  # the tensor scale by the torch step, from the tensor's finite range
+    if p.per_tensor == "torchao" and scaled_kernel.available(x):  # the tensor scale by the torch step
         if p.tensor_amax is None:
             low, high = scaled_kernel.finite_range(x)
             amax = torch.tensor(max(high, -low))
@@ -347,6 +390,7 @@ def nvfp4(x: Tensor, p: NVFP4Params) -> Tensor:
         return scaled_kernel.nvfp4(x, float(_nvfp4_tensor_scale(amax)))
     blocks = to_blocks(x, p.block_size)
     scale, multiplier = _nvfp4_scales(blocks, p)
-    elements = round_to_float((blocks * multiplier).clamp(-E2M1_MAX, E2M1_MAX), 1, 0, 2)
+    ratio = blocks * multiplier if multiplier is not None else torch.where(scale > 0, blocks / scale, blocks * 0.0)
+    elements = round_to_float(ratio.clamp(-E2M1_MAX, E2M1_MAX), 1, 0, 2)
     values = torch.where(torch.isnan(blocks), blocks, elements * scale)
     return from_blocks(values, x.shape)

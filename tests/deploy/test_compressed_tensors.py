@@ -182,3 +182,91 @@ def test_float_tensors_can_ship_in_bfloat16(tmp_path):
     assert (theirs - ours).abs().max() <= 0.02 * ours.abs().max()
     with pytest.raises(UserError, match="the pt2 export takes no option 'float_dtype'"):
         export(mg, "pt2", tmp_path / "m.pt2", float_dtype="bfloat16")
+
+
+NVFP4 = {"name": "nvfp4", "per_tensor": "global_scale"}
+
+
+def _dequantizing_load(path):
+    """transformers decompresses NVFP4 to bfloat16 (compressed-tensors' unpacking dtype), which a float32 model
+    cannot multiply unless it dequantizes at load."""
+    import warnings
+
+    from transformers.utils.quantization_config import CompressedTensorsConfig
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoModelForCausalLM.from_pretrained(path, quantization_config=CompressedTensorsConfig(dequantize=True))
+
+
+def test_nvfp4_is_compressed_tensors_own_bytes_and_values(tmp_path):
+    """Our packed codes, E4M3 scales and global scale are what compressed-tensors' compressor writes for our
+    values; its decoding in float32 gives our weights bit for bit, and transformers loads their bfloat16 rounding
+    (its NVFP4 unpacking dtype), so its logits are ours within that rounding."""
+    from compressed_tensors.compressors.nvfp4 import NVFP4PackedCompressor
+    from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
+    from compressed_tensors.quantization import QuantizationScheme, preset_name_to_scheme
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+
+    mg = quantized({"head": None, "linear": {"weight": NVFP4}})
+    info = export(mg, "compressed-tensors", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())["quantization_config"]
+    assert config["format"] == "nvfp4-pack-quantized" and len(info["quantized"]) == 7
+    (group,) = config["config_groups"].values()
+    assert group["weights"]["strategy"] == "tensor_group" and group["weights"]["group_size"] == 16
+    tensors = safetensors.torch.load_file(tmp_path / "hf" / "model.safetensors")
+    args = preset_name_to_scheme("NVFP4A16", ["Linear"]).weights
+    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+    model = _dequantizing_load(tmp_path / "hf")
+    for name in info["quantized"]:
+        layer = mg.model.get_submodule(name)
+        weight = layer.weight_quantizer(layer.weight).detach()
+        ours = {k.removeprefix(name + "."): v for k, v in tensors.items() if k.startswith(name + ".")}
+        assert ours["weight_packed"].dtype == torch.uint8 and ours["weight_scale"].dtype == torch.float8_e4m3fn
+        theirs = NVFP4PackedCompressor.compress({"weight": weight, "weight_scale": ours["weight_scale"].float(),
+                                                 "weight_global_scale": ours["weight_global_scale"]}, scheme)
+        packed = ours["weight_packed"]  # compressed-tensors packs -0.0 as +0 (code 8 -> 0); we keep the sign
+        unsigned_zero = torch.where(packed & 0xF == 8, packed & 0xF0, packed)
+        unsigned_zero = torch.where(unsigned_zero >> 4 == 8, unsigned_zero & 0xF, unsigned_zero)
+        assert torch.equal(theirs["weight_packed"], unsigned_zero)
+        rows, half = ours["weight_packed"].shape
+        elements = unpack_fp4_from_uint8(ours["weight_packed"], rows, 2 * half, dtype=torch.float32)
+        decoded = dequantize(elements, ours["weight_scale"].float(), args=args,
+                             global_scale=ours["weight_global_scale"], dtype=torch.float32)
+        assert torch.equal(decoded, weight)
+        assert torch.equal(model.get_submodule(name).weight, weight.bfloat16().float())
+    with torch.no_grad():
+        expected, got = mg.model(input_ids=IDS).logits, model(input_ids=IDS).logits
+    assert (got - expected).abs().max() <= 2e-3 * expected.abs().max()
+
+
+def test_nvfp4_w4a4_writes_the_input_global_scale_and_imports_back(tmp_path):
+    """W4A4 NVFP4 (compressed-tensors' NVFP4 scheme): a calibrated activation amax becomes input_global_scale,
+    and reading the directory back gives the same formats and logits bit for bit."""
+    from mase_lite.deploy.compressed_tensors import read
+    from mase_lite.numerics.scaled import nvfp4_global_scale
+
+    mg = quantized({"head": None, "linear": {"weight": NVFP4, "data_in": {**NVFP4, "tensor_amax": 3.5}}})
+    info = export(mg, "compressed-tensors", tmp_path / "hf")
+    tensors = safetensors.torch.load_file(tmp_path / "hf" / "model.safetensors")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())["quantization_config"]
+    (group,) = config["config_groups"].values()
+    assert group["input_activations"]["dynamic"] == "local" and group["input_activations"]["group_size"] == 16
+    name = info["quantized"][0]
+    assert torch.equal(tensors[f"{name}.input_global_scale"], nvfp4_global_scale(torch.tensor([3.5])))
+    back = read(tmp_path / "hf", AutoModelForCausalLM)
+    formats = back.get_submodule(name).quant_formats()
+    assert formats["weight"]["name"] == "nvfp4" and formats["weight"]["per_tensor"] == "global_scale"
+    amax = torch.tensor([formats["data_in"]["tensor_amax"]])  # an amax of the same global scale (3.5 or a neighbour)
+    assert torch.equal(nvfp4_global_scale(amax), nvfp4_global_scale(torch.tensor([3.5])))
+    with torch.no_grad():
+        assert torch.equal(back(input_ids=IDS).logits, mg.model(input_ids=IDS).logits)
+
+
+def test_torchao_convention_nvfp4_is_refused_naming_the_preset(tmp_path):
+    mg = quantized({"head": None, "linear": {"weight": {"name": "nvfp4"}}})
+    with pytest.raises(UserError, match=r"layer 'model.layers.0.self_attn.q_proj': weight format nvfp4 "
+                                        r"\(block_size=16, per_tensor=torchao\).*nvfp4 with per_tensor global_scale"):
+        export(mg, "compressed-tensors", tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()

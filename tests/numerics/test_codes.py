@@ -37,6 +37,8 @@ FORMATS = [
     {"name": "mxfp", "element_format": "e2m1"},
     {"name": "nvfp4"},
     {"name": "nvfp4", "tensor_amax": 3.0},
+    {"name": "nvfp4", "per_tensor": "global_scale"},
+    {"name": "nvfp4", "per_tensor": "global_scale", "tensor_amax": 3.0},
     {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 128, "scale_dtype": "float16"},
     {"name": "scaled_integer", "width": 4, "symmetric": False, "granularity": "group", "group_size": 7},
     {"name": "scaled_integer", "width": 8, "granularity": "channel", "clip": 0.9, "scale_dtype": "bfloat16"},

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from mase_lite.numerics import FormatError, bits_per_element, quantize
+from mase_lite.numerics.codes import encode
 
 
 def si(x, **params):
@@ -158,3 +159,53 @@ def test_nvfp4_matches_torchao_when_installed():
         scale = nvfp4_tensor.per_tensor_amax_to_scale(x.abs().max())
         reference = nvfp4_tensor.NVFP4Tensor.to_nvfp4(x, per_tensor_scale=scale).dequantize(torch.float32)
         assert torch.equal(quantize(x, {"name": "nvfp4"}), reference)
+
+
+def test_nvfp4_global_scale_by_hand():
+    # amax 8: global scale (1/8) * 2688 = 336; block 0 (amax 8): 8 / 6 * 336 = 448 -> decoding scale 448 / 336
+    # = 4/3 in float32; 4 / (4/3) = 3, -0.5 / (4/3) = -0.375 -> -0.5. Block 1 (amax 1): 1 / 6 * 336 = 56 -> 1/6
+    x = torch.zeros(1, 32)
+    x[0, :3] = torch.tensor([8.0, 4.0, -0.5])
+    x[0, 16] = 1.0
+    y = nv(x, per_tensor="global_scale")
+    scale0 = torch.tensor(448.0) / torch.tensor(336.0)
+    assert y[0, :3].tolist() == (torch.tensor([6.0, 3.0, -0.5]) * scale0).tolist()
+    assert y[0, 16].item() == (6 * (torch.tensor(56.0) / torch.tensor(336.0))).item()
+    assert (y[0, 3:16] == 0).all() and (y[0, 17:] == 0).all()
+    # amax 7: (1/7) * 2688 rounds to 384.00003 in float32 (not 384), as compressed-tensors has it
+    assert encode(torch.tensor([[7.0] * 16]), {"name": "nvfp4", "per_tensor": "global_scale"}).side[
+        "global_scale"].item() == (torch.reciprocal(torch.tensor(7.0)) * 2688).item() != 384.0
+    # a block far below the tensor's amax takes a subnormal E4M3 scale (no clamp at 2**-6)
+    x = torch.zeros(1, 32)
+    x[0, 0], x[0, 16] = 2688.0, 6 * 2**-9
+    y = nv(x, per_tensor="global_scale")  # global scale 1; block 1's scale 2**-9 exactly: element 6
+    assert y[0, 16].item() == 6 * 2**-9
+    assert nv(x)[0, 16].item() == 2**-6  # torchao clamps the block scale at 2**-6: 0.75 ties to the element 1
+    assert nv(torch.zeros(2, 16), per_tensor="global_scale").abs().sum() == 0
+    got = nv([[float("nan"), 6.0, float("inf"), -float("inf")]], per_tensor="global_scale")
+    assert math.isnan(got[0, 0].item()) and got[0, 1:].tolist() == [6.0, 6.0, -6.0]
+
+
+def test_nvfp4_global_scale_is_compressed_tensors_nvfp4():
+    """compressed-tensors' own fake quantization (llm-compressor's NVFP4 path) agrees bit for bit."""
+    pytest.importorskip("compressed_tensors", reason="compressed-tensors is a dev extra")
+    from compressed_tensors.quantization import preset_name_to_scheme
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams, generate_gparam
+
+    args = preset_name_to_scheme("NVFP4A16", ["Linear"]).weights
+    g = torch.Generator().manual_seed(0)
+    cases = [torch.randn(32, 64, generator=g) * torch.exp(3 * torch.randn(32, 64, generator=g)) for _ in range(6)]
+    cases.append(torch.randint(-12, 13, (16, 64), generator=g).float() / 2)
+    spread = torch.randn(8, 64, generator=g)
+    spread[:, :16] *= 1e4  # the other blocks' scales fall to E4M3 subnormals
+    cases.append(spread)
+    differs = 0
+    for x in cases:
+        global_scale = generate_gparam(x.min(), x.max())
+        blocks = x.reshape(x.shape[0], -1, 16)
+        scale, zero = calculate_qparams(blocks.amin(-1), blocks.amax(-1), args, global_scale=global_scale)
+        reference = fake_quantize(x, scale, zero, args, global_scale=global_scale)
+        assert torch.equal(quantize(x, {"name": "nvfp4", "per_tensor": "global_scale"}), reference)
+        differs += not torch.equal(quantize(x, {"name": "nvfp4"}), reference)
+    assert differs >= 4  # torchao's convention is another format

@@ -18,7 +18,7 @@ EXPANDED = {
              "data_in": {"name": "scaled_integer", "width": 8, "granularity": "channel", "full_range": True}},
     "MXINT8": {"weight": {"name": "mxint", "element_width": 8}},
     "MXFP4": {"weight": {"name": "mxfp", "element_format": "e2m1"}},
-    "NVFP4": {"weight": {"name": "nvfp4"}},
+    "NVFP4": {"weight": {"name": "nvfp4", "per_tensor": "global_scale"}},
 }
 
 
