@@ -9,6 +9,8 @@ Schemes, by the weight's format (every value exact: the runtime decodes the same
 - ``mxint`` (blocks of 32 or any size that tiles a row): int codes in groups of the block with float32
   power-of-two scales, ``pack-quantized``;
 - ``mxfp`` E2M1 in blocks of 32: ``mxfp4-pack-quantized`` (E2M1 nibbles, E8M0 scales);
+- ``scaled_float`` E4M3 per tensor, channel or group: ``float-quantized`` (``float8_e4m3fn`` weights, float32
+  ``weight_scale``); with FP8 activations (static per tensor, dynamic per tensor or token), vLLM's FP8 W8A8;
 - ``nvfp4`` with ``per_tensor="global_scale"`` (compressed-tensors' own convention, the ``NVFP4`` preset):
   ``nvfp4-pack-quantized`` (E2M1 nibbles, E4M3 scales per 16, ``weight_global_scale``); with NVFP4 input
   activations of a calibrated ``tensor_amax`` (``input_global_scale``), compressed-tensors' W4A4 ``NVFP4``.
@@ -44,8 +46,8 @@ from mase_lite.nn.quant_functional import QuantizedFunction
 from mase_lite.numerics.codes import offset_values, pack_bits
 
 TARGET = "compressed-tensors"
-NEAREST = ("int4 or int8 weights per channel or group (scaled_integer, W4A16 / W8A16), mxfp e2m1 in blocks of 32, "
-           "or nvfp4 with per_tensor global_scale (NVFP4)")
+NEAREST = ("int4 or int8 weights per channel or group (scaled_integer, W4A16 / W8A16), scaled_float e4m3 (FP8), "
+           "mxfp e2m1 in blocks of 32, or nvfp4 with per_tensor global_scale (NVFP4)")
 NVFP4_ARGS = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "group_size": 16,
               "dynamic": False, "scale_dtype": "torch.float8_e4m3fn"}
 WEIGHTS_FILE = "model.safetensors"
@@ -176,6 +178,12 @@ def layer_scheme(layer: Layer) -> tuple[dict[str, Any], dict[str, Tensor]] | Non
     elif fmt["name"] == "nvfp4":
         tensors = _nvfp4_tensors(layer)
         form = "nvfp4-pack-quantized"
+    elif fmt["name"] == "scaled_float":
+        rows = layer.codes.shape[0]
+        scale = layer.codes.side["scale"]
+        tensors = {"weight": layer.codes.unpacked().to(torch.uint8).view(torch.float8_e4m3fn).contiguous(),
+                   "weight_scale": scale.reshape(rows, 1) if weights["strategy"] == "channel" else scale.contiguous()}
+        form = "float-quantized"
     else:
         tensors = _int_tensors(layer, weights)
         form = "int-quantized" if inputs is not None and weights["num_bits"] == 8 else "pack-quantized"
@@ -219,6 +227,13 @@ def weight_args(fmt: dict[str, Any], layer: str, shape: tuple[int, ...]) -> dict
     if name == "mxfp" and fmt["element_format"] == "e2m1" and fmt["block_size"] == 32 and columns % 32 == 0:
         return {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "group", "group_size": 32,
                 "dynamic": False, "scale_dtype": "torch.uint8"}
+    if name == "scaled_float" and fmt["element"] == "e4m3" and fmt["scale"] is None:
+        strategy, group = fmt["granularity"], fmt["group_size"] if fmt["granularity"] == "group" else None
+        if group is not None and columns % group:
+            raise unsupported(TARGET, layer, f"groups of {group} over {columns} columns (a short last group)",
+                              "a group size that divides the columns")
+        return {"num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy, "group_size": group,
+                "dynamic": False}
     if name == "nvfp4" and fmt["per_tensor"] == "global_scale" and columns % 16 == 0:
         return dict(NVFP4_ARGS)
     described = ", ".join(f"{k}={v}" for k, v in fmt.items() if k != "name" and v is not None)
@@ -235,13 +250,19 @@ def input_args(layer: Layer) -> dict[str, Any] | None:
             raise unsupported(TARGET, layer.name, "NVFP4 activations beside a weight that is not NVFP4", "NVFP4 weights")
         amax = torch.tensor(fmt["tensor_amax"], dtype=torch.float32)
         return {**NVFP4_ARGS, "dynamic": "local", "global_scale": _finite_global_scale(amax).reshape(1)}
+    if fmt["name"] == "scaled_float" and fmt["element"] == "e4m3" and fmt["granularity"] in ("tensor", "channel") \
+            and not (fmt["granularity"] == "channel" and fmt["scale"] is not None):
+        strategy = "tensor" if fmt["granularity"] == "tensor" else "token"
+        return {"num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy, "group_size": None,
+                "dynamic": fmt["scale"] is None, "scale": fmt["scale"]}
     exact = (fmt["name"] == "scaled_integer" and fmt["width"] == 8 and fmt["symmetric"] and fmt["full_range"]
              and fmt["clip"] == 1.0 and fmt["scale_dtype"] == "float32" and fmt["granularity"] in ("tensor", "channel"))
     if not exact or (fmt["granularity"] == "channel" and fmt["scale"] is not None):
         raise unsupported(TARGET, layer.name, f"activation format {fmt['name']} "
                           f"({', '.join(f'{k}={v}' for k, v in fmt.items() if k != 'name')})",
                           "8-bit scaled_integer activations with full_range true (its grid), per tensor with a static "
-                          "scale or dynamic per tensor or per token (granularity channel); or nvfp4 with per_tensor "
+                          "scale or dynamic per tensor or per token (granularity channel); the same in scaled_float "
+                          "e4m3 (FP8); or nvfp4 with per_tensor "
                           "global_scale and a calibrated tensor_amax beside nvfp4 weights")
     strategy = "tensor" if fmt["granularity"] == "tensor" else "token"
     return {"num_bits": 8, "type": "int", "symmetric": True, "strategy": strategy, "group_size": None,
@@ -341,7 +362,7 @@ def _nvfp4_tensors(layer: Layer) -> dict[str, Tensor]:
 
 # Import ------------------------------------------------------------------------------------------------
 
-READ_FORMATS = ("pack-quantized", "int-quantized", "mxfp4-pack-quantized", "nvfp4-pack-quantized")
+READ_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "mxfp4-pack-quantized", "nvfp4-pack-quantized")
 
 
 def is_checkpoint(path: str | Path) -> bool:
@@ -474,7 +495,14 @@ def _layer_codes(name: str, module: nn.Module, group: dict, form: str, tensors: 
         codes = torch.stack([packed & 0xF, packed >> 4], -1).reshape(rows, columns).to(torch.int64)
         side = {"global_scale": tensor("weight_global_scale").float().reshape(1),
                 "block_scale": tensor("weight_scale").to(torch.float8_e4m3fn)}
-    elif kind == "int" and isinstance(bits, int) and 1 < bits <= 8 and strategy in ("tensor", "channel", "group"):
+    elif form == "float-quantized" and kind == "float" and bits == 8 and strategy in ("tensor", "channel", "group"):
+        weight, scale = tensor("weight"), tensor("weight_scale").float()
+        if weight.dtype != torch.float8_e4m3fn:
+            raise ExportError(f"{path}: layer {name!r}: float-quantized weights of {weight.dtype}, not float8_e4m3fn")
+        fmt = {"name": "scaled_float", "granularity": strategy, "group_size": weights.get("group_size") or 128}
+        codes = weight.view(torch.uint8).to(torch.int64)
+        side = {"scale": scale.reshape(1) if strategy == "tensor" else scale.reshape(rows, -1)}
+    elif form != "float-quantized" and kind == "int" and isinstance(bits, int) and 1 < bits <= 8 and strategy in ("tensor", "channel", "group"):
         scale = tensor("weight_scale")
         granularity = strategy
         group_size = weights.get("group_size") or 128
@@ -497,7 +525,7 @@ def _layer_codes(name: str, module: nn.Module, group: dict, form: str, tensors: 
             side["zero_point"] = zero.reshape(side["scale"].shape).to(torch.uint8)
     else:
         raise ExportError(f"{path}: layer {name!r}: weights {json.dumps(weights)} have no equivalent format here "
-                          "(int of 2-8 bits per tensor, channel or group, MXFP4 or NVFP4)")
+                          "(int of 2-8 bits per tensor, channel or group, FP8 E4M3, MXFP4 or NVFP4)")
     values = _decoded(fmt, codes, side, module.weight.dtype)
     encoded = encode(values, fmt, side=side, values=values)
     if encoded is None:
@@ -525,12 +553,13 @@ def _input_format(name: str, args: dict | None, tensors: dict[str, Tensor], path
             raise ExportError(f"{path}: layer {name!r}: NVFP4 input activations need an input_global_scale of a "
                               "finite amax")
         return {"name": "nvfp4", "per_tensor": "global_scale", "tensor_amax": amax}
-    if not (args.get("type") == "int" and args.get("num_bits") == 8 and args.get("symmetric", True)
+    kind = args.get("type")
+    if not (kind in ("int", "float") and args.get("num_bits") == 8 and args.get("symmetric", True)
             and args.get("strategy") in ("tensor", "token")):
         raise ExportError(f"{path}: layer {name!r}: input activations {json.dumps(args)} have no equivalent format here "
-                          "(8-bit symmetric int per tensor or token, or NVFP4)")
-    fmt = {"name": "scaled_integer", "width": 8, "full_range": True,
-           "granularity": "tensor" if args["strategy"] == "tensor" else "channel"}
+                          "(8-bit symmetric int or FP8 per tensor or token, or NVFP4)")
+    fmt = {"name": "scaled_integer", "width": 8, "full_range": True} if kind == "int" else {"name": "scaled_float"}
+    fmt["granularity"] = "tensor" if args["strategy"] == "tensor" else "channel"
     if not args.get("dynamic", False):
         scale = tensors.get(f"{name}.input_scale")
         if scale is None or args["strategy"] != "tensor":

@@ -5,7 +5,7 @@ complement range), so the result exports as it is.
 >>> PRESETS["W4A16"]["weight"]["group_size"]
 128
 >>> sorted(PRESETS)
-['MXFP4', 'MXINT8', 'NVFP4', 'W4A16', 'W8A16', 'W8A8']
+['FP8', 'MXFP4', 'MXINT8', 'NVFP4', 'W4A16', 'W8A16', 'W8A8']
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ PRESETS = MappingProxyType({
     "W8A16": {"weight": dict(_W8_CHANNEL)},
     # int8 weights per channel and int8 activations per token, dynamic (vLLM's W8A8 int8)
     "W8A8": {"weight": dict(_W8_CHANNEL), "data_in": dict(_W8_CHANNEL)},
+    # FP8 E4M3 weights per output channel and activations per token, dynamic (vLLM's FP8_DYNAMIC)
+    "FP8": {"weight": {"name": "scaled_float"}, "data_in": {"name": "scaled_float"}},
     # OCP MX: int8 / E2M1 elements sharing an E8M0 scale per 32 (GGUF Q8_0 / MXFP4)
     "MXINT8": {"weight": {"name": "mxint", "element_width": 8}},
     "MXFP4": {"weight": {"name": "mxfp", "element_format": "e2m1"}},

@@ -2,7 +2,7 @@
 
 One entry point, :func:`quantize`, for every registered format: integer, minifloat_ieee,
 minifloat_denorm, log, block_fp, block_minifloat, block_log, binary, binary_scaling,
-binary_residual_sign, ternary, mxint, mxfp, scaled_integer, nvfp4. A format dict such as
+binary_residual_sign, ternary, mxint, mxfp, scaled_integer, nvfp4, scaled_float. A format dict such as
 ``{"name": "integer", "width": 8, "frac_width": 4}`` is the canonical spelling in configs and metadata.
 
 >>> import torch
@@ -16,7 +16,7 @@ True
 """
 
 # Importing a family module registers its formats.
-from mase_lite.numerics import binary, block, integer, log, minifloat, mx_formats, scaled, ternary  # noqa: F401
+from mase_lite.numerics import binary, block, integer, log, minifloat, mx_formats, scaled, scaled_float, ternary  # noqa: F401
 from mase_lite.numerics.binary import residual_level_means, residual_sign
 from mase_lite.numerics.core import SUPPORTED_DTYPES, apply_format, bits_per_element, format_dict, quantize
 from mase_lite.numerics.registry import (

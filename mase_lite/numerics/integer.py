@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 import torch
@@ -24,7 +25,7 @@ from mase_lite.numerics.codes import exact_integers, offset_codes, offset_values
 from mase_lite.numerics.exponents import largest_float32_at_most
 from mase_lite.numerics.memory import empty_like_advised
 from mase_lite.numerics.native import element_kernel
-from mase_lite.numerics.registry import Codec, FormatParams, register_format
+from mase_lite.numerics.registry import Calibrated, Codec, FormatParams, register_format
 
 
 class IntegerParams(FormatParams):
@@ -74,8 +75,20 @@ INTEGER_CODEC = Codec(bits=lambda p: p.width, side=lambda x, p: _resolved(p) or 
                       decode=_integer_values)
 
 
+def _frac_width_for(params: dict, amax: float) -> int:
+    """The most fraction bits whose largest code still covers ``amax``."""
+    width, signed = params["width"], params.get("signed", True)
+    largest = 2.0 ** (width - 1) - 1 if signed else 2.0**width - 1
+    if amax == 0:
+        return width
+    return max(0, min(width, math.floor(math.log2(largest / amax))))
+
+
+INTEGER_CALIBRATED = Calibrated("frac_width", _frac_width_for, lambda params, amax, grid: list(range(params["width"] + 1)))
+
+
 @register_format("integer", params=IntegerParams, bits=lambda p, shape: float(p.width), bounds=integer_bounds,
-                 group=lambda p, row: 1, codec=INTEGER_CODEC)
+                 group=lambda p, row: 1, codec=INTEGER_CODEC, calibrated=INTEGER_CALIBRATED)
 def integer(x: Tensor, p: IntegerParams) -> Tensor:
     """Fixed point with ``width`` bits of which ``frac_width`` are fractional."""
     _resolved(p)

@@ -50,6 +50,23 @@ class Codec:
 GroupQuantizer = tuple[dict[str, Tensor], Callable[[Tensor], Tensor]]
 
 
+@dataclass(frozen=True)
+class Calibrated:
+    """The parameter of a format that calibration may choose (``"auto"`` in a spec): ``key``;
+    ``from_amax(params, amax)`` its value for a range covering the magnitude ``amax`` (``params``: the
+    format dict's other values); ``candidates(params, amax, grid)`` the values an ``mse`` search tries
+    (default: the values of ``from_amax`` at the fractions ``1/grid .. 1`` of ``amax``)."""
+
+    key: str
+    from_amax: Callable[[dict[str, Any], float], Any]
+    candidates: Callable[[dict[str, Any], float, int], list] | None = None
+
+    def search_space(self, params: dict[str, Any], amax: float, grid: int) -> list:
+        if self.candidates is not None:
+            return self.candidates(params, amax, grid)
+        return [self.from_amax(params, (k + 1) / grid * amax) for k in range(grid)]
+
+
 class FormatParams(BaseModel):
     """Base of every format's params: unknown keys are errors, no silent type coercion, frozen."""
 
@@ -72,6 +89,7 @@ class NumberFormat:
     ``group_quantizer(params, values)``, for a format with groups and a codec: given the values of one group
     per row (``[rows, k]`` float32), the shared values the group fixes (``codec.side(values)``) and a function
     quantizing any float32 values of these rows (``[rows]``) under them; ``None``: GPTQ probes the format.
+    ``calibrated``: the parameter calibration may choose (:class:`Calibrated`); ``None``: none.
     """
 
     name: str
@@ -84,6 +102,7 @@ class NumberFormat:
     group: Callable[[Any, int], int] | None = None
     codec: Codec | None = None
     group_quantizer: Callable[[Any, Tensor], GroupQuantizer] | None = None
+    calibrated: Calibrated | None = None
 
     def validate(self, params: Mapping[str, Any] | FormatParams) -> FormatParams:
         """``params`` as this format's frozen params model; a :class:`FormatError` naming the key otherwise."""
@@ -114,6 +133,7 @@ def register_format(
     group: Callable[[Any, int], int] | None = None,
     codec: Codec | None = None,
     group_quantizer: Callable[[Any, Tensor], GroupQuantizer] | None = None,
+    calibrated: Calibrated | None = None,
 ) -> Callable[[Callable[[Tensor, Any], Tensor]], Callable[[Tensor, Any], Tensor]]:
     """Register the value function it decorates as format ``name``; returns the function unchanged."""
 
@@ -131,6 +151,7 @@ def register_format(
             group=group,
             codec=codec,
             group_quantizer=group_quantizer,
+            calibrated=calibrated,
         )
         return fn
 

@@ -55,7 +55,7 @@ from mase_lite.numerics.blocks import finite_amax, from_blocks, per_element, to_
 from mase_lite.numerics.codes import exact_integers, float_grid_codes, float_grid_values, offset_codes, offset_values
 from mase_lite.numerics.exponents import round_to_float
 from mase_lite.numerics.native import scaled_kernel
-from mase_lite.numerics.registry import Codec, FormatParams, Shape, register_format
+from mase_lite.numerics.registry import Calibrated, Codec, FormatParams, Shape, register_format
 
 SCALE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16, "pow2": 8}
 E4M3_MAX, E4M3_TINY, E2M1_MAX = 448.0, 2.0**-6, 6.0
@@ -228,9 +228,19 @@ def _scaled_group_quantizer(p: ScaledIntegerParams, values: Tensor):
 SCALED_INTEGER_CODEC = Codec(bits=lambda p: p.width, side=_scaled_side, codes=_scaled_codes, decode=_scaled_values)
 
 
+def _largest_step(params: dict) -> float:
+    """The code the amax maps to: ``2**(width-1) - 1``, half a code more on the full two's complement range."""
+    return 2.0 ** (params["width"] - 1) - 1 + (0.5 if params.get("full_range") else 0.0)
+
+
+SCALED_INTEGER_CALIBRATED = Calibrated(
+    "scale", lambda params, amax: amax * params.get("clip", 1.0) / _largest_step(params) if amax > 0 else 1.0,
+    lambda params, amax, grid: [(k + 1) / grid * amax / _largest_step(params) for k in range(grid)])
+
+
 @register_format("scaled_integer", params=ScaledIntegerParams, bits=_scaled_bits, bounds=_scaled_bounds,
                  group=lambda p, row: p.group_size if p.granularity == "group" else row, codec=SCALED_INTEGER_CODEC,
-                 group_quantizer=_scaled_group_quantizer)
+                 group_quantizer=_scaled_group_quantizer, calibrated=SCALED_INTEGER_CALIBRATED)
 def scaled_integer(x: Tensor, p: ScaledIntegerParams) -> Tensor:
     """Integer codes times a float scale per tensor, row or group (symmetric, or with a zero point)."""
     if p.scale == "auto":
@@ -376,7 +386,7 @@ NVFP4_CODEC = Codec(bits=lambda p: 4, side=_nvfp4_side, codes=_nvfp4_codes, deco
 
 
 @register_format("nvfp4", params=NVFP4Params, bits=_nvfp4_bits, bounds=_nvfp4_bounds,  # its per-tensor scale spans the rows
-                 codec=NVFP4_CODEC)
+                 codec=NVFP4_CODEC, calibrated=Calibrated("tensor_amax", lambda params, amax: amax))
 def nvfp4(x: Tensor, p: NVFP4Params) -> Tensor:
     """NVIDIA's FP4: E2M1 elements, an E4M3 scale per 16 and a float32 scale per tensor."""
     if p.tensor_amax == "auto":

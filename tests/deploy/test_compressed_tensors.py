@@ -50,6 +50,11 @@ SCHEMES = {
     "mxint4": {"weight": {"name": "mxint", "element_width": 4}},
     "w8a8_dynamic_token": {"weight": W8_FULL, "data_in": {**W8_FULL, "granularity": "channel"}},
     "w8a8_static_tensor": {"weight": W8_FULL, "data_in": {**W8_FULL, "granularity": "tensor", "scale": 0.02}},
+    "fp8_channel": {"weight": {"name": "scaled_float"}},
+    "fp8_tensor": {"weight": {"name": "scaled_float", "granularity": "tensor"}},
+    "fp8_dynamic_token": {"weight": {"name": "scaled_float"}, "data_in": {"name": "scaled_float"}},
+    "fp8_static_tensor": {"weight": {"name": "scaled_float", "granularity": "tensor"},
+                          "data_in": {"name": "scaled_float", "granularity": "tensor", "scale": 0.01}},
 }
 
 

@@ -27,7 +27,7 @@ def llama(vocab=96):
                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)).eval()
 
 
-def llm_compressor_checkpoint(path, scheme: dict, ignore=("lm_head",)):
+def llm_compressor_checkpoint(path, scheme: dict, ignore=("lm_head",), form="pack-quantized"):
     """What llm-compressor writes: compressed-tensors' schemes applied, scales observed (min-max), the model compressed
     by compressed-tensors' own ModelCompressor and saved by transformers."""
     from compressed_tensors.compressors import ModelCompressor
@@ -48,7 +48,7 @@ def llm_compressor_checkpoint(path, scheme: dict, ignore=("lm_head",)):
             module.weight_scale.data.copy_(scale.reshape(module.weight_scale.shape))
             if hasattr(module, "weight_zero_point"):
                 module.weight_zero_point.data.copy_(zero.reshape(module.weight_zero_point.shape))
-    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="pack-quantized")
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format=form)
     compressor.compress_model(model)
     model.save_pretrained(path)
     compressor.update_config(path)
@@ -60,16 +60,27 @@ W8A8 = {"weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy":
         "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True}}
 
 
-@pytest.mark.parametrize("scheme", [W4A16, W8A8], ids=["W4A16", "W8A8-dynamic"])
+FP8_DYNAMIC = {"weights": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"},
+               "input_activations": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token",
+                                     "dynamic": True}}
+
+
+@pytest.mark.parametrize("scheme", [W4A16, W8A8, FP8_DYNAMIC], ids=["W4A16", "W8A8-dynamic", "FP8-dynamic"])
 def test_a_compressed_tensors_checkpoint_gives_transformers_logits(scheme, tmp_path):
     from compressed_tensors.quantization import QuantizationArgs
 
-    llm_compressor_checkpoint(tmp_path / "ct", {k: QuantizationArgs(**v) for k, v in scheme.items()})
+    fp8 = scheme["weights"]["type"] == "float"
+    llm_compressor_checkpoint(tmp_path / "ct", {k: QuantizationArgs(**v) for k, v in scheme.items()},
+                              form="float-quantized" if fp8 else "pack-quantized")
     ours = hub.read_model(tmp_path / "ct", AutoModelForCausalLM)
     layer = ours.model.layers[0].self_attn.q_proj
     assert isinstance(layer, QuantizedLinear) and layer.weight_quantizer.held(layer.weight) is not None
     formats = layer.quant_formats()
-    assert formats["weight"]["full_range"] and formats["weight"]["width"] == scheme["weights"]["num_bits"]
+    if fp8:
+        assert formats["weight"]["name"] == formats["data_in"]["name"] == "scaled_float"
+        assert formats["weight"]["granularity"] == "channel" and formats["data_in"]["scale"] is None
+    else:
+        assert formats["weight"]["full_range"] and formats["weight"]["width"] == scheme["weights"]["num_bits"]
     assert ("data_in" in formats) == ("input_activations" in scheme)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "ct")
@@ -176,8 +187,13 @@ def test_an_unreadable_scheme_is_refused_naming_the_group(tmp_path):
 
     llm_compressor_checkpoint(tmp_path / "ct", {"weights": QuantizationArgs(**W4A16["weights"])})
     config = json.loads((tmp_path / "ct" / "config.json").read_text())
-    config["quantization_config"]["config_groups"]["group_0"]["format"] = "float-quantized"
+    config["quantization_config"]["config_groups"]["group_0"]["format"] = "marlin-24"
     (tmp_path / "ct" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UserError, match=r"config group 'group_0' is in format 'float-quantized', which has no "
-                                        r"equivalent here; readable: pack-quantized, int-quantized, mxfp4-pack-quantized"):
+    with pytest.raises(UserError, match=r"config group 'group_0' is in format 'marlin-24', which has no "
+                                        r"equivalent here; readable: pack-quantized, int-quantized, float-quantized"):
+        hub.read_model(tmp_path / "ct", AutoModelForCausalLM)
+    config["quantization_config"]["config_groups"]["group_0"]["format"] = "float-quantized"  # int weights: no FP8
+    (tmp_path / "ct" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match=r"layer 'model.layers.0.self_attn.q_proj': weights .*\"type\": \"int\".* have no "
+                                        r"equivalent format here"):
         hub.read_model(tmp_path / "ct", AutoModelForCausalLM)

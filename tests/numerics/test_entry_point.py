@@ -26,6 +26,7 @@ EVERY_FORMAT = {
     "mxfp": {"element_format": "e2m1", "block_size": 4},
     "scaled_integer": {"width": 6, "granularity": "group", "group_size": 4},
     "nvfp4": {},
+    "scaled_float": {"granularity": "group", "group_size": 4},
 }
 SHAPES = [(), (1,), (7,), (3, 5), (2, 3, 5), (2, 1, 3, 5)]
 

@@ -19,6 +19,7 @@ EXPANDED = {
     "MXINT8": {"weight": {"name": "mxint", "element_width": 8}},
     "MXFP4": {"weight": {"name": "mxfp", "element_format": "e2m1"}},
     "NVFP4": {"weight": {"name": "nvfp4", "per_tensor": "global_scale"}},
+    "FP8": {"weight": {"name": "scaled_float"}, "data_in": {"name": "scaled_float"}},
 }
 
 

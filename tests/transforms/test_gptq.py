@@ -34,6 +34,11 @@ def fixed_grid(fmt: dict, group: torch.Tensor):
         scale = (high - low) / top
         zero = (-low / scale).round().clamp(0, top)
         return lambda x: (((x.float() / scale).round() + zero).clamp(0, top).sub(zero) * scale).double()
+    if name == "scaled_float":  # scale amax / largest (float32); elements x / scale saturated, rounded to FP8
+        dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[fmt.get("element", "e4m3")]
+        largest = torch.finfo(dtype).max
+        scale = group.float().abs().amax(1) / largest
+        return lambda x: ((x.float() / scale).clamp(-largest, largest).to(dtype).float() * scale).double()
     if name == "mxint":  # E = floor(log2 amax); elements: codes in ±(2**(w-1) - 1) of 2**(E - (w - 2))
         width = fmt["element_width"]
         quantum = 2.0 ** (torch.floor(torch.log2(group.abs().amax(1))) - (width - 2))
@@ -102,6 +107,8 @@ def correlated(n_in=64, n_out=24, rows=512, seed=0):
     ({"name": "scaled_integer", "width": 3, "granularity": "group", "group_size": 24}, True, 9),
     ({"name": "scaled_integer", "width": 3, "symmetric": False}, False, 64),
     ({"name": "mxfp", "element_format": "e2m1", "block_size": 32}, True, 128),
+    ({"name": "scaled_float", "granularity": "group", "group_size": 24}, True, 9),
+    ({"name": "scaled_float", "element": "e5m2"}, False, 64),
 ])
 def test_equals_the_straightforward_algorithm(fmt, act_order, block):
     w, h, _ = correlated()
