@@ -11,7 +11,6 @@ their own error); a trial lost with a killed worker is failed by heartbeat and r
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import shutil
@@ -32,7 +31,7 @@ from mase_lite.search.base import base_pipeline
 from mase_lite.search.cache import PrefixCache, prefix_length
 from mase_lite.search.identity import adopt, made_by
 from mase_lite.search.internals import grid_id, grid_size, storage_of, trial_id
-from mase_lite.search.preflight import TRIAL_SECONDS, check_metrics, startup_warning
+from mase_lite.search.preflight import TRIAL_SECONDS, check_metrics
 from mase_lite.search.space import Space
 from mase_lite.search.spec import SearchSpec, StudySpec, load_search_spec
 from mase_lite.search.storage import JOURNAL, fail_stale, heartbeat, hidden_url, open_storage
@@ -92,44 +91,18 @@ def flatten_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     return flat
 
 
-class GridSampler(optuna.samplers.GridSampler):
-    """Optuna's grid sampler; the engine's loop (not ``Study.stop``) ends a walked-through grid."""
-
-    def after_trial(self, study, trial, state, values) -> None:
-        pass
-
-
 def make_sampler(spec: SearchSpec, variant: StudySpec, space: Space, where: str) -> optuna.samplers.BaseSampler:
     """The Optuna sampler the spec names, seeded, with its options and the spec's constraints."""
-    sampler_spec = variant.sampler or spec.sampler
-    options = sampler_spec.options()
-    name, seed = sampler_spec.name, sampler_spec.seed
-    if spec.constraints and name in ("tpe", "nsga2"):
-        options.setdefault("constraints_func", _constraints_func(spec))
-    kinds = {
-        "random": optuna.samplers.RandomSampler,
-        "tpe": optuna.samplers.TPESampler,
-        "nsga2": optuna.samplers.NSGAIISampler,
-        "qmc": optuna.samplers.QMCSampler,
-        "cmaes": optuna.samplers.CmaEsSampler,
-    }
-    n_trials = variant.n_trials or spec.n_trials
-    warning = startup_warning(name, options, n_trials, len(space.grid_names()))
+    sampler = variant.sampler or spec.sampler
+    warning = sampler.startup_warning(variant.n_trials or spec.n_trials, len(space.grid_names()))
     if warning:
         logger.warning("%s: %s", where, warning)
     try:
-        if name == "grid":
-            return GridSampler(space.grid(), seed=seed, **options)
-        if name in _NEEDS:
-            importlib.import_module(_NEEDS[name])
-        return kinds[name](seed=seed, **options)
+        return sampler.build(space, _constraints_func(spec) if spec.constraints else None)
     except ImportError as err:
-        raise UserError(f"{where}.name: sampler {name!r} needs a package that is not installed ({err.name})") from None
+        raise UserError(f"{where}.name: sampler {sampler.name!r} needs a package that is not installed ({err.name})") from None
     except (TypeError, ValueError) as err:
-        raise UserError(f"{where}: bad option for sampler {name!r}: {err}") from None
-
-
-_NEEDS = {"cmaes": "cmaes", "qmc": "scipy.stats.qmc"}  # samplers' optional packages
+        raise UserError(f"{where}: bad option for sampler {sampler.name!r}: {err}") from None
 
 
 def _constraints_func(spec: SearchSpec):

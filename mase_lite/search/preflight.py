@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-import math
 
 from mase_lite.errors import UserError
 from mase_lite.passes.registry import get_pass
@@ -84,24 +83,3 @@ def check_metrics(spec, studies) -> None:
             check(metric, f"plots.{i}.baseline" + (f".{j}" if isinstance(plot.baseline, list) else ""), every=False)
     if problems:
         raise UserError("the search names metrics its pipeline does not report:\n" + "\n".join(problems))
-
-
-def startup_warning(name: str, options: dict, n_trials: int, n_params: int) -> str | None:
-    """Why a sampler would stay random (its start-up) for all of ``n_trials`` trials, else ``None``."""
-    if name == "tpe":
-        startup = options.get("n_startup_trials", 10)
-        if n_trials <= startup:
-            return f"tpe samples its first n_startup_trials = {startup} trials at random; with n_trials = {n_trials} " \
-                   "every trial is random (set n_startup_trials below n_trials)"
-    if name == "nsga2":
-        size = options.get("population_size", 50)
-        if n_trials <= size:
-            return f"nsga2's first generation (population_size = {size} trials) is random; with n_trials = {n_trials} " \
-                   "the study never breeds a second one (set population_size below n_trials)"
-    if name == "cmaes":
-        size = options.get("popsize") or 4 + math.floor(3 * math.log(max(n_params, 1)))
-        startup = options.get("n_startup_trials", 1)
-        if n_trials < startup + size:
-            return f"cmaes updates after each generation of popsize = {size} trials (after {startup} random ones); with " \
-                   f"n_trials = {n_trials} it never updates (set popsize, or raise n_trials to {startup + size})"
-    return None

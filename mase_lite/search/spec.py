@@ -17,18 +17,17 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union, get_args
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, ValidationError, field_validator,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from mase_lite.errors import UserError, short, validation_problems
 from mase_lite.jsonio import check_value, read_json
 from mase_lite.pipeline.spec import is_report
+from mase_lite.search.samplers import SAMPLERS, SamplerSpec, TPESamplerSpec
 
 MAX_CHOICES = 1000  # candidates of one choice entry: each is checked against the pipeline before the first trial
 Int64 = Annotated[int, Field(ge=-(2**63), lt=2**63)]
-Seed = Annotated[int, Field(ge=0, lt=2**32, description="seed of the sampler's generator")]
 
 
 class _Strict(BaseModel):
@@ -287,85 +286,6 @@ class PlotSpec(_Strict):
     file: str = Field(pattern=r"^[\w.-]+\.png$", description="file name in output_dir")
 
 
-class _Sampler(_Strict):
-    seed: Seed = 0
-
-    def options(self) -> dict[str, Any]:
-        """The Optuna sampler's keyword arguments the spec sets (besides the seed)."""
-        return {k: v for k, v in self.model_dump(exclude={"name", "seed"}).items() if v is not None}
-
-
-class GridSamplerSpec(_Sampler):
-    """Every combination of the space's values (choices, unlogged ints, floats with a step)."""
-
-    name: Literal["grid"]
-
-
-class RandomSamplerSpec(_Sampler):
-    name: Literal["random"]
-
-
-class TPESamplerSpec(_Sampler):
-    """Tree-structured Parzen estimator; random for its first ``n_startup_trials`` trials."""
-
-    name: Literal["tpe"] = "tpe"
-    n_startup_trials: int | None = Field(None, ge=0, le=10**6, description="random trials first (Optuna's default: 10)")
-    n_ei_candidates: int | None = Field(None, ge=1, le=10**4)
-    multivariate: bool | None = None
-    group: bool | None = None
-    constant_liar: bool | None = None
-    consider_endpoints: bool | None = None
-    prior_weight: float | None = Field(None, gt=0, le=1e6)
-    warn_independent_sampling: bool | None = None
-
-
-class NSGA2SamplerSpec(_Sampler):
-    """NSGA-II; its first generation (``population_size`` trials) is random."""
-
-    name: Literal["nsga2"]
-    population_size: int | None = Field(None, ge=2, le=10**6, description="trials per generation (Optuna's default: 50)")
-    mutation_prob: float | None = Field(None, ge=0, le=1)
-    crossover_prob: float | None = Field(None, ge=0, le=1)
-    swapping_prob: float | None = Field(None, ge=0, le=1)
-
-
-class QMCSamplerSpec(_Sampler):
-    """Quasi-Monte Carlo points (needs scipy)."""
-
-    name: Literal["qmc"]
-    qmc_type: Literal["sobol", "halton"] | None = None
-    scramble: bool | None = None
-    warn_independent_sampling: bool | None = None
-    warn_asynchronous_seeding: bool | None = None
-
-
-class CmaEsSamplerSpec(_Sampler):
-    """CMA-ES (needs the cmaes package); it learns after each generation of ``popsize`` trials."""
-
-    name: Literal["cmaes"]
-    n_startup_trials: int | None = Field(None, ge=0, le=10**6, description="random trials first (Optuna's default: 1)")
-    sigma0: float | None = Field(None, gt=0, le=1e6)
-    popsize: int | None = Field(None, ge=1, le=10**6, description="trials per generation (default: 4 + 3 ln(parameters))")
-    use_separable_cma: bool | None = None
-    with_margin: bool | None = None
-    lr_adapt: bool | None = None
-    consider_pruned_trials: bool | None = None
-    warn_independent_sampling: bool | None = None
-
-
-def _sampler_name(value: Any) -> Any:
-    """The sampler's name (``tpe`` when none is given), which picks its options' model."""
-    return value.get("name", "tpe") if isinstance(value, dict) else getattr(value, "name", None)
-
-
-# sampler name (each model's `name` literal) -> the model of its options
-_SAMPLERS = {
-    get_args(m.model_fields["name"].annotation)[0]: m
-    for m in (GridSamplerSpec, RandomSamplerSpec, TPESamplerSpec, NSGA2SamplerSpec, QMCSamplerSpec, CmaEsSamplerSpec)
-}
-SamplerSpec = Annotated[Union[tuple(Annotated[m, Tag(n)] for n, m in _SAMPLERS.items())], Discriminator(_sampler_name)]
-
-
 class StudySpec(_Strict):
     """One study of several run side by side; unset fields come from the search spec."""
 
@@ -435,7 +355,7 @@ def _explain(error: dict) -> UserError | None:
     """An unknown sampler name gets the list of samplers."""
     loc = error["loc"]
     if error["type"] == "union_tag_invalid" and loc and loc[-1] == "sampler":
-        return UserError(f"unknown sampler {short(error['ctx']['tag'])}; samplers: {', '.join(_SAMPLERS)}", location=(*loc, "name"))
+        return UserError(f"unknown sampler {short(error['ctx']['tag'])}; samplers: {', '.join(SAMPLERS)}", location=(*loc, "name"))
     return None
 
 

@@ -11,7 +11,7 @@ import sys
 
 from mase_lite.cli import main
 from mase_lite.search.engine import prepare_studies
-from mase_lite.search.preflight import startup_warning
+from mase_lite.search.samplers import CmaEsSamplerSpec, NSGA2SamplerSpec, TPESamplerSpec
 from mase_lite.search.spec import load_search_spec
 from tests.search.conftest import TINY_PIPELINE, WIDTH, write_spec
 
@@ -58,9 +58,12 @@ def test_a_sampler_that_would_stay_random_is_warned(tiny_search, caplog):
     with caplog.at_level(logging.WARNING):
         prepare_studies(load_search_spec(tiny_search(sampler={"name": "nsga2"}, n_trials=20)))
     assert "sampler: nsga2's first generation (population_size = 50 trials) is random; with n_trials = 20" in caplog.text
-    assert startup_warning("cmaes", {}, n_trials=5, n_params=8).startswith("cmaes updates after each generation of popsize = 10")
-    assert startup_warning("tpe", {"n_startup_trials": 4}, n_trials=10, n_params=1) is None
-    assert "every trial is random" in startup_warning("tpe", {}, n_trials=10, n_params=1)
+    assert CmaEsSamplerSpec(name="cmaes").startup_warning(n_trials=5, n_params=8).startswith(
+        "cmaes updates after each generation of popsize = 10")
+    assert TPESamplerSpec(n_startup_trials=4).startup_warning(n_trials=10, n_params=1) is None
+    assert "every trial is random" in TPESamplerSpec().startup_warning(n_trials=10, n_params=1)
+    assert "never breeds a second one" in NSGA2SamplerSpec(name="nsga2").startup_warning(n_trials=50, n_params=1)
+    assert NSGA2SamplerSpec(name="nsga2", population_size=8).startup_warning(n_trials=50, n_params=1) is None
 
 
 def test_the_base_pipelines_plugins_are_imported_for_the_space_check(tmp_path, tiny_search):
