@@ -39,7 +39,7 @@ from mase_lite.train.language import LanguageModelData, Seq2SeqData
 from mase_lite.train.loader import BatchLoader
 from mase_lite.train.sources import TextSplit, divide, hub_tables, rows_to_split
 from mase_lite.train.splits import CACHE_DIR, SPLITS, TOKENIZER_DIR, Split, SplitData
-from mase_lite.train.tasks import TASKS
+from mase_lite.train.tasks import get_task, task_names
 from mase_lite.train.text_classification import DataModule
 from mase_lite.train.tokenizer import load_tokenizer, train_wordpiece
 from mase_lite.train.validation import validate_section
@@ -49,32 +49,10 @@ __all__ = [
     "Split", "SplitData", "TOKENIZER_DIR", "build_data",
 ]
 
-DEFAULT_DATASETS = {
-    "sequence-classification": "synthetic-sentiment",
-    "causal-lm": "synthetic-grammar",
-    "image-classification": "synthetic-shapes",
-    "seq2seq-lm": "synthetic-reversal",
-}
 DEFAULT_MAX_LENGTH = {"synthetic-sentiment": 32, "synthetic-reversal": 24}
 DEFAULT_BLOCK_SIZE = {"synthetic-grammar": 64}
 OTHER_LENGTH = 128
 DEFAULT_IMAGE_SIZE = 32
-TEXT_TASKS = ("sequence-classification", "causal-lm", "seq2seq-lm")
-# which task uses each task-specific field (every other field serves every task)
-FIELD_TASKS = {
-    "text_column": ("sequence-classification", "causal-lm"),
-    "label_column": ("sequence-classification", "image-classification"),
-    "image_column": ("image-classification",),
-    "source_column": ("seq2seq-lm",),
-    "target_column": ("seq2seq-lm",),
-    "max_length": ("sequence-classification", "seq2seq-lm"),
-    "max_target_length": ("seq2seq-lm",),
-    "block_size": ("causal-lm",),
-    "stride": ("causal-lm",),
-    "vocab_size": TEXT_TASKS,
-    "tokenizer": TEXT_TASKS,
-    "image_size": ("image-classification",),
-}
 # peak memory per token while tokenizing: encodings (ids, mask, offsets, strings), lists, tensors (~300 measured)
 _BYTES_PER_TOKEN = 320
 
@@ -133,7 +111,7 @@ class DataSpec(BaseModel):
         return self
 
     def resolved_dataset(self, task: str = "sequence-classification") -> str:
-        return self.dataset or DEFAULT_DATASETS[task]
+        return self.dataset or get_task(task).default_dataset
 
     def resolved_max_length(self, task: str = "sequence-classification") -> int:
         return self.max_length or DEFAULT_MAX_LENGTH.get(self.resolved_dataset(task), OTHER_LENGTH)
@@ -147,9 +125,12 @@ class DataSpec(BaseModel):
 
 def check_task_fields(spec: DataSpec, task: str) -> None:
     """Refuse fields the task does not use (set to other than their defaults) and a dataset of another task."""
-    for field, tasks in FIELD_TASKS.items():
-        if task not in tasks and getattr(spec, field) != DataSpec.model_fields[field].default:
-            raise UserError(f"not used by {task} data (it is for {', '.join(tasks)}); remove it", location=("data", field))
+    own = get_task(task).data_fields
+    for other in task_names():
+        for field in get_task(other).data_fields:
+            if field not in own and getattr(spec, field) != DataSpec.model_fields[field].default:
+                users = ", ".join(t for t in task_names() if field in get_task(t).data_fields)
+                raise UserError(f"not used by {task} data (it is for {users}); remove it", location=("data", field))
     name = spec.resolved_dataset(task)
     entry = get_dataset(name)
     if entry is not None and task not in entry.tasks:
@@ -236,7 +217,8 @@ def _cache(run_dir: Path | None) -> Path | None:
     return run_dir / CACHE_DIR if run_dir is not None else None
 
 
-def _classification(spec, raw, seed, run_dir, tokenizer, num_labels) -> DataModule:
+def classification_data(spec, raw, seed, run_dir, tokenizer, num_labels, hints) -> DataModule:
+    """Texts and integer labels, tokenized to ``max_length``."""
     def check(table, source) -> Columns:
         if not isinstance(table, (list, tuple)):  # columns: checked here, then as rows
             cols = columns_of(table, {"text_column": spec.text_column, "label_column": spec.label_column}, source)
@@ -254,7 +236,8 @@ def _classification(spec, raw, seed, run_dir, tokenizer, num_labels) -> DataModu
                       cache_dir=_cache(run_dir))
 
 
-def _language(spec, raw, seed, run_dir, tokenizer) -> LanguageModelData:
+def language_data(spec, raw, seed, run_dir, tokenizer, num_labels, hints) -> LanguageModelData:
+    """A corpus cut into windows of ``block_size`` tokens every ``stride``."""
     def check(table, source) -> Columns:
         return {"text": _texts(columns_of(table, {"text_column": spec.text_column}, source)["text_column"], source, "data.text_column")}
 
@@ -268,7 +251,8 @@ def _language(spec, raw, seed, run_dir, tokenizer) -> LanguageModelData:
                              _cache(run_dir), reference=raw.reference)
 
 
-def _seq2seq(spec, raw, seed, run_dir, tokenizer) -> Seq2SeqData:
+def seq2seq_data(spec, raw, seed, run_dir, tokenizer, num_labels, hints) -> Seq2SeqData:
+    """Source/target pairs of ``max_length``/``max_target_length`` tokens."""
     def check(table, source) -> Columns:
         cols = columns_of(table, {"source_column": spec.source_column, "target_column": spec.target_column}, source)
         return {"source": _texts(cols["source_column"], source, "data.source_column"),
@@ -297,7 +281,8 @@ def _labels(values: list, source: str, classes: tuple[str, ...]) -> list[int]:
     return labels
 
 
-def _images(spec, raw, seed, num_labels, hints) -> ImageData:
+def image_data(spec, raw, seed, run_dir, tokenizer, num_labels, hints) -> ImageData:
+    """Images (resized to ``image_size``) and their labels, class names given as strings included."""
     classes = raw.classes or _class_names(raw, spec)
 
     def check(table, source) -> Columns:
@@ -344,15 +329,8 @@ def build_data(
     for images: ``image_size``, ``num_channels``, ``normalisation`` (an image processor's mean and std).
     """
     spec = validate_section(DataSpec, spec, "data")
-    if task not in TASKS:
-        raise UserError(f"task must be one of {', '.join(TASKS)}; got {task!r}")
+    entry = get_task(task)
     check_task_fields(spec, task)
     seed = spec.seed if spec.seed is not None else seed
     raw = read_raw(spec, task, seed, run_dir)
-    if task == "sequence-classification":
-        return _classification(spec, raw, seed, run_dir, tokenizer, num_labels)
-    if task == "causal-lm":
-        return _language(spec, raw, seed, run_dir, tokenizer)
-    if task == "seq2seq-lm":
-        return _seq2seq(spec, raw, seed, run_dir, tokenizer)
-    return _images(spec, raw, seed, num_labels, hints or {})
+    return entry.build_data(spec, raw, seed, run_dir, tokenizer, num_labels, hints or {})

@@ -33,7 +33,6 @@ from mase_lite.errors import UserError
 logger = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "mase_lite.datasets"
-TASKS = ("sequence-classification", "causal-lm", "image-classification", "seq2seq-lm")
 
 
 @dataclass
@@ -64,16 +63,21 @@ _ENTRY_POINTS_LOADED = [False]
 def register_dataset(
     name: str,
     loader: Callable[[Any, int], RawData | Mapping[str, Any]],
-    tasks: tuple[str, ...] = TASKS,
+    tasks: tuple[str, ...] | None = None,
     needs_path: bool = False,
     description: str = "",
 ) -> None:
-    """Make ``name`` a value of ``data.dataset`` for ``tasks``; ``needs_path``: the spec must give ``data.path``."""
+    """Make ``name`` a value of ``data.dataset`` for ``tasks`` (default: every registered task); ``needs_path``:
+    the spec must give ``data.path``."""
+    from mase_lite.train.tasks import task_names
+
     if not isinstance(name, str) or not name.strip():
         raise UserError(f"register_dataset: the name must be a non-empty string, got {name!r}")
-    unknown = [t for t in tasks if t not in TASKS]
+    known = task_names()
+    tasks = tuple(known) if tasks is None else tasks
+    unknown = [t for t in tasks if t not in known]
     if unknown or not tasks:
-        raise UserError(f"register_dataset({name!r}): tasks must be among {', '.join(TASKS)}; got {list(tasks)}")
+        raise UserError(f"register_dataset({name!r}): tasks must be among {', '.join(known)}; got {list(tasks)}")
     _REGISTRY[name] = DatasetEntry(name, loader, tuple(tasks), needs_path, description, getattr(loader, "__module__", ""))
 
 

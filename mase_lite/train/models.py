@@ -19,38 +19,19 @@ from typing import Any, Literal
 
 import torch
 import torch.nn as nn
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mase_lite.errors import UserError
 from mase_lite.limits import check_fits, model_bytes
 from mase_lite.trust import call_factory, trusted
 from mase_lite.train.hub import hub_access, hub_cache_dir
-from mase_lite.train.tasks import TaskName
+from mase_lite.train.tasks import get_task, task_names
 from mase_lite.train.validation import validate_section
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_HF_CONFIGS: dict[str, dict[str, Any]] = {
-    "sequence-classification": {"model_type": "bert", "hidden_size": 128, "num_hidden_layers": 2,
-                                "num_attention_heads": 2, "intermediate_size": 512, "max_position_embeddings": 512},
-    "causal-lm": {"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-                  "num_key_value_heads": 2, "intermediate_size": 344, "max_position_embeddings": 512},
-    "image-classification": {"model_type": "resnet", "embedding_size": 16, "hidden_sizes": [16, 32, 64],
-                             "depths": [1, 1, 1], "layer_type": "basic", "downsample_in_first_stage": False},
-    "seq2seq-lm": {"model_type": "t5", "d_model": 64, "d_kv": 32, "d_ff": 128, "num_layers": 2, "num_heads": 2},
-}
-DEFAULT_HF_CONFIG = DEFAULT_HF_CONFIGS["sequence-classification"]
-DEFAULT_MODEL_TYPES = {task: c["model_type"] for task, c in DEFAULT_HF_CONFIGS.items()}
-# transformers' lists of model types per head
-HEAD_MAPPINGS = {
-    "sequence-classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
-    "causal-lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
-    "image-classification": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
-    "seq2seq-lm": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
-}
 # config fields the run's data decides unless hf_config gives them; token ids may be absent from a config's defaults
 TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
-CLASSIFICATION_TASKS = ("sequence-classification", "image-classification")
 _BYTES_PER_LABEL_NAME = 200  # a config's id2label and label2id entries, as Python objects
 
 
@@ -58,7 +39,7 @@ def head_model_types(task: str) -> list[str]:
     """The ``model_type`` values transformers can build a ``task`` head for."""
     from transformers.models.auto import modeling_auto
 
-    return sorted(getattr(modeling_auto, HEAD_MAPPINGS[task]))
+    return sorted(getattr(modeling_auto, get_task(task).head_mapping))
 
 
 class ModelSpec(BaseModel):
@@ -81,13 +62,21 @@ class ModelSpec(BaseModel):
                                    "included) or GGUF file")
     factory: str | None = Field(None, description="'package.module:function' returning an nn.Module for the task")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the factory")
-    task: TaskName = Field(
-        "sequence-classification", description="what the model predicts: the head of a transformers model, the loss and "
-        "metrics of train and evaluate, the shape of the data"
+    task: str = Field(
+        "sequence-classification", description="what the model predicts (sequence-classification, causal-lm, "
+        "image-classification, seq2seq-lm or a plug-in's): the head of a transformers model, the loss and metrics of "
+        "train and evaluate, the shape of the data"
     )
     num_labels: int | None = Field(None, ge=1, description="classifiers: classes (default: the data's, else 2)")
     attn_implementation: Literal["sdpa", "eager"] = Field("sdpa", description="transformers attention kernel")
     cache_dir: str | None = Field(None, description="hub download cache (default: <run dir>/hf_cache)")
+
+    @field_validator("task")
+    @classmethod
+    def _registered(cls, task: str) -> str:
+        if task not in task_names():
+            raise ValueError(f"task must be one of {', '.join(task_names())}; got {task!r}"[:300])
+        return task
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelSpec":
@@ -98,7 +87,7 @@ class ModelSpec(BaseModel):
             raise ValueError("'kwargs' is for 'factory' models only")
         if self.factory is not None and ":" not in self.factory:
             raise ValueError(f"factory must look like 'package.module:function', got {self.factory!r}")
-        if self.num_labels is not None and self.task not in CLASSIFICATION_TASKS:
+        if self.num_labels is not None and not get_task(self.task).classification:
             raise ValueError(f"num_labels is for classifiers; a {self.task} model predicts tokens")
         return self
 
@@ -123,7 +112,7 @@ def check_head(spec: ModelSpec) -> None:
 
     if spec.hf_config is None and spec.source != "hf_config":
         return
-    model_type = (spec.hf_config or {}).get("model_type", DEFAULT_MODEL_TYPES[spec.task])
+    model_type = (spec.hf_config or {}).get("model_type", get_task(spec.task).default_hf_config["model_type"])
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING_NAMES:
         raise UserError(f"model.hf_config.model_type = {model_type!r} is not a transformers model type")
     if model_type not in head_model_types(spec.task):
@@ -139,8 +128,9 @@ def _hf_config(spec: ModelSpec, num_labels: int, data_fields: dict[str, Any]):
     from transformers import AutoConfig
 
     check_head(spec)
-    fields = dict(DEFAULT_HF_CONFIGS[spec.task] if spec.hf_config is None else spec.hf_config)
-    model_type = fields.pop("model_type", DEFAULT_MODEL_TYPES[spec.task])
+    task_config = get_task(spec.task).default_hf_config
+    fields = dict(task_config if spec.hf_config is None else spec.hf_config)
+    model_type = fields.pop("model_type", task_config["model_type"])
     defaults = AutoConfig.for_model(model_type).to_dict()
     if "num_labels" in fields:
         raise UserError("give the number of classes as model.num_labels", location=("model", "hf_config", "num_labels"))
@@ -163,7 +153,7 @@ def _hf_config(spec: ModelSpec, num_labels: int, data_fields: dict[str, Any]):
         if key in data_fields and key in defaults:
             fields.setdefault(key, data_fields[key])
     tokens = {k: data_fields[k] for k in TOKEN_FIELDS if data_fields.get(k) is not None and k not in fields}
-    if spec.task in CLASSIFICATION_TASKS:
+    if get_task(spec.task).classification:
         check_fits("model.num_labels", num_labels * _BYTES_PER_LABEL_NAME, f"the names of {num_labels} labels")
         fields["num_labels"] = num_labels
     try:
@@ -186,9 +176,7 @@ def _is_int(value: Any) -> bool:
 def _auto_class(task: str):
     import transformers
 
-    from mase_lite.train.tasks import TASKS
-
-    return getattr(transformers, TASKS[task].auto_class)
+    return getattr(transformers, get_task(task).auto_class)
 
 
 def _attention(auto, config, requested: str) -> dict[str, str]:
@@ -226,7 +214,7 @@ def _pretrained(spec: ModelSpec, num_labels: int, run_dir: Path | None, data_fie
         return read_model(spec.pretrained, _auto_class(spec.task))
     local = Path(spec.pretrained).is_dir()
     cache = None if local else hub_cache_dir(spec.cache_dir, run_dir)
-    extra = {"num_labels": num_labels, "ignore_mismatched_sizes": True} if spec.task in CLASSIFICATION_TASKS else {}
+    extra = {"num_labels": num_labels, "ignore_mismatched_sizes": True} if get_task(spec.task).classification else {}
     auto = _auto_class(spec.task)
     try:
         with hub_access():

@@ -1,4 +1,6 @@
-"""What a model of each task predicts: its transformers head, its loss from logits, and its metrics.
+"""Tasks: what a model of each task predicts (its transformers head, its loss from logits, its metrics), its
+default model and dataset, and how its data is shaped; one registry entry each (``register_task``; the built-in
+ones in :mod:`mase_lite.train.builtin_tasks`).
 
 A model that computes its own loss (every transformers head given ``labels``) trains on that; any
 other model (a factory's plain ``nn.Module``) gets the task's loss from its logits. Metrics
@@ -21,15 +23,15 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
 from mase_lite.errors import UserError
 
-TaskName = Literal["sequence-classification", "causal-lm", "image-classification", "seq2seq-lm"]
 IGNORE = -100  # labels at this value are not predicted (padding, context already scored)
 
 
@@ -117,13 +119,26 @@ class TokenMeter:
 
 @dataclass(frozen=True)
 class Task:
-    """One task: its transformers head, the inputs its data gives, and how logits are scored."""
+    """One task, everything about it in one entry: its transformers head (``auto_class``; ``head_mapping``:
+    transformers' list of model types that have it), the inputs its data gives, how logits are scored
+    (``per_token``, ``shift``, ``top5``) and the metrics evaluation reports, the default model
+    (``default_hf_config``) and dataset, the data fields it reads beside the common ones (``data_fields``),
+    whether it has classes (``classification``: ``num_labels``), and ``build_data(spec, raw, seed, run_dir,
+    tokenizer, num_labels, hints)``, which shapes a dataset's tables into its splits."""
 
     name: str
     auto_class: str
+    head_mapping: str
     input_names: tuple[str, ...]
     per_token: bool  # labels per token (language models) or per row (classifiers)
+    default_dataset: str
+    default_hf_config: Mapping[str, Any]
+    build_data: Callable[..., Any]
+    metrics: tuple[str, ...]
+    data_fields: tuple[str, ...] = ()
     shift: bool = False  # logits[t] predicts labels[t + 1] (causal language models)
+    classification: bool = False
+    top5: bool = False
 
     def loss(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The mean loss over the batch's predicted rows or tokens, as the task's transformers heads compute it."""
@@ -135,15 +150,50 @@ class Task:
     def meter(self, num_labels: int | None) -> ClassificationMeter | TokenMeter:
         if self.per_token:
             return TokenMeter(self.shift)
-        return ClassificationMeter(num_labels, top5=self.name == "image-classification")
+        return ClassificationMeter(num_labels, top5=self.top5)
 
 
-TASKS: dict[str, Task] = {
-    t.name: t
-    for t in (
-        Task("sequence-classification", "AutoModelForSequenceClassification", ("input_ids", "attention_mask", "labels"), False),
-        Task("causal-lm", "AutoModelForCausalLM", ("input_ids", "attention_mask", "labels"), True, shift=True),
-        Task("image-classification", "AutoModelForImageClassification", ("pixel_values", "labels"), False),
-        Task("seq2seq-lm", "AutoModelForSeq2SeqLM", ("input_ids", "attention_mask", "labels"), True),
-    )
-}
+_TASKS: dict[str, Task] = {}
+
+
+def register_task(task: Task) -> Task:
+    """Make ``task`` a value of ``model.task`` (a plug-in's task included); returns it."""
+    if task.name in _TASKS and _TASKS[task.name] != task:
+        raise UserError(f"a task named {task.name!r} is already registered")
+    _TASKS[task.name] = task
+    return task
+
+
+def task_names() -> list[str]:
+    """The registered tasks' names, built-in ones first."""
+    _builtins()
+    return list(_TASKS)
+
+
+def get_task(name: str) -> Task:
+    """The registered task ``name``; a ``UserError`` listing the tasks otherwise."""
+    _builtins()
+    if name not in _TASKS:
+        raise UserError(f"task must be one of {', '.join(_TASKS)}; got {name!r}"[:300])
+    return _TASKS[name]
+
+
+def _builtins() -> None:
+    import mase_lite.train.builtin_tasks  # noqa: F401  (registers the built-in tasks)
+
+
+class _Tasks(Mapping):
+    """``TASKS[name]``: the registry as a read-only mapping."""
+
+    def __getitem__(self, name: str) -> Task:
+        _builtins()
+        return _TASKS[name]
+
+    def __iter__(self):
+        return iter(task_names())
+
+    def __len__(self) -> int:
+        return len(task_names())
+
+
+TASKS: Mapping[str, Task] = _Tasks()

@@ -16,6 +16,7 @@ from pydantic import Field
 
 from mase_lite.passes.registry import PassParams, PassResult, register_pass
 from mase_lite.train.evaluator import evaluate_model
+from mase_lite.train.tasks import get_task
 
 
 class EvaluateParams(PassParams):
@@ -26,11 +27,8 @@ class EvaluateParams(PassParams):
 
 
 def metric_names(params: EvaluateParams, task: str) -> list[str]:
-    """The metrics evaluation reports for a model of ``task`` (the numbers of ``mase_lite.train.tasks``'s meters)."""
-    if task in ("causal-lm", "seq2seq-lm"):
-        bound = ["perplexity_bound", "perplexity_entropy_rate"] if task == "causal-lm" else []  # a grammar corpus's
-        return ["loss", "perplexity", "accuracy", "tokens", "n", *bound]
-    return ["accuracy", "loss", "n", "per_class.*", *(["top5"] if task == "image-classification" else [])]
+    """The metrics evaluation reports for a model of ``task`` (its registry entry's, the numbers of its meter)."""
+    return list(get_task(task).metrics)
 
 
 @register_pass("evaluate", kind="analysis", params=EvaluateParams, requires=("data",), metrics=metric_names,

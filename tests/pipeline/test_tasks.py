@@ -157,7 +157,8 @@ def run_cli(tmp_path, capsys, spec: dict) -> tuple[int, str]:
     ({"model": {"task": "causal-lm", "num_labels": 3}}, "num_labels is for classifiers; a causal-lm model predicts tokens"),
     ({"model": {"task": "image-classification"}, "data": {"dataset": "synthetic-grammar"}},
      "data.dataset = 'synthetic-grammar' is causal-lm data, not image-classification data"),
-    ({"model": {"task": "translation"}}, "model.task: Input should be 'sequence-classification', 'causal-lm', 'image-classification' or 'seq2seq-lm'"),
+    ({"model": {"task": "translation"}}, "model.task: task must be one of sequence-classification, causal-lm, image-classification, seq2seq-lm; "
+                                       "got 'translation'"),
 ])
 def test_task_mistakes_exit_2_naming_the_field_before_anything_runs(tmp_path, capsys, spec, message):
     code, err = run_cli(tmp_path, capsys, spec)
@@ -236,3 +237,37 @@ def test_device_cuda_runs_every_step_on_the_gpu(tmp_path):
     result = ml.run_pipeline(spec)
     assert all(p.device.type == "cuda" for p in result.mg.model.parameters())
     assert result.report["metrics"]["ptq"]["loss"] == result.report["metrics"]["loaded"]["loss"]
+
+
+def test_a_plug_in_task_is_one_registry_entry(tmp_path, monkeypatch, capsys):
+    """A task added by a plug-in file (its head, default model, dataset and metrics) runs train and evaluate
+    from JSON; a mistake in it is named like the built-in tasks'."""
+    from mase_lite.train import datasets, tasks
+
+    tasks.task_names(), datasets.get_dataset("synthetic-grammar")  # the built-in ones are registered
+    monkeypatch.setattr(tasks, "_TASKS", dict(tasks._TASKS))  # the plug-in's entries are forgotten after the test
+    monkeypatch.setattr(datasets, "_REGISTRY", dict(datasets._REGISTRY))
+    plugin = tmp_path / "moods.py"
+    plugin.write_text(
+        "from mase_lite.data import Task, classification_data, register_dataset, register_task\n"
+        "register_task(Task('mood-classification', 'AutoModelForSequenceClassification',\n"
+        "    'MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES', ('input_ids', 'attention_mask', 'labels'),\n"
+        "    per_token=False, default_dataset='moods',\n"
+        "    default_hf_config={'model_type': 'distilbert', 'dim': 32, 'n_layers': 1, 'n_heads': 2, 'hidden_dim': 64},\n"
+        "    build_data=classification_data, metrics=('accuracy', 'loss', 'n', 'per_class.*'),\n"
+        "    data_fields=('text_column', 'label_column', 'max_length', 'vocab_size', 'tokenizer'), classification=True))\n"
+        "def moods(spec, seed):\n"
+        "    rows = [{'text': f'a {w} day', 'label': int(w in ('fine', 'bright'))} for w in ('fine', 'grey', 'bright', 'dull') * 8]\n"
+        "    return {'train': rows[:24], 'test': rows[24:]}\n"
+        "register_dataset('moods', moods, tasks=('mood-classification',))\n"
+    )
+    spec = {"plugins": [str(plugin)], "model": {"task": "mood-classification"}, "data": {"max_length": 8},
+            "steps": [{"pass": "train", "params": {"epochs": 1, "batch_size": 8}},
+                      {"pass": "evaluate", "params": {"progress": False}}],
+            "output_dir": str(tmp_path / "run")}
+    result = ml.run_pipeline(spec)
+    assert type(result.mg.source_model).__name__ == "DistilBertForSequenceClassification"
+    metrics = result.report["metrics"]["evaluate"]
+    assert metrics["n"] == 8 and set(metrics["per_class"]) == {"0", "1"}
+    code, err = run_cli(tmp_path, capsys, {**spec, "data": {"block_size": 8}, "output_dir": str(tmp_path / "bad")})
+    assert code == 2 and "data.block_size: not used by mood-classification data (it is for causal-lm); remove it" in err
