@@ -193,7 +193,8 @@ class PassInfo:
         if "data" in context_fields:
             from mase_lite.train.batches import as_data
 
-            context_fields["data"] = as_data(context_fields["data"])
+            model = getattr(mg, "source_model", None) or getattr(mg, "model", mg)
+            context_fields["data"] = as_data(context_fields["data"], model)
         if context is None:
             context = PassContext(**context_fields)
         elif context_fields:

@@ -88,13 +88,22 @@ class GivenBatches:
         return self.batches
 
 
-def as_data(data):
-    """``data=`` of a pass call: the pipeline's data (an object with ``loader(split, batch_size)``, passed on), or
-    a list of model-input dicts (the batches, as :class:`GivenBatches`); a number, a string, a tensor or a
-    list of other things is refused in one line."""
+def as_data(data, model: nn.Module | None = None):
+    """``data=`` of a pass call: the pipeline's data (an object with ``loader(split, batch_size)``, passed on), a
+    list of model-input dicts (the batches, as :class:`GivenBatches`), or a dataset — its name or a data section
+    dict — built for ``model``'s task (:mod:`mase_lite.train.named_data`); a number, a tensor or a list of
+    other things is refused in one line."""
     if isinstance(data, (list, tuple)) and data and all(isinstance(b, dict) and b for b in data):
         return GivenBatches(list(data))
+    section = isinstance(data, dict) and data and not any(isinstance(v, torch.Tensor) for v in data.values())
+    if (isinstance(data, str) and data.strip()) or section:
+        if model is None:
+            raise UserError("data= names a dataset: the pass needs the model to build it for")
+        from mase_lite.train.named_data import dataset_data
+
+        return dataset_data(data, model)
     if isinstance(data, (list, tuple, dict, str, bytes, int, float, torch.Tensor)):
-        raise UserError(f"data= takes the run's data (a DataModule, e.g. result.data) or a list of model-input dicts "
-                        f"(batches such as {{'input_ids': tensor}}), got {type(data).__name__}")
+        raise UserError(f"data= takes the run's data (a DataModule, e.g. result.data), a list of model-input dicts "
+                        f"(batches such as {{'input_ids': tensor}}) or a dataset (a name, or a data section such as "
+                        f"{{'dataset': 'csv', 'path': 'texts.csv'}}), got {type(data).__name__}")
     return data

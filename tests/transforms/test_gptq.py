@@ -2,6 +2,7 @@
 layer-output error than rounding on correlated inputs, act-order and groups, and the pass on a decoder."""
 
 import math
+import random
 
 import pytest
 import torch
@@ -269,6 +270,43 @@ def test_data_may_be_a_list_of_model_input_dicts():
     (error, weight), (listed_error, listed_weight) = run(given), run(list(given.batches))
     assert listed_error == error and torch.equal(listed_weight, weight)
     mg = ml.MaseGraph(nn.Sequential(nn.Linear(4, 4)), example_inputs={"input": torch.randn(2, 4)})
-    with pytest.raises(UserError, match=r"data= takes the run's data \(a DataModule, e.g. result.data\) or a list of "
-                                        r"model-input dicts \(batches such as \{'input_ids': tensor\}\), got int"):
+    with pytest.raises(UserError, match=r"data= takes the run's data \(a DataModule, e.g. result.data\), a list of "
+                                        r"model-input dicts \(batches such as \{'input_ids': tensor\}\) or a dataset "
+                                        r"\(a name, or a data section .*\), got int"):
         ml.passes.gptq(mg, {}, data=3)
+    with pytest.raises(UserError, match=r"data= names a dataset, which is built for a transformers model's task; a "
+                                        r"Sequential has none"):
+        ml.passes.gptq(mg, {}, data="synthetic-grammar")
+
+
+def test_data_may_name_a_dataset_built_with_the_models_own_tokenizer(tmp_path):
+    """data= a dataset name or a data section: built for the model's task with the tokenizer beside its weights,
+    the same batches as building that data by hand."""
+    from transformers import AutoModelForCausalLM
+
+    from mase_lite.train.data import build_data
+    from mase_lite.train.grammar import default_grammar
+    from mase_lite.train.tokenizer import train_wordpiece
+
+    tokenizer = train_wordpiece([" ".join(default_grammar().sample(40, random.Random(i))) for i in range(50)], 120)
+    config = LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         intermediate_size=64, vocab_size=len(tokenizer))
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+    tokenizer.save_pretrained(tmp_path / "llama")
+    rules = {"by": "type", "rules": {"head": None, "linear": {"weight": {"name": "mxint", "element_width": 4}}}}
+    section = {"dataset": "synthetic-grammar", "block_size": 16, "n_train": 16, "n_test": 8}
+
+    def run(data):
+        mg = ml.MaseGraph(AutoModelForCausalLM.from_pretrained(tmp_path / "llama").eval(),
+                          hf_input_names=["input_ids", "attention_mask", "labels"])
+        mg, _ = ml.passes.quantize(mg, rules)
+        mg, info = ml.passes.gptq(mg, {"num_batches": 2, "batch_size": 8}, data=data)
+        return info["error"], mg.modules["model.layers.0.mlp.down_proj"].weight.detach()
+
+    by_hand = build_data({**section, "tokenizer": str(tmp_path / "llama")}, task="causal-lm")
+    (error, weight), (named_error, named_weight) = run(by_hand), run(section)
+    assert named_error == error and torch.equal(named_weight, weight)
+    mg = ml.MaseGraph(LlamaForCausalLM(config).eval(), hf_input_names=["input_ids", "attention_mask", "labels"])
+    with pytest.raises(UserError, match=r"a causal-lm model needs its tokenizer to read text: give data.tokenizer"):
+        ml.passes.gptq(mg, {}, data="synthetic-grammar")
