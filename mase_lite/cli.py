@@ -136,9 +136,9 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from mase_lite.bench import run_bench
+    from mase_lite.bench import PARTS, run_bench
 
-    result = run_bench(args.parts, device=args.device, quick=args.quick, output_dir=args.output_dir,
+    result = run_bench(args.parts or PARTS, device=args.device, quick=args.quick, output_dir=args.output_dir,
                        repeats=args.repeats)
     print((Path(args.output_dir) / "results.md").read_text(), end="")
     print(f"wrote results.md, results.json and {len(result['plots'])} plots to {args.output_dir}")
@@ -213,8 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     schema.set_defaults(fn=_cmd_schema)
 
     bench = sub.add_parser("bench", help="the performance lab: torch.compile, fused attention, MXINT8, codegen")
-    bench.add_argument("--parts", nargs="+", default=["compile", "attention", "mxint8", "codegen"],
-                       choices=["compile", "attention", "mxint8", "codegen"], help="which parts to run (default: all)")
+    bench.add_argument("--parts", nargs="+", default=None,
+                       help="which parts to run: compile, attention, mxint8, codegen, decode (default: all)")
     bench.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to run")
     bench.add_argument("--quick", action="store_true", help="small sizes, a few repeats: seconds, not minutes")
     bench.add_argument("--repeats", type=int, help="timed calls per measurement (default depends on the sizes)")

@@ -22,7 +22,7 @@ from mase_lite.files import staged_file
 
 logger = logging.getLogger(__name__)
 
-PARTS = ("compile", "attention", "mxint8", "codegen")
+PARTS = ("compile", "attention", "mxint8", "codegen", "decode")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_BERT = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512)
 BIG_BERT = dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, intermediate_size=2048)
@@ -105,6 +105,13 @@ def run_part(part: str, device: torch.device, sizes: Sizes) -> list[Section]:
 
         config = sizes.compile_models["bert-tiny shape"]
         return [bench_codegen(device, config, sizes.batch, sizes.seq, w, r)]
+    if part == "decode":
+        if device.type != "cpu":
+            return []  # the packed kernels this part times are CPU kernels
+        from mase_lite.bench.decode import bench_decode
+
+        return [bench_decode(sizes.cpu_llama, list(sizes.cpu_threads), 8 if sizes is QUICK else 32,
+                             4 if sizes is QUICK else 16, max(1, min(sizes.repeats, 3)))]
     raise UserError(f"--parts: unknown part {part!r}; allowed: {', '.join(PARTS)}")
 
 

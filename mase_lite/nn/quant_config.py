@@ -188,7 +188,7 @@ class _QuantSpecBase(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     storage: Literal["fake", "packed"] = Field(
-        "fake", description="fake: quantize-dequantize in float; packed: MXINT8 codes + scales (weight only)"
+        "fake", description="fake: quantize-dequantize in float; packed: MXINT8, or 4-bit, codes + scales (weight only)"
     )
 
     @model_validator(mode="before")
@@ -353,9 +353,14 @@ def _operand(value: BaseModel, operand: str, where: str) -> OperandFormat:
 def _finish(specs: dict[str, OperandFormat], storage: str, operands: tuple[str, ...], where: str) -> QuantConfig:
     if storage == "packed":
         weight = specs.get("weight")
+        from mase_lite.kernels.packed4.module import packable
+
         is_mxint8 = weight is not None and weight.format.name == "mxint" and weight.params.element_width == 8
-        if operands != LAYER_OPERANDS or not is_mxint8:
-            raise QuantConfigError("'packed' needs a layer weight in format mxint with element_width 8", location=(where, "storage"))
+        is_4bit = weight is not None and packable(weight.format.as_dict(weight.params))
+        if operands != LAYER_OPERANDS or not (is_mxint8 or is_4bit):
+            raise QuantConfigError("'packed' needs a layer weight in format mxint with element_width 8, or 4-bit: "
+                                   "mxint element_width 4, mxfp e2m1 or scaled_integer width 4 (symmetric) in blocks "
+                                   "of 32", location=(where, "storage"))
         others = sorted(set(specs) - {"weight"})
         if others:
             raise QuantConfigError(

@@ -358,7 +358,7 @@ def quantized_like(layer: nn.Module, new: nn.Module) -> nn.Module:
 
 
 def quantize_module(module: nn.Module, config: Mapping[str, Any] | QuantConfig) -> nn.Module:
-    """The quantized replacement of a Linear, Conv1d or Conv2d (a packed MXINT8 Linear for ``storage: packed``).
+    """The quantized replacement of a Linear, Conv1d or Conv2d (a packed MXINT8 or 4-bit Linear for ``storage: packed``).
 
     Fake-quantized layers share the module's parameters; the packed layer holds int8 codes and scales.
     """
@@ -368,10 +368,15 @@ def quantize_module(module: nn.Module, config: Mapping[str, Any] | QuantConfig) 
     if parsed.storage == "packed":
         if not isinstance(module, nn.Linear):
             raise QuantConfigError(f"storage 'packed' is available for Linear only, not {type(module).__name__}")
+        weight = parsed.get("weight")
+        if weight.format.name != "mxint" or weight.params.element_width != 8:  # a 4-bit weight: packed from its codes
+            from mase_lite.kernels.packed4 import Packed4Linear
+
+            return Packed4Linear.from_quantized(QuantizedLinear.from_float(module, parse_quant_config(
+                {"weight": weight.format.as_dict(weight.params)}, LAYER_OPERANDS)))
         from mase_lite.kernels.mxint8 import MXInt8Linear
 
-        weight = parsed.get("weight").params
-        return MXInt8Linear.from_linear(module, block_size=weight.block_size, scale_rule=weight.scale_rule)
+        return MXInt8Linear.from_linear(module, block_size=weight.params.block_size, scale_rule=weight.params.scale_rule)
     for float_cls, quantized_cls in QUANTIZED_LAYERS:
         if isinstance(module, float_cls):
             return quantized_cls.from_float(module, parsed)

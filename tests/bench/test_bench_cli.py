@@ -17,7 +17,11 @@ def test_quick_bench_writes_table_json_and_plots(tmp_path, capsys):
     assert result["device"] == "cpu" and result["quick"] is True
     sections = {s["name"]: s for s in result["sections"]}
     assert list(sections) == ["compile", "attention", "memory", "linear", "cpu_linear", "cpu_bandwidth", "cpu_model",
-                              "dequantize", "codegen"]
+                              "dequantize", "codegen", "decode"]
+    (decode,) = sections["decode"]["rows"]
+    assert decode["threads"] == 1 and decode["MXINT8 tokens/s"] == pytest.approx(1e3 / decode["MXINT8 ms/token"])
+    for name in ("MXINT8", "Q4_0", "MXFP4"):  # each speed-up is the same row's float32 time over the column's
+        assert decode[f"{name} / float32 speed-up"] == pytest.approx(decode["float32 ms/token"] / decode[f"{name} ms/token"])
     assert [r["seq"] for r in sections["attention"]["rows"]] == [32, 64]
     assert [r["batch"] for r in sections["linear"]["rows"]] == [1, 16, 256]
     assert [(r["threads"], r["batch"]) for r in sections["cpu_linear"]["rows"]] == [(1, 1), (1, 8), (1, 64)]

@@ -93,7 +93,7 @@ ERRORS = [
     ({"name": "integer", "width": 8, "frac_width": 4, "ste": "smooth"}, r"config\.inputs\.ste: Input should be 'identity' or 'clipped' \(got 'smooth'\)"),
     ({"name": "integer", "width": 8, "frac_width": 4, "storage": "disk"}, r"config\.storage: Input should be 'fake' or 'packed' \(got 'disk'\)"),
     ({"name": "integer", "width": 8, "frac_width": 4, "storage": "packed"}, r"'packed' needs a layer weight in format mxint with element_width 8"),
-    ({"name": "mxint", "element_width": 4, "storage": "packed"}, r"'packed' needs a layer weight in format mxint with element_width 8"),
+    ({"name": "mxint", "element_width": 6, "storage": "packed"}, r"'packed' needs a layer weight in format mxint with element_width 8, or 4-bit"),
     ({"name": "mxint", "element_width": 8, "data_in_element_width": 8, "weight_element_width": 8, "storage": "packed"}, r"'packed' quantizes the weight only; remove the config of data_in"),
     ({"name": "block_fp", "weight_width": 8, "weight_block_size": [4, 16]}, r"block_size=\[4, 16\] is not supported; blocks run along the last dimension"),
     ({"weights": {"name": "integer", "width": 8, "frac_width": 4}}, r"config\.weights: unknown key; allowed keys: bias, data_in, data_in_0, data_in_1, data_out, inputs, storage, weight"),

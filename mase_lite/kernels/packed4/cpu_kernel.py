@@ -1,0 +1,136 @@
+"""The native CPU path of packed 4-bit Linears (``packed4_cpu.c``, built on first use by
+:mod:`mase_lite.numerics.native`, with its cache and its fallback when there is no compiler).
+
+For up to ``FUSED_MAX_ROWS`` rows of input (decoding: one token per sequence), :func:`linear` decodes each
+weight inside the dot product, reading half a byte per weight; above, panels of W (about ``PANEL_BYTES``) are
+decoded into a buffer and handed to torch's GEMM. Rows of W are split over up to ``torch.get_num_threads()``
+threads (torch's own OpenMP team), or run on one where the timings of :mod:`mase_lite.numerics.native.threads`
+say one is faster (a busy machine). Weights are exact; sums are float32 in the kernel's own order, never split
+over threads: the result equals the float64 reference up to float32 accumulation, the same at any thread count.
+
+The vector level is the best this CPU runs (AVX-512, AVX2, plain C); ``MASE_LITE_PACKED4_CPU`` forces
+``avx512``, ``avx2``, ``c`` or ``torch`` (the reference). Functions return None where the kernel does not
+apply (an input dtype it does not compute, a traced call, no compiled kernel): the caller runs the reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+import torch
+from torch import Tensor
+
+from mase_lite.errors import UserError
+from mase_lite.numerics.native import library, threads
+
+LEVELS = ("c", "avx2", "avx512")
+LEVEL_ENV = "MASE_LITE_PACKED4_CPU"
+FUSED_MAX_ROWS = 32
+PANEL_BYTES = 8 << 20
+PARALLEL_FROM_MACS = 1 << 18
+INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    lib = library("packed4_cpu", os.path.dirname(__file__), openmp=True)
+    if lib is None:
+        return None
+    i64, ptr, int_ = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.packed4_cpu_levels.argtypes, lib.packed4_cpu_levels.restype = [], int_
+    lib.packed4_cpu_openmp.argtypes, lib.packed4_cpu_openmp.restype = [], int_
+    lib.packed4_linear.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, int_, int_]
+    lib.packed4_dequantize.argtypes = [ptr, ptr, ptr, i64, i64, ptr, int_, int_]
+    lib.packed4_linear.restype = lib.packed4_dequantize.restype = None
+    mask = lib.packed4_cpu_levels()
+    lib.levels = tuple(name for bit, name in enumerate(LEVELS) if mask >> bit & 1)
+    lib.openmp = bool(lib.packed4_cpu_openmp())
+    return lib
+
+
+def available_levels() -> tuple[str, ...]:
+    """The vector levels this CPU runs, lowest first (empty where the kernel could not be built)."""
+    lib = _library()
+    return () if lib is None else lib.levels
+
+
+def level() -> str | None:
+    """The level calls take now: ``MASE_LITE_PACKED4_CPU`` if set, else the best available; None for torch."""
+    forced = os.environ.get(LEVEL_ENV, "")
+    if forced == "torch":
+        return None
+    available = available_levels()
+    if not forced:
+        return available[-1] if available else None
+    if forced not in LEVELS:
+        raise UserError(f"{LEVEL_ENV}={forced!r} is unknown; allowed: {', '.join((*LEVELS, 'torch'))}")
+    if forced not in available:
+        raise UserError(f"{LEVEL_ENV}={forced!r}: not available here (available: {', '.join(available) or 'none'})")
+    return forced
+
+
+def _applies(x: Tensor) -> bool:
+    return (type(x) is Tensor and x.device.type == "cpu" and not torch.compiler.is_compiling()
+            and not torch._C._len_torch_function_stack() and not torch._C._len_torch_dispatch_stack())
+
+
+def linear(x: Tensor, nibbles: Tensor, scales: Tensor, table: Tensor, bias: Tensor | None) -> Tensor | None:
+    """``x @ W.T + bias`` in ``x``'s dtype for packed 4-bit W; None where the kernel does not apply."""
+    out_features, in_features = scales.shape[0], nibbles.shape[1] * 2
+    rows = x.numel() // in_features if in_features else 0
+    if not rows or x.dtype not in INPUT_DTYPES or not _applies(x) or in_features % 32:
+        return None
+    chosen = level()
+    if chosen is None:
+        return None
+    lvl, lib = LEVELS.index(chosen), _library()
+    x32 = x.reshape(rows, in_features).to(torch.float32).contiguous()
+    bias32 = None if bias is None else bias.to(torch.float32).contiguous()
+    if rows <= FUSED_MAX_ROWS:
+        out = torch.empty(rows, out_features)
+        most = torch.get_num_threads() if rows * out_features * in_features >= PARALLEL_FROM_MACS else 1
+        workers, probe = threads.begin(("packed4_fused", rows, out_features, in_features, lvl), most)
+        lib.packed4_linear(x32.data_ptr(), rows, in_features, nibbles.data_ptr(), scales.data_ptr(), table.data_ptr(),
+                           None if bias32 is None else bias32.data_ptr(), out.data_ptr(), out_features, 0,
+                           out_features, lvl, workers if lib.openmp else 1)
+        threads.end(probe)
+    else:
+        out = _panels(x32, nibbles, scales, table, bias32, lvl)
+    out = out if x.dtype == torch.float32 else out.to(x.dtype)
+    return out.view(*x.shape[:-1], out_features)
+
+
+def _panels(x: Tensor, nibbles: Tensor, scales: Tensor, table: Tensor, bias: Tensor | None, lvl: int) -> Tensor:
+    """``out.T`` one panel of rows of W at a time: the panel decoded, then ``panel @ x.T`` by torch's GEMM."""
+    in_features, out_features = x.shape[1], scales.shape[0]
+    panel_rows = min(out_features, max(8, PANEL_BYTES // (4 * in_features)))
+    buffer = torch.empty(panel_rows, in_features)
+    out_t = torch.empty(out_features, x.shape[0])
+    for first in range(0, out_features, panel_rows):
+        last = min(first + panel_rows, out_features)
+        panel = buffer[: last - first]
+        _dequantize_into(nibbles[first:last], scales[first:last], table, panel, lvl)
+        if bias is None:
+            torch.mm(panel, x.t(), out=out_t[first:last])
+        else:
+            torch.addmm(bias[first:last, None], panel, x.t(), out=out_t[first:last])
+    return out_t.t().contiguous()
+
+
+def dequantize(nibbles: Tensor, scales: Tensor, table: Tensor) -> Tensor | None:
+    """The float32 weights, bit for bit ``table[nibble] * scale``; None where the kernel does not apply."""
+    chosen = level()
+    if chosen is None or not _applies(nibbles):
+        return None
+    out = torch.empty(scales.shape[0], nibbles.shape[1] * 2)
+    _dequantize_into(nibbles, scales, table, out, LEVELS.index(chosen))
+    return out
+
+
+def _dequantize_into(nibbles: Tensor, scales: Tensor, table: Tensor, out: Tensor, lvl: int) -> None:
+    lib = _library()
+    workers = torch.get_num_threads() if out.numel() >= PARALLEL_FROM_MACS and lib.openmp else 1
+    lib.packed4_dequantize(nibbles.data_ptr(), scales.data_ptr(), table.data_ptr(), out.shape[1], out.shape[0],
+                           out.data_ptr(), lvl, workers)

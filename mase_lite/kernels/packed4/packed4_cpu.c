@@ -1,0 +1,303 @@
+/* Packed 4-bit weights on the CPU: the linear layer y = x . W^T + b with W held as nibbles (two per byte,
+ * the even element of a pair in the low nibble), one float32 scale per block of 32 elements of a row, and
+ * a table of the 16 values a nibble stands for: two's complement integers -8..7 for 4-bit integers in
+ * blocks of 32 with a float16 scale (GGUF's Q4_0) and for MXINT4 codes, E2M1 values for MXFP4.
+ *
+ * A weight is table[nibble] * scale. For the formats packed it is exact in float32 (a 4-bit integer or an
+ * E2M1 value has at most 3 significant bits, a float16 scale 11, an E8M0 one 1, and no product falls below
+ * 2**-149), so each weight this file forms is bit for bit the weight of the format's decoder. The linear
+ * layer then sums x[t] * w[t] in float32: its result differs from the float64 reference only by float32
+ * accumulation, each level summing in its own fixed order. Rows of W are split over threads, never a dot
+ * product, so the result is the same at any thread count.
+ *
+ * Three levels, chosen by the caller from packed4_cpu_levels(): plain C, AVX2+FMA (8 lanes; the table
+ * looked up by two permutes and a blend), AVX-512 (16 lanes; the table is one register, one permute per 16
+ * weights). Compiled without -ffast-math and with C11 (no contraction of a * b + c into an FMA in plain C).
+ */
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define P4_X86 1
+#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+#endif
+
+enum { LEVEL_C = 0, LEVEL_AVX2 = 1, LEVEL_AVX512 = 2 };
+enum { BLOCK = 32, BLOCK_BYTES = 16 };
+enum { X_ROWS = 4 }; /* rows of x computed together: each decoded block of W is used for up to 4 rows */
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Bit i set where level i runs on this CPU (the OS saving the vector registers included). */
+int packed4_cpu_levels(void) {
+    int levels = 1 << LEVEL_C;
+#ifdef P4_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) levels |= 1 << LEVEL_AVX2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        levels |= 1 << LEVEL_AVX512;
+#endif
+    return levels;
+}
+
+int packed4_cpu_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* ---------------------------------------------------------------- plain C */
+
+static void decode_block_c(const uint8_t *q, float scale, const float *table, float *w) {
+    for (int t = 0; t < BLOCK_BYTES; t++) {
+        w[2 * t] = table[q[t] & 15] * scale;
+        w[2 * t + 1] = table[q[t] >> 4] * scale;
+    }
+}
+
+static void linear_c(const float *x, int64_t m, int64_t k, const uint8_t *q, const float *scales,
+                     const float *table, const float *bias, float *out, int64_t n, int64_t first, int64_t last) {
+    int64_t nb = k / BLOCK;
+    float w[BLOCK];
+    for (int64_t j = first; j < last; j++) {
+        for (int64_t i0 = 0; i0 < m; i0 += X_ROWS) {
+            int64_t rows = min64(X_ROWS, m - i0);
+            float acc[X_ROWS] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int64_t b = 0; b < nb; b++) {
+                decode_block_c(q + j * (k / 2) + b * BLOCK_BYTES, scales[j * nb + b], table, w);
+                for (int64_t r = 0; r < rows; r++) {
+                    const float *xr = x + (i0 + r) * k + b * BLOCK;
+                    float sum = acc[r];
+                    for (int t = 0; t < BLOCK; t++) sum += w[t] * xr[t];
+                    acc[r] = sum;
+                }
+            }
+            for (int64_t r = 0; r < rows; r++) out[(i0 + r) * n + j] = bias ? acc[r] + bias[j] : acc[r];
+        }
+    }
+}
+
+static void dequantize_c(const uint8_t *q, const float *scales, const float *table, int64_t k, int64_t rows,
+                         float *out) {
+    int64_t nb = k / BLOCK;
+    for (int64_t j = 0; j < rows; j++)
+        for (int64_t b = 0; b < nb; b++)
+            decode_block_c(q + j * (k / 2) + b * BLOCK_BYTES, scales[j * nb + b], table, out + j * k + b * BLOCK);
+}
+
+#ifdef P4_X86
+/* ---------------------------------------------------------------- AVX2 + FMA */
+
+/* The 8 table values of the 8 nibbles in the low 8 bytes of `bytes` (one nibble per byte). */
+AVX2 static inline __m256 lookup_avx2(__m128i bytes, __m256 low, __m256 high) {
+    __m256i index = _mm256_cvtepu8_epi32(bytes);
+    __m256 from_low = _mm256_permutevar8x32_ps(low, index);
+    __m256 from_high = _mm256_permutevar8x32_ps(high, index);
+    return _mm256_blendv_ps(from_low, from_high, _mm256_castsi256_ps(_mm256_slli_epi32(index, 28)));
+}
+
+/* The 32 weights of one block: four vectors of 8, in element order. */
+AVX2 static inline void decode_block_avx2(const uint8_t *q, float scale, __m256 low, __m256 high, __m256 w[4]) {
+    __m128i packed = _mm_loadu_si128((const __m128i *)q);
+    __m128i mask = _mm_set1_epi8(15);
+    __m128i lo = _mm_and_si128(packed, mask), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+    __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi); /* elements 0-15, 16-31 */
+    __m256 s = _mm256_set1_ps(scale);
+    w[0] = _mm256_mul_ps(lookup_avx2(first, low, high), s);
+    w[1] = _mm256_mul_ps(lookup_avx2(_mm_srli_si128(first, 8), low, high), s);
+    w[2] = _mm256_mul_ps(lookup_avx2(second, low, high), s);
+    w[3] = _mm256_mul_ps(lookup_avx2(_mm_srli_si128(second, 8), low, high), s);
+}
+
+AVX2 static float sum_avx2(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2 static void linear_avx2(const float *x, int64_t m, int64_t k, const uint8_t *q, const float *scales,
+                             const float *table, const float *bias, float *out, int64_t n, int64_t first,
+                             int64_t last) {
+    int64_t nb = k / BLOCK;
+    __m256 low = _mm256_loadu_ps(table), high = _mm256_loadu_ps(table + 8);
+    for (int64_t j = first; j < last; j++) {
+        for (int64_t i0 = 0; i0 < m; i0 += X_ROWS) {
+            int64_t rows = min64(X_ROWS, m - i0);
+            __m256 acc[X_ROWS][2];
+            for (int r = 0; r < X_ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                __m256 w[4];
+                decode_block_avx2(q + j * (k / 2) + b * BLOCK_BYTES, scales[j * nb + b], low, high, w);
+                for (int64_t r = 0; r < rows; r++) {
+                    const float *xr = x + (i0 + r) * k + b * BLOCK;
+                    acc[r][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xr), acc[r][0]);
+                    acc[r][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xr + 8), acc[r][1]);
+                    acc[r][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xr + 16), acc[r][0]);
+                    acc[r][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xr + 24), acc[r][1]);
+                }
+            }
+            for (int64_t r = 0; r < rows; r++) {
+                float sum = sum_avx2(_mm256_add_ps(acc[r][0], acc[r][1]));
+                out[(i0 + r) * n + j] = bias ? sum + bias[j] : sum;
+            }
+        }
+    }
+}
+
+AVX2 static void dequantize_avx2(const uint8_t *q, const float *scales, const float *table, int64_t k,
+                                 int64_t rows, float *out) {
+    int64_t nb = k / BLOCK;
+    __m256 low = _mm256_loadu_ps(table), high = _mm256_loadu_ps(table + 8);
+    for (int64_t j = 0; j < rows; j++)
+        for (int64_t b = 0; b < nb; b++) {
+            __m256 w[4];
+            float *o = out + j * k + b * BLOCK;
+            decode_block_avx2(q + j * (k / 2) + b * BLOCK_BYTES, scales[j * nb + b], low, high, w);
+            for (int v = 0; v < 4; v++) _mm256_storeu_ps(o + 8 * v, w[v]);
+        }
+}
+
+/* ---------------------------------------------------------------- AVX-512 */
+
+/* The 32 weights of one block: two vectors of 16, in element order (the table is one register). */
+AVX512 static inline void decode_block_avx512(const uint8_t *q, float scale, __m512 table, __m512 w[2]) {
+    __m128i packed = _mm_loadu_si128((const __m128i *)q);
+    __m128i mask = _mm_set1_epi8(15);
+    __m128i lo = _mm_and_si128(packed, mask), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+    __m512 s = _mm512_set1_ps(scale);
+    w[0] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)), table), s);
+    w[1] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)), table), s);
+}
+
+AVX512 static void linear_avx512(const float *x, int64_t m, int64_t k, const uint8_t *q, const float *scales,
+                                 const float *table, const float *bias, float *out, int64_t n, int64_t first,
+                                 int64_t last) {
+    int64_t nb = k / BLOCK;
+    __m512 lut = _mm512_loadu_ps(table);
+    for (int64_t j = first; j < last; j++) {
+        const uint8_t *row = q + j * (k / 2);
+        for (int64_t i0 = 0; i0 < m; i0 += X_ROWS) {
+            int64_t rows = min64(X_ROWS, m - i0);
+            __m512 acc[X_ROWS][2];
+            for (int r = 0; r < X_ROWS; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                __m512 w[2];
+                _mm_prefetch((const char *)(row + b * BLOCK_BYTES + 512), _MM_HINT_T0);
+                decode_block_avx512(row + b * BLOCK_BYTES, scales[j * nb + b], lut, w);
+                for (int64_t r = 0; r < rows; r++) {
+                    const float *xr = x + (i0 + r) * k + b * BLOCK;
+                    acc[r][0] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(xr), acc[r][0]);
+                    acc[r][1] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xr + 16), acc[r][1]);
+                }
+            }
+            for (int64_t r = 0; r < rows; r++) {
+                float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+                out[(i0 + r) * n + j] = bias ? sum + bias[j] : sum;
+            }
+        }
+    }
+}
+
+AVX512 static void dequantize_avx512(const uint8_t *q, const float *scales, const float *table, int64_t k,
+                                     int64_t rows, float *out) {
+    int64_t nb = k / BLOCK;
+    __m512 lut = _mm512_loadu_ps(table);
+    for (int64_t j = 0; j < rows; j++)
+        for (int64_t b = 0; b < nb; b++) {
+            __m512 w[2];
+            float *o = out + j * k + b * BLOCK;
+            decode_block_avx512(q + j * (k / 2) + b * BLOCK_BYTES, scales[j * nb + b], lut, w);
+            _mm512_storeu_ps(o, w[0]);
+            _mm512_storeu_ps(o + 16, w[1]);
+        }
+}
+#endif
+
+/* ---------------------------------------------------------------- entry points */
+
+typedef void (*rows_fn)(const void *args, int64_t first, int64_t last);
+
+/* fn(args, first, last) on [first, last) cut into at most `threads` runs, in parallel where built with OpenMP
+ * (torch's own team: the library shares the OpenMP runtime torch has loaded). */
+static void split_rows(rows_fn fn, const void *args, int64_t first, int64_t last, int threads) {
+    int64_t rows = last - first;
+    int parts = (int)min64(threads < 1 ? 1 : threads, rows < 1 ? 1 : rows);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(parts) schedule(static, 1) if (parts > 1)
+#endif
+    for (int t = 0; t < parts; t++) fn(args, first + rows * t / parts, first + rows * (t + 1) / parts);
+}
+
+struct linear_args {
+    const float *x;
+    int64_t m, k;
+    const uint8_t *q;
+    const float *scales, *table, *bias;
+    float *out;
+    int64_t n;
+    int level;
+};
+
+static void linear_range(const void *p, int64_t first, int64_t last) {
+    const struct linear_args *a = p;
+#ifdef P4_X86
+    if (a->level == LEVEL_AVX512) {
+        linear_avx512(a->x, a->m, a->k, a->q, a->scales, a->table, a->bias, a->out, a->n, first, last);
+        return;
+    }
+    if (a->level == LEVEL_AVX2) {
+        linear_avx2(a->x, a->m, a->k, a->q, a->scales, a->table, a->bias, a->out, a->n, first, last);
+        return;
+    }
+#endif
+    linear_c(a->x, a->m, a->k, a->q, a->scales, a->table, a->bias, a->out, a->n, first, last);
+}
+
+/* out[i * n + j] = sum_t x[i * k + t] * W[j, t] (+ bias[j]) for rows i < m of x and first <= j < last, on
+ * `threads` threads (OpenMP builds). x: m rows of k float32 (k a multiple of 32); q: n rows of k / 2 bytes;
+ * scales: n rows of k / 32 float32; table: 16 float32; bias: n or NULL. */
+void packed4_linear(const float *x, int64_t m, int64_t k, const uint8_t *q, const float *scales,
+                    const float *table, const float *bias, float *out, int64_t n, int64_t first, int64_t last,
+                    int level, int threads) {
+    struct linear_args a = {x, m, k, q, scales, table, bias, out, n, level};
+    split_rows(linear_range, &a, first, last, threads);
+}
+
+struct dequantize_args {
+    const uint8_t *q;
+    const float *scales, *table;
+    int64_t k;
+    float *out;
+    int level;
+};
+
+static void dequantize_range(const void *p, int64_t first, int64_t last) {
+    const struct dequantize_args *a = p;
+    const uint8_t *q = a->q + first * (a->k / 2);
+    const float *scales = a->scales + first * (a->k / BLOCK);
+    float *out = a->out + first * a->k;
+#ifdef P4_X86
+    if (a->level == LEVEL_AVX512) {
+        dequantize_avx512(q, scales, a->table, a->k, last - first, out);
+        return;
+    }
+    if (a->level == LEVEL_AVX2) {
+        dequantize_avx2(q, scales, a->table, a->k, last - first, out);
+        return;
+    }
+#endif
+    dequantize_c(q, scales, a->table, a->k, last - first, out);
+}
+
+/* rows x k weights decoded into float32 out, on `threads` threads (OpenMP builds). */
+void packed4_dequantize(const uint8_t *q, const float *scales, const float *table, int64_t k, int64_t rows,
+                        float *out, int level, int threads) {
+    struct dequantize_args a = {q, scales, table, k, out, level};
+    split_rows(dequantize_range, &a, 0, rows, threads);
+}
