@@ -41,7 +41,7 @@ def _library() -> ctypes.CDLL | None:
     i64, ptr, int_ = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.packed4_cpu_levels.argtypes, lib.packed4_cpu_levels.restype = [], int_
     lib.packed4_cpu_openmp.argtypes, lib.packed4_cpu_openmp.restype = [], int_
-    lib.packed4_linear.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, int_, int_]
+    lib.packed4_linear.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, int_, int_, ptr]
     lib.packed4_dequantize.argtypes = [ptr, ptr, ptr, i64, i64, ptr, int_, int_]
     lib.packed4_linear.restype = lib.packed4_dequantize.restype = None
     mask = lib.packed4_cpu_levels()
@@ -89,12 +89,12 @@ def linear(x: Tensor, nibbles: Tensor, scales: Tensor, table: Tensor, bias: Tens
     x32 = x.reshape(rows, in_features).to(torch.float32).contiguous()
     bias32 = None if bias is None else bias.to(torch.float32).contiguous()
     if rows <= FUSED_MAX_ROWS:
-        out = torch.empty(rows, out_features)
+        out, scratch = torch.empty(rows, out_features), torch.empty(rows, in_features)
         most = torch.get_num_threads() if rows * out_features * in_features >= PARALLEL_FROM_MACS else 1
         workers, probe = threads.begin(("packed4_fused", rows, out_features, in_features, lvl), most)
         lib.packed4_linear(x32.data_ptr(), rows, in_features, nibbles.data_ptr(), scales.data_ptr(), table.data_ptr(),
                            None if bias32 is None else bias32.data_ptr(), out.data_ptr(), out_features, 0,
-                           out_features, lvl, workers if lib.openmp else 1)
+                           out_features, lvl, workers if lib.openmp else 1, scratch.data_ptr())
         threads.end(probe)
     else:
         out = _panels(x32, nibbles, scales, table, bias32, lvl)

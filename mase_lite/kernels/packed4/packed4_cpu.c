@@ -121,25 +121,36 @@ AVX2 static float sum_avx2(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-AVX2 static void linear_avx2(const float *x, int64_t m, int64_t k, const uint8_t *q, const float *scales,
+/* The 16 weights of the low (even elements) or high (odd elements) nibbles of one block: two vectors of 8. */
+AVX2 static inline void decode_half_avx2(__m128i nibbles, __m256 s, __m256 low, __m256 high, __m256 w[2]) {
+    w[0] = _mm256_mul_ps(lookup_avx2(nibbles, low, high), s);
+    w[1] = _mm256_mul_ps(lookup_avx2(_mm_srli_si128(nibbles, 8), low, high), s);
+}
+
+/* x in blocks of 32 as the 16 even elements, then the 16 odd ones: each nibble's weight meets its input
+ * without interleaving the nibbles. */
+AVX2 static void linear_avx2(const float *xd, int64_t m, int64_t k, const uint8_t *q, const float *scales,
                              const float *table, const float *bias, float *out, int64_t n, int64_t first,
                              int64_t last) {
     int64_t nb = k / BLOCK;
     __m256 low = _mm256_loadu_ps(table), high = _mm256_loadu_ps(table + 8);
+    __m128i mask = _mm_set1_epi8(15);
     for (int64_t j = first; j < last; j++) {
         for (int64_t i0 = 0; i0 < m; i0 += X_ROWS) {
             int64_t rows = min64(X_ROWS, m - i0);
             __m256 acc[X_ROWS][2];
             for (int r = 0; r < X_ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
             for (int64_t b = 0; b < nb; b++) {
-                __m256 w[4];
-                decode_block_avx2(q + j * (k / 2) + b * BLOCK_BYTES, scales[j * nb + b], low, high, w);
+                __m128i packed = _mm_loadu_si128((const __m128i *)(q + j * (k / 2) + b * BLOCK_BYTES));
+                __m256 s = _mm256_set1_ps(scales[j * nb + b]), even[2], odd[2];
+                decode_half_avx2(_mm_and_si128(packed, mask), s, low, high, even);
+                decode_half_avx2(_mm_and_si128(_mm_srli_epi16(packed, 4), mask), s, low, high, odd);
                 for (int64_t r = 0; r < rows; r++) {
-                    const float *xr = x + (i0 + r) * k + b * BLOCK;
-                    acc[r][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xr), acc[r][0]);
-                    acc[r][1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xr + 8), acc[r][1]);
-                    acc[r][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xr + 16), acc[r][0]);
-                    acc[r][1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xr + 24), acc[r][1]);
+                    const float *xr = xd + (i0 + r) * k + b * BLOCK;
+                    acc[r][0] = _mm256_fmadd_ps(even[0], _mm256_loadu_ps(xr), acc[r][0]);
+                    acc[r][1] = _mm256_fmadd_ps(even[1], _mm256_loadu_ps(xr + 8), acc[r][1]);
+                    acc[r][0] = _mm256_fmadd_ps(odd[0], _mm256_loadu_ps(xr + 16), acc[r][0]);
+                    acc[r][1] = _mm256_fmadd_ps(odd[1], _mm256_loadu_ps(xr + 24), acc[r][1]);
                 }
             }
             for (int64_t r = 0; r < rows; r++) {
@@ -175,33 +186,48 @@ AVX512 static inline void decode_block_avx512(const uint8_t *q, float scale, __m
     w[1] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)), table), s);
 }
 
-AVX512 static void linear_avx512(const float *x, int64_t m, int64_t k, const uint8_t *q, const float *scales,
+/* The 16 weights of the nibbles in `nibbles` (one per byte) times the block's scale. */
+AVX512 static inline __m512 weights_avx512(__m128i nibbles, __m512 lut, float scale) {
+    return _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_cvtepu8_epi32(nibbles), lut), _mm512_set1_ps(scale));
+}
+
+/* One row of W against one row of x (deinterleaved): two blocks a step into four accumulators. */
+AVX512 static inline float dot_avx512(const float *xd, const uint8_t *row, const float *scales, int64_t nb, __m512 lut) {
+    __m128i mask = _mm_set1_epi8(15);
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        _mm_prefetch((const char *)(row + b * BLOCK_BYTES + 512), _MM_HINT_T0);
+        __m128i p0 = _mm_loadu_si128((const __m128i *)(row + b * BLOCK_BYTES));
+        __m128i p1 = _mm_loadu_si128((const __m128i *)(row + (b + 1) * BLOCK_BYTES));
+        const float *x0 = xd + b * BLOCK;
+        a0 = _mm512_fmadd_ps(weights_avx512(_mm_and_si128(p0, mask), lut, scales[b]), _mm512_loadu_ps(x0), a0);
+        a1 = _mm512_fmadd_ps(weights_avx512(_mm_and_si128(_mm_srli_epi16(p0, 4), mask), lut, scales[b]),
+                             _mm512_loadu_ps(x0 + 16), a1);
+        a2 = _mm512_fmadd_ps(weights_avx512(_mm_and_si128(p1, mask), lut, scales[b + 1]), _mm512_loadu_ps(x0 + 32), a2);
+        a3 = _mm512_fmadd_ps(weights_avx512(_mm_and_si128(_mm_srli_epi16(p1, 4), mask), lut, scales[b + 1]),
+                             _mm512_loadu_ps(x0 + 48), a3);
+    }
+    if (b < nb) {
+        __m128i p0 = _mm_loadu_si128((const __m128i *)(row + b * BLOCK_BYTES));
+        a0 = _mm512_fmadd_ps(weights_avx512(_mm_and_si128(p0, mask), lut, scales[b]), _mm512_loadu_ps(xd + b * BLOCK), a0);
+        a1 = _mm512_fmadd_ps(weights_avx512(_mm_and_si128(_mm_srli_epi16(p0, 4), mask), lut, scales[b]),
+                             _mm512_loadu_ps(xd + b * BLOCK + 16), a1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+/* x deinterleaved per block (see linear_avx2); each row of x against each row of W by dot_avx512. */
+AVX512 static void linear_avx512(const float *xd, int64_t m, int64_t k, const uint8_t *q, const float *scales,
                                  const float *table, const float *bias, float *out, int64_t n, int64_t first,
                                  int64_t last) {
     int64_t nb = k / BLOCK;
     __m512 lut = _mm512_loadu_ps(table);
-    for (int64_t j = first; j < last; j++) {
-        const uint8_t *row = q + j * (k / 2);
-        for (int64_t i0 = 0; i0 < m; i0 += X_ROWS) {
-            int64_t rows = min64(X_ROWS, m - i0);
-            __m512 acc[X_ROWS][2];
-            for (int r = 0; r < X_ROWS; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-            for (int64_t b = 0; b < nb; b++) {
-                __m512 w[2];
-                _mm_prefetch((const char *)(row + b * BLOCK_BYTES + 512), _MM_HINT_T0);
-                decode_block_avx512(row + b * BLOCK_BYTES, scales[j * nb + b], lut, w);
-                for (int64_t r = 0; r < rows; r++) {
-                    const float *xr = x + (i0 + r) * k + b * BLOCK;
-                    acc[r][0] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(xr), acc[r][0]);
-                    acc[r][1] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(xr + 16), acc[r][1]);
-                }
-            }
-            for (int64_t r = 0; r < rows; r++) {
-                float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
-                out[(i0 + r) * n + j] = bias ? sum + bias[j] : sum;
-            }
+    for (int64_t j = first; j < last; j++)
+        for (int64_t i = 0; i < m; i++) {
+            float sum = dot_avx512(xd + i * k, q + j * (k / 2), scales + j * nb, nb, lut);
+            out[i * n + j] = bias ? sum + bias[j] : sum;
         }
-    }
 }
 
 AVX512 static void dequantize_avx512(const uint8_t *q, const float *scales, const float *table, int64_t k,
@@ -261,10 +287,18 @@ static void linear_range(const void *p, int64_t first, int64_t last) {
 
 /* out[i * n + j] = sum_t x[i * k + t] * W[j, t] (+ bias[j]) for rows i < m of x and first <= j < last, on
  * `threads` threads (OpenMP builds). x: m rows of k float32 (k a multiple of 32); q: n rows of k / 2 bytes;
- * scales: n rows of k / 32 float32; table: 16 float32; bias: n or NULL. */
+ * scales: n rows of k / 32 float32; table: 16 float32; bias: n or NULL; scratch: m * k float32 (x reordered). */
 void packed4_linear(const float *x, int64_t m, int64_t k, const uint8_t *q, const float *scales,
                     const float *table, const float *bias, float *out, int64_t n, int64_t first, int64_t last,
-                    int level, int threads) {
+                    int level, int threads, float *scratch) {
+    if (level != LEVEL_C) { /* the vector levels read x per block as its even elements, then its odd ones */
+        for (int64_t i = 0; i < m * k; i += BLOCK)
+            for (int t = 0; t < BLOCK / 2; t++) {
+                scratch[i + t] = x[i + 2 * t];
+                scratch[i + BLOCK / 2 + t] = x[i + 2 * t + 1];
+            }
+        x = scratch;
+    }
     struct linear_args a = {x, m, k, q, scales, table, bias, out, n, level};
     split_rows(linear_range, &a, first, last, threads);
 }
