@@ -4,13 +4,11 @@ the values each trial's pipeline got, the metrics and the plots are those the la
 import json
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 import mase_lite as ml
-from mase_lite.pipeline.spec import pipeline_schema
-from mase_lite.search.spec import search_schema
 from tests.labs.conftest import LABS, SEARCH_SPECS, shrunk
+from tests.schemas import validator
 
 PNG = b"\x89PNG\r\n\x1a\n"
 PIPELINES = sorted(set(LABS.glob("*.json")) - set(SEARCH_SPECS))
@@ -46,9 +44,9 @@ def test_shipped_specs_validate_against_the_schemas():
         "lab2_compression_aware.json", "lab3_mixed_integer.json", "lab3_pareto.json", "lab3_formats.json",
     }
     for path in SEARCH_SPECS:
-        jsonschema.validate(json.loads(path.read_text()), search_schema())
+        validator("search").validate(json.loads(path.read_text()))
     for path in PIPELINES:
-        jsonschema.validate(json.loads(path.read_text()), pipeline_schema())
+        validator("pipeline").validate(json.loads(path.read_text()))
 
 
 def test_lab1_width_sweep_ptq_and_qat(tmp_path):

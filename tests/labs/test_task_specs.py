@@ -5,12 +5,11 @@ import copy
 import json
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 import mase_lite as ml
-from mase_lite.pipeline.spec import check_pipeline, load_spec, pipeline_schema
-from mase_lite.search.spec import search_schema
+from mase_lite.pipeline.spec import check_pipeline, load_spec
+from tests.schemas import validator
 
 TASKS = Path(__file__).resolve().parents[2] / "pipelines" / "tasks"
 SPECS = sorted(TASKS.glob("*.json"))
@@ -63,8 +62,7 @@ def test_every_task_spec_validates_against_its_schema():
         "cnn_quantize_sweep", "cnn_prune_sweep", "vit_quantize_sweep", "vit_prune_sweep",
     }
     for path in SPECS:
-        schema = search_schema() if path in SEARCHES else pipeline_schema()
-        jsonschema.validate(json.loads(path.read_text()), schema)
+        validator("search" if path in SEARCHES else "pipeline").validate(json.loads(path.read_text()))
         if path not in SEARCHES:
             check_pipeline(load_spec(path))
 

@@ -6,6 +6,7 @@ import pytest
 
 from mase_lite import UserError
 from mase_lite.pipeline.spec import PipelineSpec, check_pipeline, load_spec, pipeline_schema
+from tests.schemas import validator
 
 PIPELINES = sorted(Path(__file__).resolve().parents[2].joinpath("pipelines").glob("*.json"))
 
@@ -16,7 +17,7 @@ def test_there_are_shipped_pipelines():
 
 @pytest.mark.parametrize("path", PIPELINES, ids=lambda p: p.name)
 def test_schema_validates_every_shipped_pipeline(path):
-    jsonschema.validate(json.loads(path.read_text()), pipeline_schema())
+    validator("pipeline").validate(json.loads(path.read_text()))
 
 
 @pytest.mark.parametrize("path", PIPELINES, ids=lambda p: p.name)

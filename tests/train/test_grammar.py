@@ -93,10 +93,10 @@ def test_window_loss_stops_at_padding():
     assert (padded, n_padded) == (full, n_full) == (full, 2)
 
 
-def test_default_grammar_words_agree_in_number_and_its_rate_matches_a_long_sample():
+def test_default_grammar_words_agree_in_number_and_its_rate_matches_a_sample():
     g = default_grammar(seed=0)
     assert float(g.stationary().min()) > 0
-    words = g.sample(60000, random.Random(1))
+    words = g.sample(20000, random.Random(1))  # 0.4 % from the rate here: the tolerance has a margin of 4
     assert set(words) <= set(g.lexicon)
     text = " ".join(words)
     assert " cats sleeps" not in text and " cat sleep " not in text and "every big dogs" not in text
