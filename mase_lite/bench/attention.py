@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from mase_lite.bench.section import Plot, Section
-from mase_lite.bench.timing import median_ratio, paired_seconds
+from mase_lite.bench.timing import column_ratio, paired_seconds
 
 
 class NaiveAttention(nn.Module):
@@ -65,11 +65,11 @@ def bench_attention(device: torch.device, seqs: list[int], batch: int, heads: in
             naive_s, fused_s = paired_seconds([lambda: naive(**inputs), lambda: fused(**inputs)], device,
                                               warmup, repeats)
         rows.append({"device": device.type, "seq": seq, "naive ms": 1e3 * statistics.median(naive_s),
-                     "fused ms": 1e3 * statistics.median(fused_s), "speed-up": median_ratio(naive_s, fused_s),
+                     "fused ms": 1e3 * statistics.median(fused_s), "speed-up": column_ratio(naive_s, fused_s),
                      "max abs diff": f"{diff:.1e}"})
     notes = [f"Batch {batch}, {heads} heads, head dim {head_dim}, {str(dtype).removeprefix('torch.')}; "
-             f"median of {repeats} interleaved calls after {warmup} warm-up calls; speed-up is the median of "
-             "the per-pair ratios naive / fused."]
+             f"median of {repeats} interleaved calls after {warmup} warm-up calls; speed-up is naive ms / fused ms "
+             "(the columns' medians)."]
     return Section("attention", "Naive attention vs fuse_sdpa",
                    ["device", "seq", "naive ms", "fused ms", "speed-up", "max abs diff"], rows, notes,
                    Plot(x="seq", ys=["naive ms", "fused ms"], ylabel="ms per call"))

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from mase_lite.bench.section import Plot, Section
-from mase_lite.bench.timing import median_ratio, paired_seconds
+from mase_lite.bench.timing import column_ratio, paired_seconds
 
 PACKED = {"by": "type", "rules": {"linear": {"name": "mxint", "element_width": 8, "storage": "packed"}}}
 
@@ -51,7 +51,7 @@ def bench_codegen(device: torch.device, bert_config: dict, batch: int, seq: int,
                                                     warmup, repeats)
             rows.append({"model": variant, "MaseGraph ms": 1e3 * statistics.median(graph_s),
                          "emitted ms": 1e3 * statistics.median(emitted_s),
-                         "speed-up": median_ratio(graph_s, emitted_s), "bit-identical": same})
+                         "speed-up": column_ratio(graph_s, emitted_s), "bit-identical": same})
     notes = [f"BERT {bert_config}, batch {batch}x{seq}, eval mode; median of {repeats} interleaved calls after "
              f"{warmup} warm-up calls; speed-up = MaseGraph / emitted."]
     return Section("codegen", "Codegen'd model vs its MaseGraph",

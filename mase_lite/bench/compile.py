@@ -8,7 +8,7 @@ import time
 import torch
 
 from mase_lite.bench.section import Plot, Section
-from mase_lite.bench.timing import median_ratio, paired_seconds, synchronize
+from mase_lite.bench.timing import column_ratio, paired_seconds, synchronize
 
 
 def bert(config: dict) -> torch.nn.Module:
@@ -38,7 +38,7 @@ def bench_compile(device: torch.device, models: dict[str, dict], batch: int, seq
                                                  warmup, repeats)
         rows.append({"model": name, "params M": sum(p.numel() for p in model.parameters()) / 1e6,
                      "eager ms": 1e3 * statistics.median(eager_s), "compiled ms": 1e3 * statistics.median(compiled_s),
-                     "speed-up": median_ratio(eager_s, compiled_s), "compile s": compile_s,
+                     "speed-up": column_ratio(eager_s, compiled_s), "compile s": compile_s,
                      "max abs diff": f"{gap:.1e}"})
     notes = [f"Batch {batch}x{seq}, eval mode, inference_mode; compile s is the first compiled call (inductor); "
              f"then median of {repeats} interleaved calls after {warmup} warm-up calls. A speed-up below 1 means "

@@ -4,8 +4,8 @@ copy of the packed bytes, and a Llama built from a config, float against packed:
 resident memory and packing time.
 
 Every call is timed by ``torch.utils.benchmark`` (warm-up first, median of a blocked autorange), in
-rounds that time each candidate in turn, so load that drifts hits all of them alike; a ratio is the
-median of the per-round ratios.
+rounds that time each candidate in turn, so load that drifts hits all of them alike; a ratio is the ratio
+of the two columns printed (their medians).
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from mase_lite.bench.section import Plot, Section
+from mase_lite.bench.timing import column_ratio
 from mase_lite.kernels.mxint8 import MXInt8Linear, mxint8_linear, pack_linears, quantize
+from mase_lite.kernels.mxint8.packing import return_free_memory
 
 MIB = 2**20
 LLAMA_085B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
@@ -46,11 +48,6 @@ def side_by_side(fns: dict[str, Callable[[], object]], threads: int, rounds: int
         return times
     finally:
         torch.set_num_threads(previous)
-
-
-def ratio(numerator: list[float], denominator: list[float]) -> float:
-    """Median of the per-round ratios."""
-    return statistics.median(n / d for n, d in zip(numerator, denominator))
 
 
 def torchao_linear(weight: torch.Tensor, bias: torch.Tensor) -> nn.Module | None:
@@ -91,12 +88,12 @@ def bench_cpu_linear(features: int, batches: list[int], threads: list[int], roun
             row = {"threads": count, "batch": batch, "F.linear fp32 ms": _ms(t["fp32"]), "F.linear bf16 ms": _ms(t["bf16"]),
                    "mxint8 fp32 ms": _ms(t["mx"]), "mxint8 bf16 ms": _ms(t["mx bf16"]),
                    "torchao int8 ms": _ms(t["torchao"]) if ao is not None else "-",
-                   "fp32 / mxint8": ratio(t["fp32"], t["mx"]), "bf16 / mxint8 bf16": ratio(t["bf16"], t["mx bf16"]),
-                   "torchao / mxint8": ratio(t["torchao"], t["mx"]) if ao is not None else "-"}
+                   "fp32 / mxint8": column_ratio(t["fp32"], t["mx"]), "bf16 / mxint8 bf16": column_ratio(t["bf16"], t["mx bf16"]),
+                   "torchao / mxint8": column_ratio(t["torchao"], t["mx"]) if ao is not None else "-"}
             rows.append(row)
     columns = list(rows[0])
     notes = [f"{features}x{features}, bias; ratios are speed-ups of the packed layer (above 1: packed is faster), "
-             f"median of {rounds} rounds' ratios; torchao: {'int8 weight-only Linear' if ao else 'not installed'}."]
+             f"the ratio of the columns (medians of {rounds} rounds); torchao: {'int8 weight-only Linear' if ao else 'not installed'}."]
     return Section("cpu_linear", f"CPU: mxint8_linear vs F.linear and torchao, {features}x{features}", columns, rows,
                    notes, Plot(x="batch", ys=["F.linear fp32 ms", "mxint8 fp32 ms"], ylabel="ms per call", logx=True))
 
@@ -113,7 +110,7 @@ def bench_cpu_bandwidth(features: int, threads: list[int], rounds: int, min_run_
 
     def row(threads: int | str, t: dict[str, list[float]]) -> dict:
         return {"threads": threads, "packed MiB": packed / MIB, "mxint8 GB/s": packed / statistics.median(t["mx"]) / 1e9,
-                "copy GB/s": packed / statistics.median(t["copy"]) / 1e9, "mxint8 / copy": ratio(t["copy"], t["mx"])}
+                "copy GB/s": packed / statistics.median(t["copy"]) / 1e9, "mxint8 / copy": column_ratio(t["copy"], t["mx"])}
 
     rows = [row(count, side_by_side(fns, count, rounds, min_run_time)) for count in threads]
     rows.append(row("1, CPU time", thread_seconds(fns, rounds)))
@@ -166,6 +163,7 @@ def bench_cpu_model(config: dict, tokens: list[int], threads: list[int], rounds:
     torch.set_num_threads(max(threads))
     try:
         gc.collect()
+        return_free_memory()  # the heap trimmed at both ends, so the growth is the model's (never below zero)
         base = resident_bytes()
         packed = build()
         with_float = resident_bytes()
@@ -190,11 +188,11 @@ def bench_cpu_model(config: dict, tokens: list[int], threads: list[int], rounds:
                               "packed": lambda: packed(input_ids=ids, use_cache=False)}, count, rounds, min_run_time)
         rows.append({"measure": f"forward 1x{length} tokens, {count} thread{'s' * (count > 1)} (ms)",
                      "float": _ms(t["float"]), "packed": _ms(t["packed"]),
-                     "packed / float": ratio(t["packed"], t["float"])})
+                     "packed / float": column_ratio(t["packed"], t["float"])})
     notes = [f"LlamaForCausalLM({config}), random weights, float32; {layers} Linear layers packed "
              f"({weights / 1e6:.1f} M weights) by pack_linears on {max(threads)} threads in {pack_seconds:.2f} s "
              f"({pack_cpu_seconds:.2f} s of CPU time); "
-             f"forward ratios: median of {rounds} rounds (below 1: packed is faster)."]
+             f"forward ratios: packed ms / float ms of the columns, medians of {rounds} rounds (below 1: packed is faster)."]
     return Section("cpu_model", "CPU: Llama forward, float vs packed MXINT8", list(rows[0]), rows, notes)
 
 
