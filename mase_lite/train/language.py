@@ -25,7 +25,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from mase_lite.errors import UserError
-from mase_lite.train.splits import SPLITS, SplitData, cached_tensors, digest
+from mase_lite.train.splits import SPLITS, SplitData, cached_tensors, differing_rows, digest, sample_rows
 from mase_lite.train.tasks import IGNORE
 from mase_lite.train.text_classification import tokenizer_description
 
@@ -112,7 +112,30 @@ class LanguageModelData(SplitData):
             "causal-lm", *(d for s in SPLITS for d in [len(documents[s]), *documents[s]]),
             tokenizer_description(tokenizer), block_size, stride, sorted(self.limits.items()),
         )
-        self.tensors = cached_tensors(cache_dir, self.fingerprint, INPUT_NAMES) or {s: self._windows(s) for s in SPLITS}
+        self.tensors = cached_tensors(cache_dir, self.fingerprint, INPUT_NAMES, self._cache_problem) or {
+            s: self._windows(s) for s in SPLITS}
+
+    def _cache_problem(self, tensors: dict) -> str | None:
+        """What a cached entry gets wrong: its windows' shape, labels that are not their tokens, the count past
+        the limit, or a first window that is not the first tokens of the documents, tokenized again."""
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        for split in SPLITS:
+            cached = tensors[split]
+            ids, labels = cached["input_ids"], cached["labels"]
+            limit = self.limits.get(split)
+            if ids.dim() != 2 or ids.shape[1] != self.block_size or (limit is not None and ids.shape[0] > limit):
+                return f"its {split} windows have shape {list(ids.shape)}"
+            kept = labels != IGNORE
+            if not torch.equal(labels[kept], ids[kept]) or bool(((ids < 0) | (ids >= len(self.tokenizer))).any()):
+                return f"its {split} labels or token ids are not a language model's windows"
+            count, stream = 1, token_stream(self.tokenizer, self.documents[split][:1])
+            while len(stream) < self.block_size and count < len(self.documents[split]):
+                count = min(2 * count, len(self.documents[split]))
+                stream = token_stream(self.tokenizer, self.documents[split][:count])
+            problem = differing_rows(cached, windows(stream, self.block_size, self.stride, pad, 1), [0])
+            if problem:
+                return f"{split}: {problem}"
+        return None
 
     def _windows(self, split: str) -> dict[str, torch.Tensor]:
         stream = token_stream(self.tokenizer, self.documents[split])
@@ -196,10 +219,23 @@ class Seq2SeqData(SplitData):
             "seq2seq-lm", *(t for s in SPLITS for part in pairs[s] for t in [len(part), *part]),
             tokenizer_description(tokenizer), max_length, max_target_length,
         )
-        self.tensors = cached_tensors(cache_dir, self.fingerprint, INPUT_NAMES) or {s: self._tokenize(s) for s in SPLITS}
+        self.tensors = cached_tensors(cache_dir, self.fingerprint, INPUT_NAMES, self._cache_problem) or {
+            s: self._tokenize(*self.pairs[s]) for s in SPLITS}
 
-    def _tokenize(self, split: str) -> dict[str, torch.Tensor]:
-        sources, targets = self.pairs[split]
+    def _cache_problem(self, tensors: dict) -> str | None:
+        """What a cached entry gets wrong: its shapes, or a few pairs tokenized again."""
+        for split in SPLITS:
+            sources, targets = self.pairs[split]
+            cached = tensors[split]
+            if tuple(cached["labels"].shape) != (len(targets), self.max_target_length):
+                return f"its {split} labels have shape {list(cached['labels'].shape)}"
+            rows = sample_rows(len(sources))
+            problem = differing_rows(cached, self._tokenize([sources[i] for i in rows], [targets[i] for i in rows]), rows)
+            if problem:
+                return f"{split}: {problem}"
+        return None
+
+    def _tokenize(self, sources: list[str], targets: list[str]) -> dict[str, torch.Tensor]:
         enc = self.tokenizer(sources, padding="max_length", truncation=True, max_length=self.max_length, return_tensors="pt")
         eos = self.tokenizer.eos_token_id
         room = self.max_target_length - (eos is not None)

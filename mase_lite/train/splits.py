@@ -10,6 +10,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 import logging
 from pathlib import Path
 from typing import Any, Literal
@@ -42,19 +43,51 @@ def digest(*parts: Any) -> str:
     return h.hexdigest()[:20]
 
 
-def cached_tensors(cache_dir: Path | None, fingerprint: str, names: tuple[str, ...]) -> dict | None:
-    """The tensors a previous run saved under ``fingerprint``, or ``None`` (a damaged file is ignored)."""
+def cached_tensors(cache_dir: Path | None, fingerprint: str, names: tuple[str, ...],
+                   check: Callable[[dict], str | None] | None = None) -> dict | None:
+    """The tensors a previous run saved under ``fingerprint``, or ``None``. An entry is data, checked before it is
+    used: readable, every tensor an int64 CPU tensor of rows (the same count in a split), and what ``check``
+    (the data's own: labels, shapes, a few rows tokenized again) finds it claims; a failed entry is removed
+    with a warning and the data tokenized again."""
     path = cache_dir / f"{fingerprint}.safetensors" if cache_dir else None
-    if path is None or not path.is_file():
+    if path is None or not path.is_file() or path.is_symlink():
         return None
     try:
         flat = load_file(str(path))
         tensors = {s: {n: flat[f"{s}.{n}"] for n in names} for s in SPLITS}
+        problem = _structure_problem(tensors) or (check(tensors) if check is not None else None)
     except (SafetensorError, KeyError, OSError) as err:
-        logger.warning("tokenized data cache %s is unreadable (%s); tokenizing again", path, err)
+        problem = f"unreadable ({err})"
+    if problem:
+        logger.warning("tokenized data cache %s: %s; tokenizing again", path, problem)
+        path.unlink(missing_ok=True)
         return None
     logger.info("tokenized data from the cache %s", path)
     return tensors
+
+
+def _structure_problem(tensors: dict) -> str | None:
+    for split, named in tensors.items():
+        rows = {t.shape[0] if t.dim() else -1 for t in named.values()}
+        for name, t in named.items():
+            if t.dtype != torch.int64 or t.device.type != "cpu" or t.dim() not in (1, 2):
+                return f"{split}.{name} is a {t.dtype} tensor of shape {list(t.shape)} on {t.device}"
+        if len(rows) != 1 or rows == {0}:
+            return f"the {split} tensors do not hold the same rows"
+    return None
+
+
+def differing_rows(cached: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor], rows: list[int]) -> str | None:
+    """Which cached tensor differs at ``rows`` from the same rows computed afresh (``fresh``), if any."""
+    for name, tensor in fresh.items():
+        if cached[name].shape[1:] != tensor.shape[1:] or not torch.equal(cached[name][rows], tensor):
+            return f"{name} differs from its data at rows {rows}"
+    return None
+
+
+def sample_rows(count: int, k: int = 4) -> list[int]:
+    """Up to ``k`` rows spread over ``count`` (first and last included)."""
+    return sorted({round(i * (count - 1) / max(k - 1, 1)) for i in range(k)}) if count else []
 
 
 class SplitData:

@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from mase_lite.errors import UserError
 from mase_lite.train.sources import TextSplit
-from mase_lite.train.splits import SplitData, cached_tensors, digest
+from mase_lite.train.splits import SplitData, cached_tensors, differing_rows, digest, sample_rows
 
 INPUT_NAMES = ("input_ids", "attention_mask", "labels")
 
@@ -73,9 +73,24 @@ class DataModule(SplitData):
         self.fingerprint = digest(
             json.dumps([[s.texts, s.labels] for s in (train, test)]), tokenizer_description(tokenizer), max_length
         )
-        self.tensors = cached_tensors(cache_dir, self.fingerprint, INPUT_NAMES) or {
+        self.tensors = cached_tensors(cache_dir, self.fingerprint, INPUT_NAMES, self._cache_problem) or {
             s: self._tokenize(self.texts[s]) for s in ("train", "test")
         }
+
+    def _cache_problem(self, tensors: dict) -> str | None:
+        """What a cached entry gets wrong: the labels (all of them), the shape, or a few rows tokenized again."""
+        for name, split in self.texts.items():
+            cached = tensors[name]
+            if not torch.equal(cached["labels"], torch.tensor(split.labels, dtype=torch.long)):
+                return f"its {name} labels are not the data's"
+            if tuple(cached["input_ids"].shape) != (len(split), self.max_length):
+                return f"its {name} input_ids have shape {list(cached['input_ids'].shape)}"
+            rows = sample_rows(len(split))
+            fresh = self._tokenize(TextSplit([split.texts[i] for i in rows], [split.labels[i] for i in rows]))
+            problem = differing_rows(cached, fresh, rows)
+            if problem:
+                return f"{name}: {problem}"
+        return None
 
     def _tokenize(self, split: TextSplit) -> dict[str, torch.Tensor]:
         enc = self.tokenizer(

@@ -1,6 +1,8 @@
 import csv
 import json
 
+import re
+
 import pytest
 import torch
 from pydantic import ValidationError
@@ -170,10 +172,13 @@ def test_persist_writes_the_tokenizer_and_the_cache_that_the_next_build_reuses(t
     assert (tmp_path / "tokenizer" / "tokenizer.json").is_file()
     assert [p.name for p in (tmp_path / "data_cache").iterdir()] == [f"{first.fingerprint}.safetensors"]
 
-    def no_tokenizing(self, split):
-        raise AssertionError("the cache was not used")
+    tokenize = DataModule._tokenize
 
-    monkeypatch.setattr(DataModule, "_tokenize", no_tokenizing)
+    def spot_checks_only(self, split):  # the entry is checked on a few rows, never tokenized whole
+        assert len(split) <= 4, "the cache was not used"
+        return tokenize(self, split)
+
+    monkeypatch.setattr(DataModule, "_tokenize", spot_checks_only)
     second = build_data(spec, seed=0, run_dir=tmp_path)
     for split in ("train", "test"):
         for key in ("input_ids", "attention_mask", "labels"):
@@ -227,3 +232,41 @@ def test_datasets_library_path_reads_splits_and_caches_under_the_run(tmp_path):
         build_data({"dataset": str(folder), "test_split": "validation"}, run_dir=run_dir)
     with pytest.raises(UserError, match=r"split 'train': no column 'review' \(data.text_column\); its columns are: text, label"):
         build_data({"dataset": str(folder), "text_column": "review"}, run_dir=run_dir)
+
+
+def _tamper(path, change):
+    from safetensors.torch import load_file, save_file
+
+    flat = load_file(str(path))
+    change(flat)
+    save_file(flat, str(path), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("task, spec, change, message", [
+    ("sequence-classification", {"n_train": 30, "n_test": 10, "max_length": 12},
+     lambda f: f.__setitem__("test.labels", 1 - f["test.labels"]), "its test labels are not the data's"),
+    ("sequence-classification", {"n_train": 30, "n_test": 10, "max_length": 12},
+     lambda f: f["train.input_ids"][0].fill_(3), r"train: input_ids differs from its data at rows \[0, "),
+    ("sequence-classification", {"n_train": 30, "n_test": 10, "max_length": 12},
+     lambda f: f.__setitem__("train.attention_mask", f["train.attention_mask"].float()), "is a torch.float32 tensor"),
+    ("causal-lm", {"n_train": 8, "n_test": 4, "block_size": 16},
+     lambda f: f["train.input_ids"][0, 3].fill_(5), "its train labels or token ids are not"),
+    ("causal-lm", {"n_train": 8, "n_test": 4, "block_size": 16},
+     lambda f: (f["test.input_ids"][0].fill_(5), f["test.labels"][0].fill_(5)), r"test: input_ids differs from its data"),
+    ("seq2seq-lm", {"n_train": 8, "n_test": 4},
+     lambda f: f["test.labels"][-1].fill_(4), r"test: labels differs from its data at rows"),
+])
+def test_a_planted_or_damaged_cache_entry_is_discarded_and_the_data_tokenized_again(task, spec, change, message,
+                                                                                     tmp_path, caplog):
+    """An entry is data: checked against what it claims (labels, shapes, a few rows tokenized again); one that
+    fails is removed with a warning naming the problem, and the run uses its data tokenized afresh."""
+    first = build_data(spec, task=task, seed=0, run_dir=tmp_path)
+    first.persist(tmp_path)
+    [entry] = (tmp_path / "data_cache").iterdir()
+    _tamper(entry, change)
+    second = build_data(spec, task=task, seed=0, run_dir=tmp_path)
+    assert re.search(message, caplog.text), caplog.text
+    assert not entry.exists()
+    for split in ("train", "test"):
+        for key, tensor in first.tensors[split].items():
+            assert torch.equal(second.tensors[split][key], tensor)
