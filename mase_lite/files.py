@@ -19,6 +19,7 @@ import contextlib
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -153,3 +154,14 @@ def check_writable(directory: str | Path, field: str) -> None:
         path = path.parent
     if path.is_dir() and (not os.access(path, os.W_OK | os.X_OK) or os.statvfs(path).f_flag & os.ST_RDONLY):
         raise UserError(f"{path} is read-only for this process; choose a directory you can write", location=(field,))
+
+
+def private(path: str | Path) -> bool:
+    """Whether ``path`` belongs to this user and no one else may write it (not through a symbolic link): what
+    a cache may load or run."""
+    try:
+        info = Path(path).lstat()
+    except OSError:
+        return False
+    return (not stat.S_ISLNK(info.st_mode) and info.st_uid == os.getuid()
+            and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))

@@ -23,13 +23,13 @@ import json
 import logging
 import os
 import platform
-import stat
 import tempfile
 from pathlib import Path
 
 import torch
 
 from mase_lite.ir.train_mode import DropoutRecorder
+from mase_lite.files import private
 from mase_lite.numerics.native import cache_root
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def load(key: str) -> tuple[torch.export.ExportedProgram, DropoutRecorder] | Non
     not load: it is removed)."""
     place = _place()
     path = None if place is None else place / f"{key}.pt2"
-    if path is None or not path.is_file() or not _own(path):
+    if path is None or not path.is_file() or not private(path):
         return None
     try:
         extra = {RECORDS: ""}
@@ -132,16 +132,10 @@ def _place(create: bool = False) -> Path | None:
             return None
     except (OSError, RuntimeError):  # no home directory, a read-only one, a file in the way
         return None
-    if not _own(path):
+    if not private(path):
         logger.info("not using the export cache %s: it is not this user's alone", path)
         return None
     return path
-
-
-def _own(path: Path) -> bool:
-    """Whether ``path`` belongs to this user and no one else may write it."""
-    info = path.stat()
-    return info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
 def _prune(place: Path) -> None:

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict
 from safetensors.torch import load_file, save_file
 
 from mase_lite.errors import UserError
-from mase_lite.files import follow_umask, temp_dir
+from mase_lite.files import follow_umask, private, temp_dir
 from mase_lite.passes.manager import BASE_FACTS, PassContext
 from mase_lite.passes.registry import PassError, get_pass
 
@@ -260,19 +260,28 @@ class PrefixCache:
             shutil.rmtree(staging, ignore_errors=True)
 
     def _load(self, key: str, spec, ctx: PassContext) -> _State | None:
-        """The state another worker (or an earlier run) wrote, or ``None``; an entry that is damaged (its
-        checksums, its state file, its graph) or stale (its data changed) is discarded, to be written again."""
+        """The state another worker (or an earlier run) wrote, or ``None``. Entries are read only from a cache
+        directory this user alone may write; an entry that is damaged (its checksums, its state file, its graph),
+        foreign (files of another user or writable by others), impossible (weights on a device this machine has not,
+        or without data) or stale (its data changed) is discarded, to be written again."""
         from mase_lite.passes.replay import load_graph
 
         directory = self.root / key
         if not directory.is_dir():
             return None
+        if not private(self.root):
+            logger.info("prefix cache %s is not this user's alone: its entries are not used", self.root)
+            return None
         try:
+            if not all(private(p) for p in (directory, *directory.rglob("*"))):
+                raise ValueError("it holds files of another user, or files others may write")
             if json.loads((directory / CHECKSUMS).read_bytes()) != _checksums(directory):
                 raise ValueError("its files do not match their checksums")
             meta = StateFile.model_validate_json((directory / STATE).read_bytes())
             if meta.steps != self.length:
                 raise ValueError(f"it holds {meta.steps} steps, not {self.length}")
+            if meta.device != "cpu" and not (meta.device.startswith("cuda") and torch.cuda.is_available()):
+                raise ValueError(f"it claims its weights are on device {meta.device!r}")
         except Exception as err:  # missing, truncated, garbage or of another format
             return self._discard(directory, err)
         data = self._data_for(spec, ctx)  # the trial's own data: its errors are the trial's
@@ -282,6 +291,8 @@ class PrefixCache:
             mg = load_graph(directory / GRAPH)
             rng = (load_file(str(directory / RNG)), meta.rng)
             set_rng_state(*rng)  # the generators are set from it next anyway; a bad state fails here
+            if any(t.is_meta for t in mg.model.state_dict().values()):
+                raise ValueError("its graph holds tensors without data (device meta)")
             mg.facts = set(meta.facts)
             mg.model.train(meta.training)
             if meta.device != "cpu":

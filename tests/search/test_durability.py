@@ -182,7 +182,25 @@ DAMAGE = {
     "checksums garbage": lambda e: (e / "checksums.json").write_text("[]"),
     "a file too many": lambda e: (e / "extra").write_text("x"),
     "a fifo": lambda e: os.mkfifo(e / "graph" / "fifo"),
+    # planted: the checksums written again to match
+    "device meta": lambda e: _planted(e, lambda: _restate(e / "state.json", device="meta")),
+    "device of no such machine": lambda e: _planted(e, lambda: _restate(e / "state.json", device="xla:3")),
+    "a file others may write": lambda e: _planted(e, lambda: os.chmod(e / "graph" / "model.safetensors", 0o666)),
+    "an entry others may write": lambda e: _planted(e, lambda: os.chmod(e, 0o777)),
 }
+if os.geteuid() == 0:  # only root can give a file to another user
+    DAMAGE["a file of another user"] = lambda e: _planted(e, lambda: os.chown(e / "state.json", 65534, 65534))
+
+
+def _restate(path: Path, **fields) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+def _planted(entry: Path, change) -> None:
+    from mase_lite.search.cache import _checksums
+
+    change()
+    (entry / "checksums.json").write_text(json.dumps(_checksums(entry)))
 
 
 def test_a_damaged_cache_entry_is_discarded_and_rebuilt(tmp_path):
@@ -298,3 +316,14 @@ def test_a_journal_that_is_not_a_study_file_is_refused_naming_it(kind, tmp_path)
     journal.unlink() if kind != "directory" else journal.rmdir()
     (tmp_path / "trials.csv").unlink(missing_ok=True)
     open_storage(None, tmp_path, heartbeat_interval=1)  # a new study's journal: absent, then created
+
+
+def test_a_cache_directory_others_may_write_is_not_read(tmp_path):
+    """Anyone could have planted its entries: none is used (nor removed), the prefix simply runs."""
+    pipeline, entry = _entry(tmp_path)
+    os.chmod(tmp_path / "cache", 0o777)
+    cache = PrefixCache(tmp_path / "cache", 1)
+    assert cache.restore(load_spec(pipeline), PassContext(output_dir=tmp_path / "x")) is None
+    assert entry.is_dir()
+    os.chmod(tmp_path / "cache", 0o755)
+    assert PrefixCache(tmp_path / "cache", 1).restore(load_spec(pipeline), PassContext(output_dir=tmp_path / "y"))

@@ -26,10 +26,10 @@ import logging
 import os
 import platform
 import shutil
-import stat
 import subprocess
 import tempfile
 from pathlib import Path
+from mase_lite.files import private
 
 logger = logging.getLogger(__name__)
 
@@ -49,16 +49,6 @@ def cache_root() -> Path:
 
 def cache_dir() -> Path:
     return cache_root() / "native"
-
-
-def private(path: Path) -> bool:
-    """Whether ``path`` belongs to this user and no one else may write it (not through a symbolic link)."""
-    try:
-        info = path.lstat()
-    except OSError:
-        return False
-    return (not stat.S_ISLNK(info.st_mode) and info.st_uid == os.getuid()
-            and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
 @functools.cache
