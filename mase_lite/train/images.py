@@ -9,6 +9,8 @@ Example::
 
 from __future__ import annotations
 
+import math
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -17,20 +19,43 @@ import torch
 import torch.nn.functional as F
 
 from mase_lite.errors import UserError
+from mase_lite.limits import check_fits
+from mase_lite.train.sources import MAX_LABEL
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 _LUMA = torch.tensor([0.299, 0.587, 0.114])
 
 
+MAX_PIXELS = 1 << 26  # one image's pixels (8192 x 8192): a larger one is a decompression bomb, not data
+
+
+def _size(path: Path) -> tuple[int, int]:
+    """An image file's declared width and height, read from its header before anything is decoded."""
+    from PIL import Image
+
+    if not path.is_file():
+        raise UserError(f"{path}: not a regular file")
+    try:
+        with Image.open(path) as im:
+            width, height = im.size
+    except Exception as err:  # an image file is data: whatever its parser trips on, it is not a readable image
+        raise UserError(f"{path}: not a readable image ({type(err).__name__}: {str(err)[:120]})") from None
+    if width * height > MAX_PIXELS:
+        raise UserError(f"{path}: an image of {width} x {height} pixels, more than the {MAX_PIXELS} one image may have")
+    return width, height
+
+
 def _open(path: Path) -> torch.Tensor:
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     try:
         with Image.open(path) as im:
             im.load()
             return to_chw(im, str(path))
-    except (UnidentifiedImageError, OSError) as err:
-        raise UserError(f"{path}: not a readable image ({err})") from None
+    except UserError:
+        raise
+    except Exception as err:  # a damaged or hostile file (text-chunk bombs, fuzzed headers): not a readable image
+        raise UserError(f"{path}: not a readable image ({type(err).__name__}: {str(err)[:120]})") from None
 
 
 def to_chw(image: Any, where: str) -> torch.Tensor:
@@ -89,6 +114,9 @@ def _folder_rows(directory: Path, classes: list[str]) -> list[dict]:
     for label, name in enumerate(classes):
         folder = directory / name
         files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS) if folder.is_dir() else []
+        for path in files:
+            if not path.is_file():
+                raise UserError(f"{path}: not a regular file (an image folder holds image files)")
         rows += [{"image": path, "label": label} for path in files]
     return rows
 
@@ -107,12 +135,14 @@ def image_folder_tables(path: Path, train_split: str, test_split: str) -> tuple[
         parts = {"all": path}
     if len(classes) < 2:
         raise UserError(f"data.path = {str(path)!r}: an image folder needs at least two class subfolders; found {classes or 'none'}")
-    tables = {}
+    rows = {split: _folder_rows(folder, classes) for split, folder in parts.items()}
     for split, folder in parts.items():
-        rows = _folder_rows(folder, classes)
-        if not rows:
+        if not rows[split]:
             raise UserError(f"{folder}: no images ({', '.join(IMAGE_EXTENSIONS)}) in its class folders")
-        tables[split] = (str(folder), {"image": [_open(r["image"]) for r in rows], "label": [r["label"] for r in rows]})
+    pixels = sum(w * h for split in rows for r in rows[split] for w, h in [_size(r["image"])])
+    check_fits("data.path", pixels * 3 * 2, f"the images of {path} ({pixels} pixels, decoded and resized)")
+    tables = {split: (str(parts[split]), {"image": [_open(r["image"]) for r in rows[split]],
+                                          "label": [r["label"] for r in rows[split]]}) for split in parts}
     return tables, tuple(classes)
 
 
@@ -124,10 +154,13 @@ def npz_tables(path: Path) -> dict[str, tuple[str, dict]]:
     split by the run). Arrays are ``[n, H, W]``, ``[n, H, W, C]`` or ``[n, C, H, W]``."""
     if not path.is_file():
         raise UserError(f"data.path = {str(path)!r} does not exist (give an .npz file)")
+    if not zipfile.is_zipfile(path):
+        raise UserError(f"data.path = {str(path)!r}: not an .npz file (an .npz is a zip of .npy arrays)")
+    check_fits("data.path", _npz_bytes(path), f"the arrays of {path}")
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
         raise UserError(f"data.path = {str(path)!r}: not a readable .npz file ({err})") from None
     if all(k in arrays for k in NPZ_KEYS[0]):
         parts = {"train": (arrays["x_train"], arrays["y_train"]), "test": (arrays["x_test"], arrays["y_test"])}
@@ -141,7 +174,31 @@ def npz_tables(path: Path) -> dict[str, tuple[str, dict]]:
     tables = {}
     for split, (images, labels) in parts.items():
         source = f"{path} ({split})"
+        if images.ndim not in (3, 4) or 0 in images.shape[1:]:
+            raise UserError(f"{source}: images of shape {list(images.shape)}; expected [n, H, W], [n, H, W, C] or "
+                            "[n, C, H, W] with H and W at least 1")
         if labels.ndim != 1 or len(images) != len(labels):
             raise UserError(f"{source}: {len(images)} images but labels of shape {list(labels.shape)}")
+        if labels.dtype.kind not in "iub" or (labels.size and (int(labels.min()) < 0 or int(labels.max()) > MAX_LABEL)):
+            raise UserError(f"{source}: labels must be integers 0 .. {MAX_LABEL}, got {labels.dtype} "
+                            f"{'values up to ' + str(labels.max()) if labels.size else ''}".strip())
         tables[split] = (source, {"image": list(images), "label": labels.tolist()})
     return tables
+
+
+def _npz_bytes(path: Path) -> int:
+    """The bytes the arrays of an .npz take once loaded, from each member's .npy header (an array declaring more
+    elements than memory holds is refused before anything is allocated); a damaged archive counts 0 here and is
+    refused when read."""
+    total = 0
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                with archive.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                    shape, _, dtype = read(member)
+                    total += math.prod(shape) * dtype.itemsize
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, TypeError):
+        return 0
+    return total

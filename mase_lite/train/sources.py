@@ -12,14 +12,14 @@ Example::
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mase_lite.errors import UserError
+from mase_lite.errors import UserError, short
+from mase_lite.jsonio import loads
 from mase_lite.train.hub import hub_access, hub_endpoint
 from mase_lite.train.synthetic import generate_sentiment
 
@@ -52,20 +52,27 @@ def synthetic_splits(n_train: int, n_test: int, seed: int) -> tuple[TextSplit, T
     return TextSplit(texts[:n_train], labels[:n_train]), TextSplit(texts[n_train:], labels[n_train:])
 
 
+MAX_LABEL = 2**31 - 1  # a class index; more classes than this no classifier here could hold
+
+
 def _as_label(value: Any, where: str, column: str) -> int:
-    """An integer label from a JSON number, a whole float or a CSV string of digits."""
+    """An integer label from a JSON number, a whole float or a CSV string of digits, at most :data:`MAX_LABEL`."""
+    label = None
     if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
+        label = int(value)
+    elif isinstance(value, int):
+        label = value
+    elif isinstance(value, float) and value.is_integer():
+        label = int(value)
+    elif isinstance(value, str) and len(value) < 32:
         try:
-            return int(value.strip())
+            label = int(value.strip())
         except ValueError:
             pass
-    raise UserError(f"{where}: label column {column!r} holds {value!r}; labels must be integers 0, 1, ...")
+    if label is None or label > MAX_LABEL:
+        raise UserError(f"{where}: label column {column!r} holds {short(value)}; labels must be integers 0, 1, ... "
+                        f"up to {MAX_LABEL}")
+    return label
 
 
 def rows_to_split(rows: list[dict], text_column: str, label_column: str, source: str) -> TextSplit:
@@ -91,28 +98,29 @@ def rows_to_split(rows: list[dict], text_column: str, label_column: str, source:
 
 
 def _read_json_rows(path: Path) -> list[dict]:
-    """A JSON array of objects, or JSON Lines (one object per line)."""
+    """A JSON array of objects, or JSON Lines (one object per line), read strictly (see :mod:`mase_lite.jsonio`)."""
     text = path.read_text(encoding="utf-8")
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
+        data = loads(text, str(path))
+    except UserError:
         data = None
     if isinstance(data, list):
-        return data
-    rows = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise UserError(f"{path}: line {n} is not JSON ({err.msg}); expected an array of objects or JSON Lines") from None
+        rows = data
+    else:
+        rows = [loads(line, f"{path}, line {n}") for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    for n, row in enumerate(rows, start=1):
+        if not isinstance(row, dict):
+            raise UserError(f"{path}: row {n} is {short(row)}, not an object of columns")
     return rows
 
 
 def _read_csv_rows(path: Path) -> list[dict]:
     with path.open(newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+        reader = csv.DictReader(f)
+        try:
+            return list(reader)
+        except csv.Error as err:
+            raise UserError(f"{path}, line {reader.line_num}: not CSV the reader takes ({err})") from None
 
 
 def _read_text_rows(path: Path) -> list[dict]:

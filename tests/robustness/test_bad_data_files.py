@@ -1,0 +1,135 @@
+"""Local data files are data: every damaged or hostile one is refused in one line naming the file and the problem
+(a UserError, exit 2 from the CLI), before memory is spent on it, never a traceback or a hang."""
+
+import io
+import json
+import os
+import struct
+import zipfile
+import zlib
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from mase_lite.errors import UserError
+from mase_lite.train.data import build_data
+
+
+def write(name: str, content):
+    def make(d):
+        path = d / name
+        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+        return path
+    return make
+
+
+def npz(**arrays):
+    def make(d):
+        np.savez(d / "x.npz", **arrays)
+        return d / "x.npz"
+    return make
+
+
+def npz_declaring(shape):
+    def make(d):
+        with zipfile.ZipFile(d / "x.npz", "w") as archive:
+            header = io.BytesIO()
+            np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": shape})
+            archive.writestr("images.npy", header.getvalue())
+            labels = io.BytesIO()
+            np.save(labels, np.zeros(4, dtype=int))
+            archive.writestr("labels.npy", labels.getvalue())
+        return d / "x.npz"
+    return make
+
+
+def npy_named_npz(d):
+    np.save(d / "x.npy", np.zeros((4, 8, 8)))
+    os.rename(d / "x.npy", d / "x.npz")
+    return d / "x.npz"
+
+
+ROWS = [{"text": f"row {i}", "label": i % 2} for i in range(10)]
+TEXT = "sequence-classification"
+CASES = {
+    "npy named npz": ("npz", npy_named_npz, r"not an \.npz file \(an \.npz is a zip of \.npy arrays\)"),
+    "empty npz": ("npz", write("x.npz", b""), r"not an \.npz file"),
+    "0-d images": ("npz", npz(images=np.array(3.0), labels=np.array(1)), r"images of shape \[\]; expected"),
+    "0x0 images": ("npz", npz(images=np.zeros((4, 3, 0, 0)), labels=np.zeros(4, dtype=int)), r"\[4, 3, 0, 0\]"),
+    "labels of 2**62": ("npz", npz(images=np.zeros((4, 8, 8)), labels=np.full(4, 2**62)),
+                        r"labels must be integers 0 \.\. 2147483647, got int64 values up to 4611686018427387904"),
+    "uint64 max labels": ("npz", npz(images=np.zeros((4, 8, 8)), labels=np.full(4, 2**64 - 1, dtype=np.uint64)),
+                          r"got uint64 values up to 18446744073709551615"),
+    "a header of 1e18 elements": ("npz", npz_declaring((10**9, 10**9)), r"data.path: the arrays of .* would need about"),
+    "rows that are numbers": ("json", write("x.json", "[1, 2, 3]"), r"x\.json: row 1 is 1, not an object of columns"),
+    "rows that are null": ("json", write("x.json", "[null]"), r"row 1 is None, not an object"),
+    "nesting 1e5 deep": ("json", write("x.json", "[" * 100000 + "]" * 100000), r"nested deeper than 64 levels"),
+    "a 5000-digit number": ("json", write("x.json", '[{"text": "a", "label": ' + "9" * 5000 + "}]"),
+                            r"a number has more than 4300 digits"),
+    "a label of 1e300": ("json", write("x.json", json.dumps([{"text": "a", "label": 1e300}, *ROWS])),
+                         r"row 1: label column 'label' holds 1e\+300; labels must be integers 0, 1, \.\.\. up to"),
+    "a lone surrogate": ("json", write("x.json", '[{"text": "\\ud800", "label": 1}]'), r"holds a lone surrogate"),
+    "a CSV field over 128 KB": ("csv", write("x.csv", "text,label\n" + "a" * 200000 + ",1\n"),
+                                r"x\.csv, line \d+: not CSV the reader takes \(field larger than field limit"),
+    "a 20-digit CSV label": ("csv", write("x.csv", "text,label\na,99999999999999999999\n" + "b,0\n" * 9),
+                             r"holds '99999999999999999999'; labels must be integers"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_bad_data_file_is_refused_in_one_line(case, tmp_path):
+    dataset, make, message = CASES[case]
+    path = make(tmp_path)
+    task = "image-classification" if dataset == "npz" else TEXT
+    with pytest.raises(UserError, match=message) as caught:
+        build_data({"dataset": dataset, "path": str(path)}, task=task)
+    assert "\n" not in str(caught.value)
+
+
+def image_folder(d, name: str, make) -> None:
+    for cls in ("a", "b"):
+        (d / cls).mkdir(exist_ok=True)
+        Image.new("RGB", (8, 8), (10, 20, 30)).save(d / cls / "ok.png")
+    make(d / "a" / name)
+
+
+def png_declaring(width: int, height: int):
+    """A PNG whose header says width x height (its CRC right) and holds one pixel of data."""
+    def make(path):
+        buffer = io.BytesIO()
+        Image.new("L", (1, 1)).save(buffer, "PNG")
+        data = bytearray(buffer.getvalue())
+        data[16:24] = struct.pack(">II", width, height)
+        data[29:33] = struct.pack(">I", zlib.crc32(bytes(data[12:29])) & 0xFFFFFFFF)
+        path.write_bytes(bytes(data))
+    return make
+
+
+def text_bomb(path):
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buffer, "PNG")
+    png = buffer.getvalue()
+    body = b"Comment\x00\x00" + zlib.compress(b"a" * (64 << 20))
+    chunk = struct.pack(">I", len(body)) + b"zTXt" + body + struct.pack(">I", zlib.crc32(b"zTXt" + body) & 0xFFFFFFFF)
+    path.write_bytes(png[:33] + chunk + png[33:])
+
+
+def fuzzed_gif(path):
+    buffer = io.BytesIO()
+    Image.new("P", (16, 16)).save(buffer, "GIF")
+    data = bytearray(buffer.getvalue())
+    data[20:40] = b"\xff" * 20
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("name, make, message", [
+    ("x.png", os.mkfifo, r"x\.png: not a regular file"),  # would block the reader forever
+    ("big.png", png_declaring(12000, 12000), r"big\.png: an image of 12000 x 12000 pixels, more than the 67108864"),
+    ("z.png", text_bomb, r"z\.png: not a readable image \(ValueError: Decompressed data too large"),
+    ("g.gif", fuzzed_gif, r"g\.gif: not a readable image \("),
+])
+def test_a_hostile_image_is_refused_before_it_is_decoded(name, make, message, tmp_path):
+    image_folder(tmp_path, name, make)
+    with pytest.raises(UserError, match=message):
+        build_data({"dataset": "image-folder", "path": str(tmp_path)}, task="image-classification")
