@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import pickle
 from pathlib import Path
 from typing import Any, Literal
 
@@ -219,12 +220,16 @@ def _pretrained(spec: ModelSpec, num_labels: int, run_dir: Path | None, data_fie
     try:
         with hub_access():
             config = AutoConfig.from_pretrained(spec.pretrained, cache_dir=cache, trust_remote_code=trusted())
+            attention = _attention(auto, config, spec.attn_implementation)
+            check_fits("model.pretrained", model_bytes(lambda c: auto.from_config(c, **attention), config,
+                                                       "model.pretrained"), f"a {config.model_type} model of this config")
             model = auto.from_pretrained(
-                spec.pretrained, cache_dir=cache, trust_remote_code=trusted(),
-                **_attention(auto, config, spec.attn_implementation), **extra,
+                spec.pretrained, cache_dir=cache, trust_remote_code=trusted(), **attention, **extra,
             )
-    except (OSError, ValueError) as err:
-        reason = (str(err).splitlines() or [err.__class__.__name__])[0]
+    except UserError:
+        raise
+    except (OSError, ValueError, pickle.UnpicklingError, RuntimeError) as err:  # RuntimeError: torch refusing a pickle
+        reason = (str(err).splitlines() or [err.__class__.__name__])[0][:200]
         raise UserError(
             f"model.pretrained = {spec.pretrained!r}: could not load it ({reason}). Offline, give a local "
             "directory or use model.hf_config"

@@ -133,3 +133,48 @@ def test_a_hostile_image_is_refused_before_it_is_decoded(name, make, message, tm
     image_folder(tmp_path, name, make)
     with pytest.raises(UserError, match=message):
         build_data({"dataset": "image-folder", "path": str(tmp_path)}, task="image-classification")
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"num_hidden_layers": 100000}, r"model\.pretrained: a llama model of this config would need about [\d.]+ GB, more"),
+    ({"hidden_size": 65536, "intermediate_size": 65536, "num_attention_heads": 64},
+     r"model\.pretrained: a llama model of this config would need about"),
+])
+def test_a_local_pretrained_directory_is_sized_before_it_is_built(fields, message, tmp_path, monkeypatch):
+    """Sized like an hf_config, from its config, before anything is allocated (the machine's memory fixed at 8 GB)."""
+    from transformers import LlamaConfig
+
+    from mase_lite import limits
+    from mase_lite.train.models import build_model
+
+    monkeypatch.setattr(limits, "memory_bytes", lambda: 8 << 30)
+    config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_hidden_layers=2)
+    for key, value in fields.items():
+        setattr(config, key, value)
+    config.save_pretrained(tmp_path)
+    with pytest.raises(UserError, match=message):
+        build_model({"pretrained": str(tmp_path), "task": "causal-lm"}, num_labels=2, seed=0)
+
+
+def test_a_pickled_checkpoint_is_refused_in_one_line_and_never_unpickled(tmp_path):
+    import pickle
+
+    from transformers import LlamaConfig
+
+    from mase_lite.train.models import build_model
+
+    LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                num_hidden_layers=1).save_pretrained(tmp_path)
+    canary = tmp_path / "ran"
+    (tmp_path / "pytorch_model.bin").write_bytes(pickle.dumps(_Planted(str(canary))))
+    with pytest.raises(UserError, match=r"model\.pretrained = .*: could not load it \(Weights only load failed"):
+        build_model({"pretrained": str(tmp_path), "task": "causal-lm"}, num_labels=2, seed=0)
+    assert not canary.exists()
+
+
+class _Planted:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
