@@ -108,7 +108,8 @@ class ModelSpec(BaseModel):
 
 
 def check_head(spec: ModelSpec) -> None:
-    """A ``hf_config`` model type that transformers knows and can build the task's head for."""
+    """A ``hf_config`` model type that transformers knows and can build the task's head for, dropout probabilities in
+    [0, 1), images of 1 or 3 channels, and classes whose names and confusion matrix fit in memory."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     if spec.hf_config is None and spec.source != "hf_config":
@@ -121,6 +122,16 @@ def check_head(spec: ModelSpec) -> None:
             f"model.hf_config.model_type = {model_type!r}: transformers has no {spec.task} head for {model_type} "
             f"(model.task); model types with one: {', '.join(head_model_types(spec.task))}"
         )
+    for key, value in (spec.hf_config or {}).items():
+        if key.endswith(("dropout", "dropout_prob", "dropout_rate")) and value is not None and not (
+                isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1):
+            raise UserError(f"model.hf_config.{key} = {value!r}: a dropout probability is a number in [0, 1)")
+    channels = (spec.hf_config or {}).get("num_channels", 3)
+    if channels not in (1, 3) or isinstance(channels, bool):
+        raise UserError(f"model.hf_config.num_channels = {channels!r}: images have 1 (grey) or 3 (colour) channels")
+    if spec.num_labels is not None:
+        check_fits("model.num_labels", spec.num_labels * _BYTES_PER_LABEL_NAME + 8 * spec.num_labels**2,
+                   f"the names of {spec.num_labels} labels and their confusion matrix")
 
 
 def _hf_config(spec: ModelSpec, num_labels: int, data_fields: dict[str, Any]):
@@ -143,6 +154,7 @@ def _hf_config(spec: ModelSpec, num_labels: int, data_fields: dict[str, Any]):
         default = defaults.get(key)
         if _is_int(default) and default > 0 and _is_int(value) and value < 1:
             raise UserError(f"model.hf_config.{key} = {value}: must be at least 1 ({model_type}'s default is {default})")
+
     vocab_size = data_fields.get("vocab_size")
     if vocab_size is not None and "vocab_size" in defaults:
         given = fields.setdefault("vocab_size", vocab_size)
@@ -155,7 +167,8 @@ def _hf_config(spec: ModelSpec, num_labels: int, data_fields: dict[str, Any]):
             fields.setdefault(key, data_fields[key])
     tokens = {k: data_fields[k] for k in TOKEN_FIELDS if data_fields.get(k) is not None and k not in fields}
     if get_task(spec.task).classification:
-        check_fits("model.num_labels", num_labels * _BYTES_PER_LABEL_NAME, f"the names of {num_labels} labels")
+        check_fits("model.num_labels", num_labels * _BYTES_PER_LABEL_NAME + 8 * num_labels**2,
+                   f"the names of {num_labels} labels and their confusion matrix")
         fields["num_labels"] = num_labels
     try:
         config = AutoConfig.for_model(model_type, **fields)

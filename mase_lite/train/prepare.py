@@ -17,7 +17,7 @@ import torch.nn as nn
 from mase_lite.errors import UserError
 from mase_lite.train.data import DataSpec, build_data
 from mase_lite.train.hub import hub_access, hub_cache_dir
-from mase_lite.train.models import ModelSpec, build_model
+from mase_lite.train.models import ModelSpec, build_model, check_head
 from mase_lite.train.seeding import seed_everything
 from mase_lite.train.splits import SplitData
 from mase_lite.train.tokenizer import load_tokenizer
@@ -109,6 +109,7 @@ def prepare(
     ``data_spec=None`` builds the model alone.
     """
     model_spec = validate_section(ModelSpec, model_spec, "model")
+    check_head(model_spec)  # before the data: its images take the model's channels
     if data_spec is not None:
         data_spec = validate_section(DataSpec, data_spec, "data")
     run_dir = Path(run_dir)

@@ -157,6 +157,12 @@ def run_cli(tmp_path, capsys, spec: dict) -> tuple[int, str]:
     ({"model": {"task": "causal-lm", "num_labels": 3}}, "num_labels is for classifiers; a causal-lm model predicts tokens"),
     ({"model": {"task": "image-classification"}, "data": {"dataset": "synthetic-grammar"}},
      "data.dataset = 'synthetic-grammar' is causal-lm data, not image-classification data"),
+    ({"model": {"task": "image-classification", "hf_config": {"model_type": "resnet", "num_channels": 2}}},
+     "model.hf_config.num_channels = 2: images have 1 (grey) or 3 (colour) channels"),
+    ({"model": {"task": "causal-lm", "hf_config": {"model_type": "llama", "attention_dropout": 1.5}}},
+     "model.hf_config.attention_dropout = 1.5: a dropout probability is a number in [0, 1)"),
+    ({"model": {"num_labels": 1000000}}, "model.num_labels: the names of 1000000 labels and their confusion matrix "
+                                         "would need about"),
     ({"model": {"task": "translation"}}, "model.task: task must be one of sequence-classification, causal-lm, image-classification, seq2seq-lm; "
                                        "got 'translation'"),
 ])
