@@ -170,6 +170,10 @@ def _hf_config(spec: ModelSpec, num_labels: int, data_fields: dict[str, Any]):
         check_fits("model.num_labels", num_labels * _BYTES_PER_LABEL_NAME + 8 * num_labels**2,
                    f"the names of {num_labels} labels and their confusion matrix")
         fields["num_labels"] = num_labels
+    vocab = fields.get("vocab_size", defaults.get("vocab_size"))
+    for key in TOKEN_FIELDS:  # a default id past the run's vocabulary (GPT-2's 50256): the data's token, else none
+        if key not in fields and _is_int(defaults.get(key)) and _is_int(vocab) and defaults[key] >= vocab:
+            fields[key] = tokens.pop(key, None)
     try:
         config = AutoConfig.for_model(model_type, **fields)
     except Exception as err:  # the config's own field checks (ValueError, TypeError, huggingface_hub's strict dataclasses)

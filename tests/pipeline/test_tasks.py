@@ -277,3 +277,25 @@ def test_a_plug_in_task_is_one_registry_entry(tmp_path, monkeypatch, capsys):
     assert metrics["n"] == 8 and set(metrics["per_class"]) == {"0", "1"}
     code, err = run_cli(tmp_path, capsys, {**spec, "data": {"block_size": 8}, "output_dir": str(tmp_path / "bad")})
     assert code == 2 and "data.block_size: not used by mood-classification data (it is for causal-lm); remove it" in err
+
+
+def test_a_gpt2_from_hf_config_has_no_token_ids_past_the_vocabulary(tmp_path):
+    """GPT-2's default bos/eos ids (50256) lie past a run's trained vocabulary: they take the data's tokens, and
+    transformers has nothing to warn about."""
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        result = ml.run_pipeline({"model": {"task": "causal-lm", "hf_config": {"model_type": "gpt2", "n_embd": 32,
+                                                                                 "n_layer": 1, "n_head": 2}},
+                                  "data": {"n_train": 16, "n_test": 8, "block_size": 16}, "steps": [],
+                                  "output_dir": str(tmp_path / "gpt2")})
+    finally:
+        logger.removeHandler(handler)
+    config = result.mg.source_model.config
+    assert all(i is None or 0 <= i < config.vocab_size for i in (config.bos_token_id, config.eos_token_id))
+    assert not [r for r in records if "within the vocabulary" in r.getMessage()]
