@@ -73,8 +73,9 @@ def to_chw(image: Any, where: str) -> torch.Tensor:
         raise UserError(f"{where}: an image must be HxW, HxWxC or CxHxW with 1, 3 or 4 channels; got shape {list(array.shape)}")
     array = array[:3]
     if array.dtype != np.uint8:
-        if not np.issubdtype(array.dtype, np.number) or not np.isfinite(array).all():
-            raise UserError(f"{where}: image values must be finite numbers, got {array.dtype}")
+        if (not np.issubdtype(array.dtype, np.number) or np.iscomplexobj(array) or array.dtype == np.bool_
+                or not np.isfinite(array).all()):
+            raise UserError(f"{where}: image values must be finite real numbers, got {array.dtype}")
         scale = 255.0 if array.max(initial=0) <= 1.0 and np.issubdtype(array.dtype, np.floating) else 1.0
         array = np.clip(np.rint(array * scale), 0, 255).astype(np.uint8)
     array = np.ascontiguousarray(array)

@@ -115,7 +115,7 @@ def _read_json_rows(path: Path) -> list[dict]:
 
 
 def _read_csv_rows(path: Path) -> list[dict]:
-    with path.open(newline="", encoding="utf-8") as f:
+    with path.open(newline="", encoding="utf-8-sig") as f:  # a byte-order mark is not part of the first column's name
         reader = csv.DictReader(f)
         try:
             return list(reader)

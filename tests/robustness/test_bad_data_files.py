@@ -178,3 +178,15 @@ class _Planted:
 
     def __reduce__(self):
         return (open, (self.path, "w"))
+
+
+def test_a_csv_byte_order_mark_is_not_part_of_the_first_column(tmp_path):
+    (tmp_path / "x.csv").write_bytes("\ufefftext,label\n".encode() + "".join(f"row {i},{i % 2}\n" for i in range(10)).encode())
+    data = build_data({"dataset": "csv", "path": str(tmp_path / "x.csv")})
+    assert data.size("train") + data.size("test") == 10
+
+
+def test_complex_pixels_are_refused(tmp_path):
+    np.savez(tmp_path / "x.npz", images=np.zeros((4, 8, 8), dtype=np.complex64), labels=np.arange(4) % 2)
+    with pytest.raises(UserError, match=r"image values must be finite real numbers, got complex64"):
+        build_data({"dataset": "npz", "path": str(tmp_path / "x.npz")}, task="image-classification")
