@@ -31,7 +31,8 @@ def _run(tmp_path, capsys, **changes):
 @pytest.mark.parametrize("changes, message", [
     ({"data__max_length": 10**9}, r"data.max_length: 24 rows of 1000000000 tokens while tokenizing would need about 7680.0 GB"),
     ({"data__n_test": 10**12}, r"data.n_train \+ data.n_test: 1000000000016 synthetic rows would need about 400000.0 GB"),
-    ({"model__num_labels": 10**9}, r"model.num_labels: the names of 1000000000 labels would need about 200.0 GB"),
+    ({"model__num_labels": 10**9}, r"model.num_labels: the names of 1000000000 labels and their confusion matrix would "
+                                   r"need about 8000000200.0 GB"),
     ({"model__hf_config__hidden_size": 10**7}, r"model.hf_config: a bert model of this config would need about \d+\.\d GB"),
     ({"steps": [{"pass": "lora", "params": {"rank": 10**9}}]}, r"steps.0.params.rank: 8 adapters of rank 1000000000 would need about 1096.0 GB"),
 ])
