@@ -255,11 +255,14 @@ def _from_flat(config: Mapping[str, Any]) -> dict[str, Any]:
         operand = next((p for p in prefixes if key.startswith(p + "_") and key[len(p) + 1 :] in known), None)
         param = key[len(operand) + 1 :] if operand else key
         if operand is None and param not in known:
+            spellings = [*known, *(f"{o}_{k}" for o in prefixes for k in known)]
+            near = difflib.get_close_matches(key, spellings, n=1)
             raise PydanticCustomError(
                 "flat_key",
-                "{key}: unknown key for format '{name}'; use <operand>_<param> or <param> with operands {operands} "
-                "and params {params}",
-                {"key": key, "name": name, "operands": ", ".join(_OPERAND_FIELDS[1:]), "params": ", ".join(sorted(known))},
+                "{key}: unknown key for format '{name}'; {near}use <operand>_<param> or <param> with operands "
+                "{operands} and params {params}",
+                {"key": key, "name": name, "near": f"did you mean {near[0]!r}? " if near else "",
+                 "operands": ", ".join(_OPERAND_FIELDS[1:]), "params": ", ".join(sorted(known))},
             )
         if value is not None:
             (per_operand.setdefault(operand, {}) if operand else shared)[param] = value

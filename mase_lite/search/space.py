@@ -261,7 +261,8 @@ class Space:
         if not nodes and not self._varies_the_model():
             self._build_base()
         for i, entry in enumerate(self.entries):
-            for suffix, value in _distinct(entry.candidates()):
+            failed, candidates = [], _distinct(entry.candidates())
+            for suffix, value in candidates:
                 errors = []
                 for context in contexts:
                     try:
@@ -271,8 +272,13 @@ class Space:
                     else:
                         break
                 if len(errors) == len(contexts):
-                    tried = Scope(f"({entry.path} = {_shown(value)})")
-                    problems.append(UserError(errors[0], location=(self.where, i, *suffix, tried)))
+                    failed.append((suffix, value, errors[0]))
+            if len(failed) > 1 and len(failed) == len(candidates) and len({m for _, _, m in failed}) == 1:
+                problems.append(UserError(failed[0][2], location=(self.where, i, Scope(f"({entry.path}, every value)"))))
+                continue  # one mistake, said once (a path typo fails every value alike)
+            for suffix, value, message in failed:
+                tried = Scope(f"({entry.path} = {_shown(value)})")
+                problems.append(UserError(message, location=(self.where, i, *suffix, tried)))
         if problems:
             raise UserError("search space check failed:", problems=problems)
 

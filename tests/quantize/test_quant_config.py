@@ -87,7 +87,8 @@ ERRORS = [
     ({"name": "integer", "weight_width": 8, "weight_frac_width": 9}, r"config\.weight: frac_width=9 must be <= width=8"),
     ({"name": "minifloat_ieee", "weight_width": 8, "weight_exponent_width": 8}, r"config\.weight: .*exponent_width=8 must be < width=8"),
     ({"name": "int8", "weight_width": 8}, r"config: unknown format 'int8'; known formats: binary, "),
-    ({"name": "integer", "weight_widht": 8}, r"config: weight_widht: unknown key for format 'integer'; use <operand>_<param>"),
+    ({"name": "integer", "weight_widht": 8}, r"config: weight_widht: unknown key for format 'integer'; did you mean "
+                                             r"'weight_width'\? use <operand>_<param>"),
     ({"name": "integer", "weight_width": 8}, r"config\.weight\.frac_width: Field required"),
     ({"name": "binary_scaling"}, r"format 'binary_scaling' is usable for weight only, not data_in"),
     ({"name": "integer", "width": 8, "frac_width": 4, "ste": "smooth"}, r"config\.inputs\.ste: Input should be 'identity' or 'clipped' \(got 'smooth'\)"),

@@ -133,3 +133,13 @@ def test_built_in_passes_declare_the_metrics_they_report():
     for name, module in builtin_passes().items():
         source = Path(sys.modules[module].__file__).read_text()
         assert bool(reports.search(source)) == (passes[name].metrics is not None), name
+
+
+def test_a_path_typo_is_said_once_with_the_spelling_it_meant(tmp_path, tiny_search, capsys):
+    """Every value of a misspelt path fails alike: one line for the entry, not one per value."""
+    spec = tiny_search(space=[{"path": WIDTH.replace("weight_width", "weight_widht"), "type": "choice",
+                               "values": [2, 3, 4, 5, 6, 7, 8]}])
+    err = _refused(tmp_path, spec, capsys)
+    assert err.count("weight_widht: unknown key for format") == 1
+    assert "space.0 (steps.quantize.params.rules.linear.weight_widht, every value)" in err
+    assert "did you mean 'weight_width'?" in err
