@@ -248,8 +248,11 @@ def input_args(layer: Layer) -> dict[str, Any] | None:
     if fmt["name"] == "nvfp4" and fmt["per_tensor"] == "global_scale" and isinstance(fmt["tensor_amax"], float):
         if layer.weight_format is None or layer.weight_format["name"] != "nvfp4":
             raise unsupported(TARGET, layer.name, "NVFP4 activations beside a weight that is not NVFP4", "NVFP4 weights")
+        from mase_lite.numerics.scaled import nvfp4_global_scale
+
         amax = torch.tensor(fmt["tensor_amax"], dtype=torch.float32)
-        return {**NVFP4_ARGS, "dynamic": "local", "global_scale": _finite_global_scale(amax).reshape(1)}
+        global_scale = _written_global_scale(nvfp4_global_scale(amax)).reshape(1)
+        return {**NVFP4_ARGS, "dynamic": "local", "global_scale": global_scale}
     if fmt["name"] == "scaled_float" and fmt["element"] == "e4m3" and fmt["granularity"] in ("tensor", "channel") \
             and not (fmt["granularity"] == "channel" and fmt["scale"] is not None):
         strategy = "tensor" if fmt["granularity"] == "tensor" else "token"
@@ -269,13 +272,10 @@ def input_args(layer: Layer) -> dict[str, Any] | None:
             "dynamic": fmt["scale"] is None, "scale": fmt["scale"]}
 
 
-def _finite_global_scale(amax: Tensor) -> Tensor:
-    """NVFP4's global scale ``(1 / amax) * 2688`` in float32; 1 where that is infinite (every code is zero then,
-    as compressed-tensors has it)."""
-    from mase_lite.numerics.scaled import nvfp4_global_scale
-
-    scale = nvfp4_global_scale(amax)
-    return torch.where(torch.isfinite(scale), scale, torch.ones_like(scale))
+def _written_global_scale(scale: Tensor) -> Tensor:
+    """An NVFP4 global scale as written: 1 where it is infinite (a tensor of zeros, whose codes are all zero under
+    any scale), as compressed-tensors has it."""
+    return torch.where(torch.isfinite(scale), scale, torch.ones_like(scale)).float()
 
 
 def _signed_codes(layer: Layer) -> Tensor:
@@ -353,11 +353,9 @@ def _nvfp4_tensors(layer: Layer) -> dict[str, Tensor]:
     """E2M1 codes two per byte (low nibble first), the E4M3 block scales and the float32 global scale."""
     codes = layer.codes
     rows, columns = codes.shape
-    global_scale = codes.side["global_scale"].reshape(1)
-    if not bool(torch.isfinite(global_scale).all()):  # a weight of zeros: codes zero under any scale
-        global_scale = torch.ones(1)
     return {"weight_packed": pack_bits(codes.unpacked(), 4).reshape(rows, columns // 2),
-            "weight_scale": codes.side["block_scale"].contiguous(), "weight_global_scale": global_scale.float()}
+            "weight_scale": codes.side["block_scale"].contiguous(),
+            "weight_global_scale": _written_global_scale(codes.side["global_scale"].reshape(1))}
 
 
 # Import ------------------------------------------------------------------------------------------------

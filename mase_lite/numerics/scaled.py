@@ -177,14 +177,19 @@ def _stored_side(scale: Tensor, zero: Tensor, p: ScaledIntegerParams) -> dict[st
     return stored
 
 
-def _scales_of(side: dict[str, Tensor], p: ScaledIntegerParams) -> tuple[Tensor, Tensor]:
-    """Per group (``(..., 1)``): the float32 scale and the zero point."""
+def stored_scales(side: dict[str, Tensor]) -> Tensor:
+    """The float32 scale of each group of a ``scaled_integer`` tensor's stored side (a power of two from its
+    exponent, zero for a group of zeros)."""
     if "scale_exponent" in side:
         exponent = side["scale_exponent"].to(torch.int64)
-        scale = torch.where(exponent == -128, 0.0, torch.ldexp(torch.ones_like(exponent, dtype=torch.float64),
-                                                               exponent.double())).float()
-    else:
-        scale = side["scale"].float()
+        return torch.where(exponent == -128, 0.0, torch.ldexp(torch.ones_like(exponent, dtype=torch.float64),
+                                                              exponent.double())).float()
+    return side["scale"].float()
+
+
+def _scales_of(side: dict[str, Tensor], p: ScaledIntegerParams) -> tuple[Tensor, Tensor]:
+    """Per group (``(..., 1)``): the float32 scale and the zero point."""
+    scale = stored_scales(side)
     zero = side["zero_point"].float() if "zero_point" in side else torch.zeros_like(scale)
     return scale.unsqueeze(-1), zero.unsqueeze(-1)
 

@@ -33,16 +33,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import threading
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from mase_lite.errors import UserError
 from mase_lite.numerics.native import library, threads
-from mase_lite.numerics.native.launch import run_split
+from mase_lite.numerics.native.launch import chosen_level, plain_cpu, run_split
 
 LEVELS = ("c", "avx2", "avx512")
 LEVEL_ENV = "MASE_LITE_MXINT8_CPU"
@@ -95,24 +93,10 @@ def available_levels() -> tuple[str, ...]:
 
 def level() -> str | None:
     """The level calls take now: ``MASE_LITE_MXINT8_CPU`` if set, else the best available; None for torch."""
-    forced = os.environ.get(LEVEL_ENV, "")
-    if forced == "torch":
-        return None
-    available = available_levels()
-    if not forced:
-        return available[-1] if available else None
-    if forced not in LEVELS:
-        raise UserError(f"{LEVEL_ENV}={forced!r} is unknown; allowed: {', '.join((*LEVELS, 'torch'))}")
-    if forced not in available:
-        raise UserError(f"{LEVEL_ENV}={forced!r}: not available here (available: {', '.join(available) or 'none'})")
-    return forced
+    return chosen_level(LEVEL_ENV, LEVELS, available_levels())
 
 
-def applies(x: Tensor) -> bool:
-    """Whether the kernel may compute on ``x``: a plain CPU tensor (not a fake or traced one), outside
-    torch.compile tracing and torch function/dispatch modes (they would not see the kernel's work)."""
-    return (type(x) is Tensor and x.device.type == "cpu" and not torch.compiler.is_compiling()
-            and not torch._C._len_torch_function_stack() and not torch._C._len_torch_dispatch_stack())
+applies = plain_cpu  # whether the kernel may compute on a tensor (see launch.plain_cpu)
 
 
 def linear(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_size: int) -> Tensor | None:

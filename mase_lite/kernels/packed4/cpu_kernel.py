@@ -22,8 +22,8 @@ import os
 import torch
 from torch import Tensor
 
-from mase_lite.errors import UserError
 from mase_lite.numerics.native import library, threads
+from mase_lite.numerics.native.launch import chosen_level, plain_cpu
 
 LEVELS = ("c", "avx2", "avx512")
 LEVEL_ENV = "MASE_LITE_PACKED4_CPU"
@@ -58,29 +58,14 @@ def available_levels() -> tuple[str, ...]:
 
 def level() -> str | None:
     """The level calls take now: ``MASE_LITE_PACKED4_CPU`` if set, else the best available; None for torch."""
-    forced = os.environ.get(LEVEL_ENV, "")
-    if forced == "torch":
-        return None
-    available = available_levels()
-    if not forced:
-        return available[-1] if available else None
-    if forced not in LEVELS:
-        raise UserError(f"{LEVEL_ENV}={forced!r} is unknown; allowed: {', '.join((*LEVELS, 'torch'))}")
-    if forced not in available:
-        raise UserError(f"{LEVEL_ENV}={forced!r}: not available here (available: {', '.join(available) or 'none'})")
-    return forced
-
-
-def _applies(x: Tensor) -> bool:
-    return (type(x) is Tensor and x.device.type == "cpu" and not torch.compiler.is_compiling()
-            and not torch._C._len_torch_function_stack() and not torch._C._len_torch_dispatch_stack())
+    return chosen_level(LEVEL_ENV, LEVELS, available_levels())
 
 
 def linear(x: Tensor, nibbles: Tensor, scales: Tensor, table: Tensor, bias: Tensor | None) -> Tensor | None:
     """``x @ W.T + bias`` in ``x``'s dtype for packed 4-bit W; None where the kernel does not apply."""
     out_features, in_features = scales.shape[0], nibbles.shape[1] * 2
     rows = x.numel() // in_features if in_features else 0
-    if not rows or x.dtype not in INPUT_DTYPES or not _applies(x) or in_features % 32:
+    if not rows or x.dtype not in INPUT_DTYPES or not plain_cpu(x) or in_features % 32:
         return None
     chosen = level()
     if chosen is None:
@@ -122,7 +107,7 @@ def _panels(x: Tensor, nibbles: Tensor, scales: Tensor, table: Tensor, bias: Ten
 def dequantize(nibbles: Tensor, scales: Tensor, table: Tensor) -> Tensor | None:
     """The float32 weights, bit for bit ``table[nibble] * scale``; None where the kernel does not apply."""
     chosen = level()
-    if chosen is None or not _applies(nibbles):
+    if chosen is None or not plain_cpu(nibbles):
         return None
     out = torch.empty(scales.shape[0], nibbles.shape[1] * 2)
     _dequantize_into(nibbles, scales, table, out, LEVELS.index(chosen))

@@ -73,13 +73,10 @@ def packed4_linear(x: Tensor, nibbles: Tensor, scales: Tensor, table: Tensor, bi
     if x.shape[-1] != nibbles.shape[1] * 2 or not x.dtype.is_floating_point:
         raise UserError(f"packed4_linear input of shape {tuple(x.shape)} and dtype {x.dtype} does not fit a weight "
                         f"with in_features={nibbles.shape[1] * 2}")
-    if not (torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad))):
-        native = cpu_kernel.linear(x, nibbles, scales, table, bias)
-        if native is not None:
-            return native
     if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
         return reference_linear(x, nibbles, scales, table, bias)  # differentiable in x and the bias
-    return torch.ops.mase_lite.packed4_linear(x, nibbles, scales, table, bias)
+    native = cpu_kernel.linear(x, nibbles, scales, table, bias)
+    return native if native is not None else torch.ops.mase_lite.packed4_linear(x, nibbles, scales, table, bias)
 
 
 class Packed4Linear(nn.Module):
@@ -149,14 +146,10 @@ def _table_and_scales(encoded) -> tuple[Tensor, Tensor]:
 
     fmt, side = encoded.format, encoded.side
     if fmt["name"] == "scaled_integer":
+        from mase_lite.numerics.scaled import stored_scales
+
         table = torch.arange(16, dtype=torch.float32) - 8  # offset codes: code - 8
-        if "scale_exponent" in side:
-            exponent = side["scale_exponent"].to(torch.int64)
-            scales = torch.where(exponent == -128, 0.0, torch.ldexp(torch.ones_like(exponent, dtype=torch.float64),
-                                                                    exponent.double())).float()
-        else:
-            scales = side["scale"].float()
-        return table, scales.reshape(-1, side_blocks(encoded))
+        return table, stored_scales(side).reshape(-1, side_blocks(encoded))
     probe = torch.arange(16).repeat(2).reshape(1, BLOCK)  # every code, in a block whose scale is 2**0
     unit = Encoded(fmt, 4, pack_bits(probe.reshape(-1), 4), {"scale": torch.full((1, 1), 127, dtype=torch.uint8)},
                    (1, BLOCK), torch.float32, probe)

@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from mase_lite.errors import UserError
 from mase_lite.numerics.memory import empty_like_advised
 from mase_lite.numerics.native import threads
 
@@ -38,6 +39,28 @@ def applies(x: Tensor) -> bool:
             and not (torch.is_grad_enabled() and x.requires_grad)
             and not torch.compiler.is_compiling() and not torch._C._len_torch_function_stack()
             and not torch._C._len_torch_dispatch_stack())
+
+
+def plain_cpu(x: Tensor) -> bool:
+    """Whether a kernel of packed weights may compute on ``x``: a plain CPU tensor (not a fake or traced one),
+    outside torch.compile tracing and torch function/dispatch modes (they would not see the kernel's work)."""
+    return (type(x) is Tensor and x.device.type == "cpu" and not torch.compiler.is_compiling()
+            and not torch._C._len_torch_function_stack() and not torch._C._len_torch_dispatch_stack())
+
+
+def chosen_level(env: str, levels: tuple[str, ...], available: tuple[str, ...]) -> str | None:
+    """The vector level a kernel's calls take now: the environment variable ``env`` if set (one of ``levels``, or
+    ``torch`` for the reference: None), else the best ``available`` one (None where none is)."""
+    forced = os.environ.get(env, "")
+    if forced == "torch":
+        return None
+    if not forced:
+        return available[-1] if available else None
+    if forced not in levels:
+        raise UserError(f"{env}={forced!r} is unknown; allowed: {', '.join((*levels, 'torch'))}")
+    if forced not in available:
+        raise UserError(f"{env}={forced!r}: not available here (available: {', '.join(available) or 'none'})")
+    return forced
 
 
 # ctypes argtypes every row kernel starts with: source, output, rows, row length (what run_rows passes)
