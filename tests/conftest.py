@@ -38,9 +38,10 @@ def _every_thread(monkeypatch):
     monkeypatch.setattr(threads, "ADAPTIVE", False)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_capture_cache():
-    """Graphs one test captured are not reused by the next (within a test they are)."""
+@pytest.fixture
+def cold_capture_cache():
+    """No graph captured before the test is reused in it (tests of capture itself; elsewhere a model of an
+    architecture an earlier test captured is a cache hit, as in a user's session)."""
     from mase_lite.ir.capture_cache import CACHE
 
     CACHE.clear()

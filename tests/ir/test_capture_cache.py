@@ -194,3 +194,13 @@ def test_a_hit_on_an_eval_only_graph_refuses_train_mode_and_warns_as_the_first_c
     mg2.model.train()
     with pytest.raises(CaptureError, match="this graph follows the model in eval mode only"):
         mg2.model(x=x)
+
+
+def test_a_hit_keeps_the_node_names_of_the_first_capture():
+    """``nn.Sequential``'s children are named ``0``, ``1``: a copy of the graph by fx would rename them ``_0``."""
+    graphs = []
+    for _ in range(2):
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        graphs.append(MaseGraph(model, example_inputs={"input": torch.randn(4, 8)}))
+    assert counts() == (1, 1)  # the second capture reused the first
+    assert [n.name for n in graphs[1].nodes] == [n.name for n in graphs[0].nodes] == ["input_1", "0", "1", "2", "output"]

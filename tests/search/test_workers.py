@@ -1,5 +1,5 @@
 """Several workers on one study: one killed mid-trial and the study finished by two at once, on the
-journal file and on a real PostgreSQL server; two at once from the start on PostgreSQL."""
+journal file and on a real PostgreSQL server."""
 
 import copy
 import os
@@ -69,23 +69,11 @@ def test_killed_worker_is_resumed_by_two_workers(tmp_path, tiny_search, storage,
     assert states.pop("PRUNED", 0) == len(duplicates) and all(not t["metrics"] for t in duplicates)
     assert states == {"COMPLETE": 3, "FAIL": 1}
     assert not list(trials_dir.glob(".*"))  # the killed run's staging directory and lock file are gone
-
-
-def test_two_workers_on_postgresql(tmp_path, tiny_search, postgres_url):
-    path = write_spec(tmp_path, grid_spec(tiny_search, storage=postgres_url))
-    workers = [start_worker(path) for _ in range(2)]
-    outputs = [w.communicate(timeout=300)[0] for w in workers]
-    assert [w.returncode for w in workers] == [0, 0], outputs
-    study = optuna.load_study(study_name="search", storage=postgres_url)
-    complete = [t.params[WIDTH] for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))]
-    assert sorted(complete) == WIDTHS
-    # two workers asking at the same moment may draw one point: the later trial is pruned unrun, once,
-    # never both (which left the point without a trial and had the workers draw taken points in a loop)
-    others = [t for t in study.trials if t.state != optuna.trial.TrialState.COMPLETE]
-    assert all(t.state == optuna.trial.TrialState.PRUNED and t.user_attrs == {"status": "duplicate grid point"}
-               for t in others), others
-    assert len(others) <= 1, [(t.number, t.state.name, t.system_attrs.get("grid_id")) for t in study.trials]
-    assert not (tmp_path / "search" / "study.journal").exists()
+    if url:  # the study is in the database, not in a journal beside it
+        study = optuna.load_study(study_name="search", storage=url)
+        pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
+        assert all(t.user_attrs == {"status": "duplicate grid point"} for t in pruned), pruned
+        assert not (Path(spec["output_dir"]) / "study.journal").exists()
 
 
 def test_journal_is_synced_when_trials_start_and_end(tmp_path, monkeypatch):
