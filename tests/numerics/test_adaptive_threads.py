@@ -59,3 +59,38 @@ def test_the_kernel_gives_the_same_bits_whatever_count_it_chose(adaptive, monkey
     if outs[0] is None:
         pytest.skip("no native kernel here")
     assert all(torch.equal(o, outs[0]) for o in outs)
+
+
+@pytest.mark.parametrize("kernel", ["mxint8", "packed4"])
+def test_the_panel_path_runs_torchs_gemm_on_the_count_it_chose(adaptive, monkeypatch, kernel):
+    """Above the fused kernel's rows, torch's GEMM runs the panels: on one thread when one was chosen (a busy
+    machine), on the most otherwise, and the caller's thread count is restored either way."""
+    from mase_lite.kernels import packed4
+    from mase_lite.kernels.packed4 import cpu_kernel as packed4_kernel
+
+    module = cpu_kernel if kernel == "mxint8" else packed4_kernel
+    if kernel == "mxint8":
+        codes, scales = quantize(torch.randn(40, 64))
+        monkeypatch.setattr(module, "GEMM_FROM_ROWS", 1 << 30)  # not the kernel's own GEMM
+        run = lambda x: module.linear(x, codes, scales, None, 32)  # noqa: E731
+    else:
+        layer = torch.nn.Sequential(torch.nn.Linear(64, 40))
+        packed4.pack_linears(layer, "q4_0")
+        run = layer[0]
+    seen, panels = [], module._panels
+    monkeypatch.setattr(module, "_panels", lambda *a: seen.append(torch.get_num_threads()) or panels(*a))
+    chosen = iter([1, 2])
+    monkeypatch.setattr(threads, "begin", lambda key, most: (next(chosen), None))
+    count = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(module.FUSED_MAX_ROWS + 1, 64)
+        with torch.no_grad():
+            outs = [run(x), run(x)]
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(count)
+    if outs[0] is None or not seen:
+        pytest.skip("no native kernel here")
+    assert seen == [1, 2] and after == 2
+    torch.testing.assert_close(outs[0], outs[1])

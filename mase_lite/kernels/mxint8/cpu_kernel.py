@@ -7,9 +7,9 @@ product (reads one byte per weight instead of four, never materialises the float
 weight into the core's caches just before it multiplies; elsewhere (and for bfloat16 input) panels of
 W, about ``PANEL_BYTES`` each, are dequantized into a buffer kept per calling thread and handed to
 torch's GEMM. Rows of W are split over up to ``torch.get_num_threads()`` threads: torch's own OpenMP team
-where the kernel was built with OpenMP, else Python threads (ctypes lets go of the GIL); the fused kernel and the
-GEMM run each kind of call on one thread or on all, whichever its timings say is faster
-(:mod:`mase_lite.numerics.native.threads`: on a busy machine, often one). Weights are
+where the kernel was built with OpenMP, else Python threads (ctypes lets go of the GIL); the fused kernel, the
+GEMM and the panel path (torch's GEMM included) run each kind of call on one thread or on all, whichever its
+timings say is faster (:mod:`mase_lite.numerics.native.threads`: on a busy machine, often one). Weights are
 exact (see ``mxint8_cpu.c``); sums are float32 sums in the kernel's own order, so the result equals
 the float64 reference up to float32 accumulation error (the tolerance the tests hold it to is in
 ``tests/kernels/mxint8_cases.py``). The fused kernel and the kernel's GEMM never split a dot product,
@@ -116,7 +116,12 @@ def linear(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_
     if out is None and rows <= FUSED_MAX_ROWS:
         out = _fused(x_rows, codes, scales, bias, block_size, LEVELS.index(chosen))
     if out is None:
-        out = _panels(x_rows, codes, scales, bias, block_size, LEVELS.index(chosen))
+        lvl = LEVELS.index(chosen)
+        workers, probe = threads.begin(("mxint8_panels", rows, out_features, in_features, lvl, x.dtype),
+                                       torch.get_num_threads())
+        with threads.torch_threads(workers):
+            out = _panels(x_rows, codes, scales, bias, block_size, lvl)
+        threads.end(probe)
     if x.dtype != torch.float32:
         out = out.to(x.dtype)
     return out if x.dim() == 2 else out.view(*x.shape[:-1], out_features)

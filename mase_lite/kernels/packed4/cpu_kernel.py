@@ -5,8 +5,10 @@ For up to ``FUSED_MAX_ROWS`` rows of input (decoding: one token per sequence), :
 weight inside the dot product, reading half a byte per weight; above, panels of W (about ``PANEL_BYTES``) are
 decoded into a buffer and handed to torch's GEMM. Rows of W are split over up to ``torch.get_num_threads()``
 threads (torch's own OpenMP team), or run on one where the timings of :mod:`mase_lite.numerics.native.threads`
-say one is faster (a busy machine). Weights are exact; sums are float32 in the kernel's own order, never split
-over threads: the result equals the float64 reference up to float32 accumulation, the same at any thread count.
+say one is faster (a busy machine; the panel path then runs torch's GEMM on one thread too). Weights are exact;
+the fused path's sums are float32 in the kernel's own order, never split over threads: the result equals the
+float64 reference up to float32 accumulation, the same at any thread count (the panel path's sums are torch's
+GEMM's, whose order may depend on its thread count).
 
 The vector level is the best this CPU runs (AVX-512, AVX2, plain C); ``MASE_LITE_PACKED4_CPU`` forces
 ``avx512``, ``avx2``, ``c`` or ``torch`` (the reference). Functions return None where the kernel does not
@@ -82,7 +84,10 @@ def linear(x: Tensor, nibbles: Tensor, scales: Tensor, table: Tensor, bias: Tens
                            out_features, lvl, workers if lib.openmp else 1, scratch.data_ptr())
         threads.end(probe)
     else:
-        out = _panels(x32, nibbles, scales, table, bias32, lvl)
+        workers, probe = threads.begin(("packed4_panels", rows, out_features, in_features, lvl), torch.get_num_threads())
+        with threads.torch_threads(workers):
+            out = _panels(x32, nibbles, scales, table, bias32, lvl)
+        threads.end(probe)
     out = out if x.dtype == torch.float32 else out.to(x.dtype)
     return out.view(*x.shape[:-1], out_features)
 

@@ -16,11 +16,15 @@ machine). The kernels split rows, never a sum, so the count changes no result.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+import torch
 
 PROBE_EVERY = 128
 """Calls from the start of one probe of a kind of call to the start of the next."""
@@ -81,6 +85,25 @@ def end(probe: Probe | None) -> None:
     with _lock:
         probe.kind.seconds.setdefault(probe.threads, []).append(seconds)
         probe.kind.decide()
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run torch's own kernels (a GEMM a native kernel hands its panels to) on ``count`` threads, then restore.
+
+    >>> with torch_threads(1):
+    ...     torch.get_num_threads()
+    1
+    """
+    previous = torch.get_num_threads()
+    if count == previous:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def forget() -> None:
