@@ -50,6 +50,11 @@ def _unreachable(err: BaseException) -> BaseException | None:
     return None
 
 
+def _reason(cause: BaseException) -> str:
+    """The first line of what the database driver said."""
+    return (str(getattr(cause, "orig", None) or cause).strip().splitlines() or [type(cause).__name__])[0]
+
+
 class RetryingRDBStorage(RDBStorage):
     """Optuna's RDB storage whose every call is retried while the database is unreachable, for ``retry``
     seconds; then a :class:`ToolFault` names the storage (its password hidden)."""
@@ -68,9 +73,8 @@ class RetryingRDBStorage(RDBStorage):
                     raise
                 waited = time.monotonic() - start
                 if waited >= self.retry:
-                    reason = (str(getattr(cause, "orig", None) or cause).strip().splitlines() or [type(cause).__name__])[0]
                     raise ToolFault(
-                        f"storage: {self.shown} is unreachable ({reason}); retried for {waited:.0f} s. Run the search "
+                        f"storage: {self.shown} is unreachable ({_reason(cause)}); retried for {waited:.0f} s. Run the search "
                         "again when it is back: finished trials are kept, the running one runs again"
                     ) from None
                 (logger.warning if wait == 0.25 else logger.debug)(
@@ -105,6 +109,8 @@ def open_storage(url: str | None, output_dir: Path, heartbeat_interval: int, gra
         return _rdb(url, heartbeat_interval, grace, retry)
     except ImportError as err:
         raise UserError(f"storage: {url.split(':')[0]} needs a driver that is not installed ({err})") from None
+    except UserError:
+        raise
     except Exception as err:  # sqlalchemy raises many kinds for a bad URL or an unreachable server
         raise UserError(f"storage: cannot open {hidden_url(url)}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
 
@@ -120,10 +126,12 @@ def hidden_url(url: str) -> str:
 
 
 def _rdb(url: str, heartbeat_interval: int, grace: int, retry: float, attempts: int = 5) -> RDBStorage:
-    """An RDB storage; workers starting together race to create the schema, so a loser retries."""
+    """An RDB storage; workers starting together race to create the schema, so a loser retries; a database
+    that cannot be reached (restarting) is waited for up to ``retry`` seconds, as every later call is."""
     from sqlalchemy.exc import IntegrityError, ProgrammingError
 
-    for attempt in range(attempts):
+    start, wait, attempt = time.monotonic(), 0.25, 0
+    while True:
         try:
             storage = RetryingRDBStorage(
                 url,
@@ -135,9 +143,22 @@ def _rdb(url: str, heartbeat_interval: int, grace: int, retry: float, attempts: 
             storage.retry, storage.shown = retry, hidden_url(url)
             return storage
         except (IntegrityError, ProgrammingError):
-            if attempt == attempts - 1:
+            attempt += 1
+            if attempt == attempts:
                 raise
-            time.sleep(0.5 * (attempt + 1))
+            time.sleep(0.5 * attempt)
+        except Exception as err:
+            cause, waited = _unreachable(err), time.monotonic() - start
+            if cause is None or url.startswith("sqlite"):  # a file is there or not: nothing to wait for
+                raise
+            if waited >= retry:
+                raise UserError(f"storage: {hidden_url(url)} is unreachable ({_reason(cause)}); retried for "
+                                f"{waited:.0f} s (storage_retry)") from None
+            if wait == 0.25:
+                logger.warning("storage %s unreachable (%s); retrying for up to %.0f s", hidden_url(url),
+                               type(cause).__name__, retry)
+            time.sleep(min(wait, max(retry - waited, 0.01)))
+            wait = min(wait * 2, 5.0)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -327,3 +328,27 @@ def test_a_cache_directory_others_may_write_is_not_read(tmp_path):
     assert entry.is_dir()
     os.chmod(tmp_path / "cache", 0o755)
     assert PrefixCache(tmp_path / "cache", 1).restore(load_spec(pipeline), PassContext(output_dir=tmp_path / "y"))
+
+
+def test_opening_a_restarting_postgresql_waits_for_it(postgres):
+    """A worker started while the server restarts waits for it (storage_retry) instead of exiting at once."""
+    postgres.stop()
+    starter = threading.Timer(1.0, postgres.start)
+    starter.start()
+    try:
+        started = time.monotonic()
+        storage = open_storage(postgres.url, Path("unused"), heartbeat_interval=1, retry=60)
+        assert time.monotonic() - started >= 0.9
+        optuna.create_study(storage=storage, study_name="s").ask()
+    finally:
+        starter.join()
+
+
+def test_opening_a_postgresql_that_stays_down_names_it_after_the_retry(postgres):
+    postgres.stop()
+    with pytest.raises(UserError) as err:
+        open_storage(postgres.url, Path("unused"), heartbeat_interval=1, retry=1)
+    message = str(err.value)
+    assert message.startswith(f"storage: {postgres.url} is unreachable (") and message.endswith(
+        "retried for 1 s (storage_retry)"), message
+    assert "\n" not in message
