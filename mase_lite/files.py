@@ -146,6 +146,18 @@ def check_regular(directory: str | Path, what: str) -> None:
             raise UserError(f"{path}: not a regular file; {what} holds only files and directories")
 
 
+def check_inside(path: str | Path, root: str | Path, field: str) -> None:
+    """Refuse a ``path`` under the directory ``root`` a user named that is, through a symbolic link, somewhere
+    else: what a directory's reader reads is the directory, not what its links point to.
+
+    >>> check_inside("/tmp/a/b.csv", "/tmp/a", "data.path")
+    """
+    real, base = Path(path).resolve(), Path(root).resolve()
+    if real != base and base not in real.parents:
+        raise UserError(f"{path} is a link to {real}, outside {root}: copy the file into the directory instead",
+                        location=(field,))
+
+
 def check_writable(directory: str | Path, field: str) -> None:
     """Refuse a ``directory`` (or, while it does not exist, its nearest existing ancestor) that this
     process cannot write: a ``UserError`` naming ``field``."""

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from mase_lite.errors import UserError
+from mase_lite.files import check_inside
 from mase_lite.limits import check_fits
 from mase_lite.train.sources import MAX_LABEL
 
@@ -110,7 +111,7 @@ def _class_dirs(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def _folder_rows(directory: Path, classes: list[str]) -> list[dict]:
+def _folder_rows(directory: Path, classes: list[str], root: Path) -> list[dict]:
     rows = []
     for label, name in enumerate(classes):
         folder = directory / name
@@ -118,6 +119,7 @@ def _folder_rows(directory: Path, classes: list[str]) -> list[dict]:
         for path in files:
             if not path.is_file():
                 raise UserError(f"{path}: not a regular file (an image folder holds image files)")
+            check_inside(path, root, "data.path")
         rows += [{"image": path, "label": label} for path in files]
     return rows
 
@@ -136,7 +138,7 @@ def image_folder_tables(path: Path, train_split: str, test_split: str) -> tuple[
         parts = {"all": path}
     if len(classes) < 2:
         raise UserError(f"data.path = {str(path)!r}: an image folder needs at least two class subfolders; found {classes or 'none'}")
-    rows = {split: _folder_rows(folder, classes) for split, folder in parts.items()}
+    rows = {split: _folder_rows(folder, classes, path) for split, folder in parts.items()}
     for split, folder in parts.items():
         if not rows[split]:
             raise UserError(f"{folder}: no images ({', '.join(IMAGE_EXTENSIONS)}) in its class folders")

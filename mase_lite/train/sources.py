@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import csv
 import logging
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mase_lite.errors import UserError, short
+from mase_lite.files import check_inside
 from mase_lite.jsonio import loads
 from mase_lite.train.hub import hub_access, hub_endpoint
 from mase_lite.train.synthetic import generate_sentiment
@@ -149,6 +151,7 @@ def _split_file(directory: Path, fmt: str, split: str) -> Path:
     for ext in LOCAL_EXTENSIONS[fmt]:
         candidate = directory / f"{split}{ext}"
         if candidate.is_file():
+            check_inside(candidate, directory, "data.path")
             return candidate
     present = ", ".join(sorted(p.name for p in directory.iterdir())) or "nothing"
     wanted = " or ".join(f"{split}{ext}" for ext in LOCAL_EXTENSIONS[fmt])
@@ -203,6 +206,48 @@ def read_local(
     return train, test
 
 
+def _data_files(card: Path) -> list[str]:
+    """The ``data_files`` a dataset card's YAML header names (``configs: [{data_files: ...}]``), as written."""
+    import yaml
+
+    text = card.read_text(encoding="utf-8", errors="replace")
+    if not text.startswith("---"):
+        return []
+    header = text[3:].split("\n---", 1)[0]
+    try:
+        meta = yaml.safe_load(header)
+    except yaml.YAMLError:
+        return []  # the datasets library refuses it itself
+    found: list[str] = []
+
+    def collect(value: Any) -> None:
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, list):
+            for item in value:
+                collect(item)
+        elif isinstance(value, dict):
+            collect(value.get("path", []))
+
+    configs = meta.get("configs", []) if isinstance(meta, dict) else []
+    for config in configs if isinstance(configs, list) else []:
+        if isinstance(config, dict):
+            collect(config.get("data_files", []))
+    return found
+
+
+def _check_local_dataset(directory: Path) -> None:
+    """A local dataset directory is read only inside itself: no link out of it, no ``data_files`` of its card
+    that is absolute, climbs out (``..``) or is a URL."""
+    for path in directory.rglob("*"):
+        check_inside(path, directory, "data.dataset")
+    card = directory / "README.md"
+    for pattern in _data_files(card) if card.is_file() else []:
+        if os.path.isabs(pattern) or ".." in Path(pattern).parts or "://" in pattern:
+            raise UserError(f"{card}: data_files {pattern!r} lies outside {directory}; a local dataset's files are "
+                            "inside its directory", location=("data.dataset",))
+
+
 def hub_tables(
     name: str,
     config: str | None,
@@ -214,11 +259,15 @@ def hub_tables(
     may be a local directory of split files the ``datasets`` library reads (text, CSV, JSON, image folders)."""
     import datasets
 
+    if Path(name).is_dir():
+        _check_local_dataset(Path(name))
     with hub_access() as online:
         try:
             ds = datasets.load_dataset(name, config, cache_dir=str(cache_dir) if cache_dir else None)
         except Exception as err:  # datasets raises many types for "not found" and "no network"
             reason = (str(err).splitlines() or [err.__class__.__name__])[0]
+            if Path(name).is_dir() or "script" in reason.lower():  # the hub is not the cause
+                raise UserError(f"data.dataset = {name!r}: the datasets library does not read it: {reason}") from None
             if not online:
                 raise UserError(
                     f"data.dataset = {name!r}: the Hugging Face hub ({hub_endpoint()}) is unreachable and the "

@@ -190,3 +190,71 @@ def test_complex_pixels_are_refused(tmp_path):
     np.savez(tmp_path / "x.npz", images=np.zeros((4, 8, 8), dtype=np.complex64), labels=np.arange(4) % 2)
     with pytest.raises(UserError, match=r"image values must be finite real numbers, got complex64"):
         build_data({"dataset": "npz", "path": str(tmp_path / "x.npz")}, task="image-classification")
+
+
+def _secret(tmp_path):
+    """A file outside the data directory, which a link inside it points to."""
+    (tmp_path / "elsewhere").mkdir()
+    secret = tmp_path / "elsewhere" / "secret.csv"
+    secret.write_text("text,label\n" + "".join(f"secret {i},{i % 2}\n" for i in range(10)))
+    return secret
+
+
+def test_a_split_file_linked_from_outside_the_directory_is_refused(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "test.csv").write_text("text,label\n" + "".join(f"row {i},{i % 2}\n" for i in range(10)))
+    (data / "train.csv").symlink_to(_secret(tmp_path))
+    with pytest.raises(UserError) as caught:
+        build_data({"dataset": "csv", "path": str(data)})
+    assert str(caught.value) == (f"data.path: {data / 'train.csv'} is a link to {tmp_path / 'elsewhere' / 'secret.csv'}, "
+                                 f"outside {data}: copy the file into the directory instead")
+
+
+def test_an_image_linked_from_outside_the_folder_is_refused(tmp_path):
+    data = tmp_path / "images"
+    data.mkdir()
+    outside = tmp_path / "outside.png"
+    Image.new("RGB", (8, 8)).save(outside)
+    image_folder(data, "linked.png", lambda path: path.symlink_to(outside))
+    with pytest.raises(UserError, match=r"^data\.path: .*linked\.png is a link to .*outside\.png, outside "):
+        build_data({"dataset": "image-folder", "path": str(data)}, task="image-classification")
+
+
+@pytest.mark.parametrize("data_files, message", [
+    ("/etc/passwd", r"data_files '/etc/passwd' lies outside"),
+    ("../elsewhere/secret.csv", r"data_files '\.\./elsewhere/secret\.csv' lies outside"),
+    ({"split": "train", "path": "https://example.com/x.csv"}, r"data_files 'https://example\.com/x\.csv' lies outside"),
+])
+def test_a_local_datasets_card_naming_files_outside_its_directory_is_refused(data_files, message, tmp_path):
+    import yaml
+
+    _secret(tmp_path)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.csv").write_text("text,label\na,0\nb,1\n")
+    card = {"configs": [{"config_name": "default", "data_files": [data_files] if isinstance(data_files, dict) else data_files}]}
+    (data / "README.md").write_text(f"---\n{yaml.safe_dump(card)}---\n# data\n")
+    with pytest.raises(UserError, match=r"^data\.dataset: .*README\.md: " + message) as caught:
+        build_data({"dataset": str(data)})
+    assert "\n" not in str(caught.value)
+
+
+def test_a_local_datasets_directory_with_a_link_out_is_refused(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.csv").symlink_to(_secret(tmp_path))
+    with pytest.raises(UserError, match=r"^data\.dataset: .*train\.csv is a link to .*secret\.csv, outside "):
+        build_data({"dataset": str(data)})
+
+
+def test_a_local_dataset_loading_script_is_refused_as_such_and_never_run(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    canary = tmp_path / "ran"
+    (data / "data.py").write_text(f"open({str(canary)!r}, 'w')\n")
+    with pytest.raises(UserError) as caught:
+        build_data({"dataset": str(data)})
+    assert str(caught.value) == (f"data.dataset = {str(data)!r}: the datasets library does not read it: Dataset scripts "
+                                 "are no longer supported, but found data.py")
+    assert not canary.exists()
