@@ -153,7 +153,10 @@ class PassInfo:
         try:
             return self.params.model_validate(params)
         except ValidationError as err:
-            raise PassError(problems=validation_problems(err, model=self.params)) from None
+            from mase_lite.nn.quant_config import explain_format_error  # rules' number formats, as the user wrote them
+
+            explain = lambda e: explain_format_error(e, params)  # noqa: E731
+            raise PassError(problems=validation_problems(err, model=self.params, explain=explain)) from None
 
     def field_path(self, location: tuple) -> tuple | None:
         """``location`` as a path into this pass's params when it starts with one of their fields (or with

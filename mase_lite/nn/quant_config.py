@@ -32,7 +32,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Annotated, Any, Literal, Mapping, Union
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_serializer, model_validator
 from pydantic_core import PydanticCustomError, core_schema
@@ -314,6 +314,31 @@ def format_key_error(error: dict, document: Any) -> QuantConfigError | None:
                             f"allowed keys: {', '.join(keys)} (got {short(error['input'])})", location=(*path, key))
 
 
+def flat_key_error(error: dict, document: Any) -> QuantConfigError | None:
+    """A problem of a rule written in MASE's flat form, located at the key the user wrote (``weight_width``,
+    or ``width`` shared by every operand), not at the nested form it was read as; None for another error."""
+    node, path, loc = document, [], list(error["loc"])
+    while loc and not (isinstance(node, Mapping) and "name" in node):
+        part = loc.pop(0)
+        if isinstance(node, Mapping) and part in node or isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node, path = node[part], [*path, part]
+    if not (isinstance(node, Mapping) and "name" in node) or not loc or loc[0] not in _OPERAND_FIELDS or loc[0] in node:
+        return None
+    params = [str(part) for part in loc[1:] if part not in format_names()]  # the union's tag is the format's name
+    if not params:
+        return None  # a problem of the operand's whole format: said at the operand
+    operand, param = str(loc[0]), params[-1]
+    key = next((k for k in (f"{operand}_{param}", param) if k in node), f"{operand}_{param}")
+    bad = error.get("input")
+    got = "" if isinstance(bad, (dict, list)) else f" (got {short(bad)})"
+    return QuantConfigError(f"{error['msg'].removeprefix('Value error, ')}{got}", location=(*path, key))
+
+
+def explain_format_error(error: dict, document: Any) -> QuantConfigError | None:
+    """A number format's problem in a rule, in the words and at the key the user wrote (see the functions above)."""
+    return _explain(error) or format_key_error(error, document) or flat_key_error(error, document)
+
+
 def _precedence(operand: str) -> int:
     """``inputs`` first, then the aliases of a functional op, so a specific operand overrides them."""
     return {"inputs": 0, "data_in": 1, "weight": 2}.get(operand, 3)
@@ -382,7 +407,7 @@ def validate_spec(config: Any, where: str = "config") -> BaseModel | None:
         return QuantSpec.model_validate(config)
     except ValidationError as err:
         raise QuantConfigError(problems=validation_problems(
-            err, model=QuantSpec, explain=lambda e: _explain(e) or format_key_error(e, config)), location=(where,)) from None
+            err, model=QuantSpec, explain=lambda e: explain_format_error(e, config)), location=(where,)) from None
 
 
 def parse_quant_config(

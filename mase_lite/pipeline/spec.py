@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 
 from mase_lite.errors import Scope, UserError, validation_problems
-from mase_lite.nn.quant_config import format_key_error
+from mase_lite.nn.quant_config import explain_format_error
 from mase_lite.plugins import import_plugins
 from mase_lite.passes.manager import BASE_FACTS, MissingRequirement, check_requirements
 from mase_lite.passes.registry import MODULE_MODE
@@ -143,7 +143,7 @@ def _explain(error: dict) -> UserError | None:
 def spec_error(err: ValidationError, source: str, model: type[BaseModel], document: Any = None) -> UserError:
     """The spec's problems, one per line; ``document`` (what was validated) lets a format's unknown key be named
     with the format's keys."""
-    explain = lambda e: _explain(e) or format_key_error(e, document)  # noqa: E731
+    explain = lambda e: _explain(e) or explain_format_error(e, document)  # noqa: E731
     return UserError(f"invalid pipeline spec {source}:", problems=validation_problems(err, model=model, explain=explain))
 
 

@@ -3,6 +3,7 @@
 import copy
 
 import pytest
+import torch
 
 from mase_lite.nn.quant_config import (
     FUNCTION_OPERANDS,
@@ -89,9 +90,12 @@ ERRORS = [
     ({"name": "int8", "weight_width": 8}, r"config: unknown format 'int8'; known formats: binary, "),
     ({"name": "integer", "weight_widht": 8}, r"config: weight_widht: unknown key for format 'integer'; did you mean "
                                              r"'weight_width'\? use <operand>_<param>"),
-    ({"name": "integer", "weight_width": 8}, r"config\.weight\.frac_width: Field required"),
+    ({"name": "integer", "weight_width": 8}, r"config\.weight_frac_width: Field required"),
+    ({"name": "integer", "weight_width": 0, "frac_width": 0}, r"config\.weight_width: Input should be greater than or equal to 1 \(got 0\)"),
+    ({"name": "integer", "width": 40, "frac_width": 4}, r"config\.width: Input should be less than or equal to 32 \(got 40\)"),
+    ({"weight": {"name": "integer", "width": 0}}, r"config\.weight\.width: Input should be greater than or equal to 1"),
     ({"name": "binary_scaling"}, r"format 'binary_scaling' is usable for weight only, not data_in"),
-    ({"name": "integer", "width": 8, "frac_width": 4, "ste": "smooth"}, r"config\.inputs\.ste: Input should be 'identity' or 'clipped' \(got 'smooth'\)"),
+    ({"name": "integer", "width": 8, "frac_width": 4, "ste": "smooth"}, r"config\.ste: Input should be 'identity' or 'clipped' \(got 'smooth'\)"),
     ({"name": "integer", "width": 8, "frac_width": 4, "storage": "disk"}, r"config\.storage: Input should be 'fake' or 'packed' \(got 'disk'\)"),
     ({"name": "integer", "width": 8, "frac_width": 4, "storage": "packed"}, r"'packed' needs a layer weight in format mxint with element_width 8"),
     ({"name": "mxint", "element_width": 6, "storage": "packed"}, r"'packed' needs a layer weight in format mxint with element_width 8, or 4-bit"),
@@ -118,3 +122,14 @@ def test_parsing_never_mutates_the_config():
     for _ in range(100):
         assert parse_quant_config(config) == first
     assert config == frozen
+
+
+def test_a_flat_rule_of_the_quantize_pass_is_named_by_the_key_written():
+    import mase_lite as ml
+    from mase_lite.passes import PassError
+
+    mg = ml.MaseGraph(torch.nn.Sequential(torch.nn.Linear(8, 8)), example_inputs={"input": torch.randn(2, 8)})
+    with pytest.raises(PassError) as caught:
+        ml.passes.quantize(mg, {"by": "type", "rules": {"linear": {"name": "integer", "weight_width": 0, "frac_width": 0}}})
+    assert str(caught.value) == ("pass 'quantize' params.rules.linear.weight_width: Input should be greater than or "
+                                 "equal to 1 (got 0)")
