@@ -1,11 +1,15 @@
 """The packed 4-bit Linear (Q4_0, 4096 x 4096 with bias) at 1 and 2 threads beside two busy processes this script
-starts (``while True: pass``): batch 1, 8 and 64, the median of a blocked autorange of at least 1 s after a warm-up
-call; prints the milliseconds and the ratio of 2 threads to 1.
+starts (``while True: pass``), float32 ``F.linear`` beside it: batch 1, 8 and 64. One and two threads alternate in
+``--rounds`` rounds (the load drifts: two counts timed minutes apart are not comparable), each a blocked autorange
+of at least 0.3 s after a warm-up call; prints the median milliseconds and the median and range of the per-round
+ratio of 2 threads to 1.
 
-    python benchmarks/packed4_under_load.py
+    python benchmarks/packed4_under_load.py [--rounds 7]
 """
 
+import argparse
 import os
+import statistics
 import subprocess
 import sys
 
@@ -15,23 +19,38 @@ from torch.utils import benchmark
 from mase_lite.kernels import packed4
 
 
+def timed(call, threads: int) -> float:
+    torch.set_num_threads(threads)
+    with torch.no_grad():
+        call()
+        timer = benchmark.Timer("call()", globals={"call": call}, num_threads=threads)
+        return timer.blocked_autorange(min_run_time=0.3).median * 1e3
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(4096, 4096))
+        weight, bias = model[0].weight.detach().clone(), model[0].bias.detach().clone()
         packed4.pack_linears(model, "q4_0")
         layer = model[0]
-        print(f"load average {os.getloadavg()[0]:.2f}\n| batch | 1 thread ms | 2 threads ms | 2 / 1 |\n|---:|---:|---:|---:|")
+        print(f"load average {os.getloadavg()[0]:.2f}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}")
+        print("| batch | layer | 1 thread ms | 2 threads ms | 2 / 1 (median of rounds) | range |\n|---:|---|---:|---:|---:|---|")
         for batch in (1, 8, 64):
-            x, res = torch.randn(batch, 4096), {}
-            for threads in (1, 2):
-                torch.set_num_threads(threads)
-                with torch.no_grad():
-                    layer(x)
-                    timer = benchmark.Timer("layer(x)", globals={"layer": layer, "x": x}, num_threads=threads)
-                    res[threads] = timer.blocked_autorange(min_run_time=1.0).median * 1e3
-            print(f"| {batch} | {res[1]:.3f} | {res[2]:.3f} | {res[2] / res[1]:.2f} |")
+            x = torch.randn(batch, 4096)
+            calls = {"Q4_0 packed": lambda: layer(x), "float32 F.linear": lambda: torch.nn.functional.linear(x, weight, bias)}
+            for name, call in calls.items():
+                ms = {1: [], 2: []}
+                for _ in range(args.rounds):
+                    for threads in (1, 2):
+                        ms[threads].append(timed(call, threads))
+                ratios = [b / a for a, b in zip(ms[1], ms[2])]
+                print(f"| {batch} | {name} | {statistics.median(ms[1]):.3f} | {statistics.median(ms[2]):.3f} | "
+                      f"{statistics.median(ratios):.2f} | {min(ratios):.2f}–{max(ratios):.2f} |")
         print(f"load average after: {os.getloadavg()[0]:.2f}")
     finally:
         for process in busy:

@@ -1,5 +1,5 @@
 """The thread count of a native kernel call is chosen by timing: the first PROBE_CALLS calls of a kind run on the
-most threads and then on one, later calls on the count with the lower median, re-probed every PROBE_EVERY
+most threads and then on one, later calls on the count with the lower mean, re-probed every PROBE_EVERY
 calls; results never depend on it."""
 
 import time

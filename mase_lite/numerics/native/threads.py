@@ -5,7 +5,7 @@ scheduler preempted makes more threads slower than one (measured: a 4096 x 4096 
 longer on two threads than on one beside two busy processes on two cores, and 2x faster on a quiet machine). So
 each kind of call (its ``key``: the kernel and the sizes that set its cost) is timed on the most threads, then on one,
 on its first :data:`PROBE_CALLS` calls and again on that many in every :data:`PROBE_EVERY`, and runs on
-whichever count's median time of its latest probe was lower (one timing alone is the scheduler's noise on a busy
+whichever count's mean time over its latest probe was lower (one timing alone is the scheduler's noise on a busy
 machine). The kernels split rows, never a sum, so the count changes no result.
 ``MASE_LITE_ADAPTIVE_THREADS=0`` (or :data:`ADAPTIVE` set false) runs every call on the most.
 
@@ -41,11 +41,12 @@ class _Kind:
     best: int | None = None
 
     def decide(self) -> None:
-        """At the end of a probe: the count with the lower median time."""
+        """At the end of a probe: the count with the lower mean time (a thread the scheduler preempted stalls a
+        call now and then: the mean counts those stalls, which throughput pays; a median hides them)."""
         one, most = self.seconds.get(1, []), self.seconds.get(self.most, [])
         if len(one) + len(most) < PROBE_CALLS or not one or not most:
             return
-        self.best = 1 if statistics.median(one) <= statistics.median(most) else self.most
+        self.best = 1 if statistics.fmean(one) <= statistics.fmean(most) else self.most
         self.seconds = {}
 
 
