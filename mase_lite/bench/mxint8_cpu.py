@@ -177,10 +177,10 @@ def bench_cpu_model(config: dict, tokens: list[int], threads: list[int], rounds:
         torch.set_num_threads(previous)
     weights = sum(m.codes.numel() for m in packed.modules() if isinstance(m, MXInt8Linear))
     rows = [{"measure": "process RSS (MiB)", "float": with_float / MIB, "packed": after / MIB,
-             "packed / float": after / with_float if with_float else "-"},
+             "packed / float": after / with_float if with_float else "-", "speed-up": "-"},
             {"measure": "RSS grown by the model (MiB)", "float": (with_float - base) / MIB,
              "packed": (after - base) / MIB,
-             "packed / float": (after - base) / (with_float - base) if with_float > base else "-"}]
+             "packed / float": (after - base) / (with_float - base) if with_float > base else "-", "speed-up": "-"}]
     for count, length in ((c, n) for c in threads for n in tokens):
         ids = torch.randint(0, config["vocab_size"], (1, length))
         with torch.no_grad():
@@ -188,11 +188,12 @@ def bench_cpu_model(config: dict, tokens: list[int], threads: list[int], rounds:
                               "packed": lambda: packed(input_ids=ids, use_cache=False)}, count, rounds, min_run_time)
         rows.append({"measure": f"forward 1x{length} tokens, {count} thread{'s' * (count > 1)} (ms)",
                      "float": _ms(t["float"]), "packed": _ms(t["packed"]),
-                     "packed / float": column_ratio(t["packed"], t["float"])})
+                     "packed / float": "-", "speed-up": column_ratio(t["float"], t["packed"])})
     notes = [f"LlamaForCausalLM({config}), random weights, float32; {layers} Linear layers packed "
              f"({weights / 1e6:.1f} M weights) by pack_linears on {max(threads)} threads in {pack_seconds:.2f} s "
              f"({pack_cpu_seconds:.2f} s of CPU time); "
-             f"forward ratios: packed ms / float ms of the columns, medians of {rounds} rounds (below 1: packed is faster)."]
+             f"memory: packed / float of the columns; forward: speed-up = float ms / packed ms of the columns (above 1: "
+             f"packed is faster, as in every table), medians of {rounds} rounds."]
     return Section("cpu_model", "CPU: Llama forward, float vs packed MXINT8", list(rows[0]), rows, notes)
 
 

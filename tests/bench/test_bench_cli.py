@@ -28,6 +28,12 @@ def test_quick_bench_writes_table_json_and_plots(tmp_path, capsys):
     assert all(r["fp32 / mxint8"] > 0 and r["bf16 / mxint8 bf16"] > 0 for r in sections["cpu_linear"]["rows"])
     assert [r["measure"] for r in sections["cpu_model"]["rows"]] == [
         "process RSS (MiB)", "RSS grown by the model (MiB)", "forward 1x1 tokens, 1 thread (ms)", "forward 1x16 tokens, 1 thread (ms)"]
+    memory, grown, *forward = sections["cpu_model"]["rows"]
+    assert grown["float"] > 0 and grown["packed"] > 0  # the heap trimmed at both ends: growth, never negative
+    for row in (memory, grown):
+        assert row["packed / float"] == pytest.approx(row["packed"] / row["float"]) and row["speed-up"] == "-"
+    for row in forward:  # a speed-up as in every table: the float column over the packed one, above 1 when faster
+        assert row["speed-up"] == pytest.approx(row["float"] / row["packed"]) and row["packed / float"] == "-"
     assert [r["model"] for r in sections["codegen"]["rows"]] == ["float", "packed"]
     assert all(r["bit-identical"] for r in sections["codegen"]["rows"])
     assert sections["memory"]["rows"][0]["of theory"] == "100.0%"  # every quick layer's width divides by 32
