@@ -183,8 +183,9 @@ def npz_tables(path: Path) -> dict[str, tuple[str, dict]]:
         if labels.ndim != 1 or len(images) != len(labels):
             raise UserError(f"{source}: {len(images)} images but labels of shape {list(labels.shape)}")
         if labels.dtype.kind not in "iub" or (labels.size and (int(labels.min()) < 0 or int(labels.max()) > MAX_LABEL)):
+            numbers = labels.size and labels.dtype.kind in "iubf"  # a range to show (not of strings or objects)
             raise UserError(f"{source}: labels must be integers 0 .. {MAX_LABEL}, got {labels.dtype} "
-                            f"{'values up to ' + str(labels.max()) if labels.size else ''}".strip())
+                            f"{f'values {labels.min()} .. {labels.max()}' if numbers else ''}".strip())
         tables[split] = (source, {"image": list(images), "label": labels.tolist()})
     return tables
 

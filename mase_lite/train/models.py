@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import pickle
 from pathlib import Path
 from typing import Any, Literal
 
@@ -245,8 +244,10 @@ def _pretrained(spec: ModelSpec, num_labels: int, run_dir: Path | None, data_fie
             )
     except UserError:
         raise
-    except (OSError, ValueError, pickle.UnpicklingError, RuntimeError) as err:  # RuntimeError: torch refusing a pickle
-        reason = (str(err).splitlines() or [err.__class__.__name__])[0][:200]
+    except Exception as err:  # its files are data: a config of the wrong types or sizes (transformers' and
+        # huggingface_hub's checks), damaged safetensors, torch refusing a pickle, a directory that is not a model
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+        reason = (" ".join(lines[:2]) if lines[0].endswith(":") else lines[0])[:200]  # "field 'x':" and what of it
         raise UserError(
             f"model.pretrained = {spec.pretrained!r}: could not load it ({reason}). Offline, give a local "
             "directory or use model.hf_config"
