@@ -1,6 +1,6 @@
-"""Reliability probe: mutated specs, corrupted checkpoints and killed runs, each through the real CLI.
+"""Reliability probe: mutated specs, corrupted checkpoints, damaged data files and killed runs.
 
-Five parts, all seeded (the same seed gives the same cases):
+Seven parts, all seeded (the same seed gives the same cases):
 
 * ``pipelines`` and ``searches``: every shipped spec in pipelines/, pipelines/labs and pipelines/tasks is
   shrunk (16 training samples, one narrow layer, one training step, one trial of one study) so that a
@@ -16,6 +16,13 @@ Five parts, all seeded (the same seed gives the same cases):
   named by a file would create must never appear.
 * ``subprocess``: a seeded sample of this process's spec cases again as ``python -m mase_lite.cli``: the
   real exit code, which must be the in-process one.
+* ``data``: every local data source (CSV, JSON, JSON Lines, text, ``.npz``, image folders, ``pretrained``
+  directories) damaged at the byte level and structurally, read as a run reads it
+  (``benchmarks/robustness_data.py``).
+* ``caches``: a run's tokenized-data cache and a search's prefix-cache entry and journal damaged or rewritten to
+  lie consistently, and foreign reports naming the user's folder or code (``benchmarks/robustness_caches.py``):
+  the outcome must also be right (the undamaged metrics, no finished trial lost, nothing written where a report
+  points).
 * ``kills``: SIGKILL of runs (the previous run must stay whole, or the new one be complete, and its
   checkpoint load) and of search workers on the journal storage (resuming keeps every finished trial,
   runs no grid point twice and completes the study).
@@ -974,7 +981,7 @@ def table(cases: list[Case]) -> str:
     return "\n".join(rows)
 
 
-PARTS = ["pipelines", "searches", "checkpoints", "subprocess", "kills"]
+PARTS = ["pipelines", "searches", "checkpoints", "subprocess", "kills", "data", "caches"]
 
 
 def main() -> None:
@@ -988,6 +995,8 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=int, help="corruptions to try (default: all)")
     parser.add_argument("--corruption", nargs="+", help="only corruptions whose name holds one of these words")
     parser.add_argument("--subprocess-cases", type=int, default=30)
+    parser.add_argument("--data-damage", type=int, default=5, help="data part: cases per byte-level damage and source")
+    parser.add_argument("--cache-damage", type=int, default=3, help="caches part: cases per byte-level damage and file")
     parser.add_argument("--run-kills", type=int, default=3)
     parser.add_argument("--worker-kills", type=int, default=3)
     parser.add_argument("--json", help="write every case's record here as it ends (JSON lines)")
@@ -1053,6 +1062,25 @@ def main() -> None:
                     again.outcome, again.why = "defect", f"exit {again.code} as a process, {case.code} in-process"
                 cases.append(again)
                 _progress(again, canary, args.json)
+        if "data" in args.parts:
+            from robustness_data import data_cases  # beside this script
+
+            for source, damage, directory, fn in data_cases(args.seed, work / "data", args.data_damage):
+                case = Case("data", source, damage)
+                classify(case, *forked(fn, directory, args.time_limit))
+                cases.append(case)
+                _progress(case, canary, args.json)
+        if "caches" in args.parts:
+            from robustness_caches import cache_cases  # beside this script
+
+            for source, damage, directory, fn, verify in cache_cases(args.seed, work / "caches", canary, args.cache_damage):
+                case = Case("cache", source, damage)
+                classify(case, *forked(fn, directory, args.time_limit))
+                problem = verify(case.code)
+                if problem:
+                    case.outcome, case.why = "defect", problem
+                cases.append(case)
+                _progress(case, canary, args.json)
         if "kills" in args.parts:
             try:
                 for case in kill_cases(args.seed, work / "kills", args.run_kills, args.worker_kills):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from mase_lite.errors import UserError
@@ -46,16 +46,20 @@ def digest(*parts: Any) -> str:
 def cached_tensors(cache_dir: Path | None, fingerprint: str, names: tuple[str, ...],
                    check: Callable[[dict], str | None] | None = None) -> dict | None:
     """The tensors a previous run saved under ``fingerprint``, or ``None``. An entry is data, checked before it is
-    used: readable, every tensor an int64 CPU tensor of rows (the same count in a split), and what ``check``
+    used: readable, its tensors' digest the one written beside them, every tensor an int64 CPU tensor of rows (the
+    same count in a split), and what ``check``
     (the data's own: labels, shapes, a few rows tokenized again) finds it claims; a failed entry is removed
     with a warning and the data tokenized again."""
     path = cache_dir / f"{fingerprint}.safetensors" if cache_dir else None
     if path is None or not path.is_file() or path.is_symlink():
         return None
     try:
+        with safe_open(str(path), "pt") as entry:
+            written = (entry.metadata() or {}).get("digest")
         flat = load_file(str(path))
         tensors = {s: {n: flat[f"{s}.{n}"] for n in names} for s in SPLITS}
-        problem = _structure_problem(tensors) or (check(tensors) if check is not None else None)
+        problem = ("its tensors are not the bytes written (digest)" if written != _tensors_digest(flat) else
+                   _structure_problem(tensors) or (check(tensors) if check is not None else None))
     except (SafetensorError, KeyError, OSError) as err:
         problem = f"unreadable ({err})"
     if problem:
@@ -64,6 +68,11 @@ def cached_tensors(cache_dir: Path | None, fingerprint: str, names: tuple[str, .
         return None
     logger.info("tokenized data from the cache %s", path)
     return tensors
+
+
+def _tensors_digest(flat: dict[str, torch.Tensor]) -> str:
+    """What a cache entry's tensors hold, names included: any byte changed since it was written changes it."""
+    return digest(*(part for name in sorted(flat) for part in (name, flat[name])))
 
 
 def _structure_problem(tensors: dict) -> str | None:
@@ -153,4 +162,4 @@ class SplitData:
             return
         flat = {f"{s}.{n}": t.contiguous() for s, named in self.tensors.items() for n, t in named.items()}
         with staged_file(target) as staging:
-            save_file(flat, str(staging), metadata={"task": self.task})
+            save_file(flat, str(staging), metadata={"task": self.task, "digest": _tensors_digest(flat)})

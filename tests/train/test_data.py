@@ -235,11 +235,32 @@ def test_datasets_library_path_reads_splits_and_caches_under_the_run(tmp_path):
 
 
 def _tamper(path, change):
+    """Change an entry as a planter would, its digest written anew: what the content checks must catch."""
     from safetensors.torch import load_file, save_file
+
+    from mase_lite.train.splits import _tensors_digest
 
     flat = load_file(str(path))
     change(flat)
-    save_file(flat, str(path), metadata={"format": "pt"})
+    save_file(flat, str(path), metadata={"format": "pt", "digest": _tensors_digest(flat)})
+
+
+def test_bytes_of_a_cache_entry_changed_since_it_was_written_are_seen(tmp_path, caplog):
+    """A byte of a row no content check samples (found by benchmarks/robustness.py: token ids past the vocabulary
+    ended in an IndexError, other bytes silently changed the loss)."""
+    spec = {"n_train": 30, "n_test": 10, "max_length": 12}
+    first = build_data(spec, seed=0, run_dir=tmp_path)
+    first.persist(tmp_path)
+    [entry] = (tmp_path / "data_cache").iterdir()
+    data = bytearray(entry.read_bytes())
+    data[-9] ^= 0x40  # inside the last tensor's bytes, past its first rows
+    entry.write_bytes(bytes(data))
+    second = build_data(spec, seed=0, run_dir=tmp_path)
+    assert "its tensors are not the bytes written (digest); tokenizing again" in caplog.text
+    assert not entry.exists()
+    for split in ("train", "test"):
+        for key, tensor in first.tensors[split].items():
+            assert torch.equal(second.tensors[split][key], tensor)
 
 
 @pytest.mark.parametrize("task, spec, change, message", [
