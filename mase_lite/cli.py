@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from mase_lite import __version__, progress
+from mase_lite.cores import choose_threads
 from mase_lite.errors import UserError, describe, shown_paths
 from mase_lite.faults import as_fault
 from mase_lite.plugins import import_plugins
@@ -162,8 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="import a module or .py file that registers passes (repeatable)",
     )
     parser.add_argument(
-        "--threads", type=int, metavar="N", default=_threads_from_env(),
-        help="threads torch and the native kernels may use (default: $MASE_LITE_THREADS, else torch's: the cores); the "
+        "--threads", type=int, metavar="N", default=None,
+        help="threads torch and the native kernels may use (default: $MASE_LITE_THREADS, else the cores this process may "
+        "use less the processes running on them now, unless OMP_NUM_THREADS is set); the "
         "native kernels run each kind of call on one of them or all, whichever is faster, so a busy machine is not "
         "made slower by them",
     )
@@ -229,12 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     set_trust_code(args.trust_code)
     progress.QUIET, progress.LINES = args.quiet or os.environ.get("MASE_LITE_PROGRESS") == "0", True
     try:
-        if args.threads is not None:
-            if args.threads < 1:
-                raise UserError(f"--threads {args.threads}: give a positive number of threads")
+        if args.threads is not None and args.threads < 1:
+            raise UserError(f"--threads {args.threads}: give a positive number of threads")
+        requested = (args.threads, "--threads") if args.threads is not None else (_threads_from_env(), "MASE_LITE_THREADS")
+        threads = choose_threads(*requested)
+        if threads is not None:
             import torch
 
-            torch.set_num_threads(args.threads)
+            torch.set_num_threads(threads)
         import_plugins(args.plugin)
         return args.fn(args)
     except UserError as err:

@@ -75,10 +75,12 @@ def thread_settings() -> dict[str, Any]:
     """The threads the run computes with: torch's count (``--threads`` / ``MASE_LITE_THREADS``, else torch's
     default), the cores the process may use, and whether native kernels choose per call between one thread and all
     by timing (:mod:`mase_lite.numerics.native.threads`)."""
+    from mase_lite import cores
+    from mase_lite.cores import usable_cores
     from mase_lite.numerics.native import threads
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"torch": torch.get_num_threads(), "cores": cores, "adaptive": threads.ADAPTIVE}
+    return {"torch": torch.get_num_threads(), "cores": usable_cores(), "chosen_by": cores.REASON,
+            "adaptive": threads.ADAPTIVE}
 
 
 @functools.cache  # read once per process: every trial of a search asks

@@ -1,0 +1,65 @@
+"""How many threads a command computes with when the user does not say: the cores this process may use, less the
+other processes running on them now.
+
+torch's default is one thread per core. On a machine other work keeps busy, threads that wait for each other on
+oversubscribed cores make a run several times slower than one thread (``mase-lite run pipelines/tasks/llm.json``
+beside two busy processes on two cores: 450 s on two threads, 156 s on one; benchmarks/RESULTS.md). So, unless
+``--threads``, ``MASE_LITE_THREADS`` or ``OMP_NUM_THREADS`` says otherwise, a command starts on the cores it may use
+less the processes running besides itself (Linux's count of runnable tasks, the median of a few looks), at least
+one. :data:`REASON` says which rule chose; a run's report records it.
+
+>>> spare_cores(cores=2, others=2), spare_cores(cores=8, others=1), spare_cores(cores=2, others=0)
+(1, 7, 2)
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+
+REASON = "torch's default"
+"""What chose the thread count: ``--threads``, an environment variable, the load, or torch's default."""
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), else the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def spare_cores(cores: int, others: int) -> int:
+    """The cores left when ``others`` processes run on ``cores``, at least one."""
+    return max(1, min(cores, cores - others))
+
+
+def running_others(looks: int = 5, interval: float = 0.01) -> int | None:
+    """Processes running now besides this one (``/proc/loadavg``'s runnable count, the median of ``looks``);
+    None where the system does not say."""
+    path = Path("/proc/loadavg")
+    counts = []
+    for _ in range(looks):
+        try:
+            counts.append(int(path.read_text().split()[3].split("/")[0]) - 1)
+        except (OSError, IndexError, ValueError):
+            return None
+        time.sleep(interval)
+    return max(0, round(statistics.median(counts)))
+
+
+def choose_threads(requested: int | None, source: str) -> int | None:
+    """The thread count to set (None: leave torch's), and :data:`REASON` set to why."""
+    global REASON
+    if requested is not None:
+        REASON = source
+        return requested
+    if os.environ.get("OMP_NUM_THREADS"):
+        REASON = "OMP_NUM_THREADS"
+        return None
+    others = running_others()
+    if others is None:
+        REASON = "torch's default"
+        return None
+    cores = usable_cores()
+    REASON = f"the load: {others} other running process{'es' * (others != 1)} on {cores} cores"
+    return spare_cores(cores, others)
