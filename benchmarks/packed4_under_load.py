@@ -10,12 +10,11 @@ ratio of 2 threads to 1.
 import argparse
 import os
 import statistics
-import subprocess
-import sys
 
 import torch
 from torch.utils import benchmark
 
+from busy import busy_processes  # beside this script
 from mase_lite.kernels import packed4
 
 
@@ -31,8 +30,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    try:
+    with busy_processes(2):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(4096, 4096))
         weight, bias = model[0].weight.detach().clone(), model[0].bias.detach().clone()
@@ -52,9 +50,6 @@ def main() -> None:
                 print(f"| {batch} | {name} | {statistics.median(ms[1]):.3f} | {statistics.median(ms[2]):.3f} | "
                       f"{statistics.median(ratios):.2f} | {min(ratios):.2f}–{max(ratios):.2f} |")
         print(f"load average after: {os.getloadavg()[0]:.2f}")
-    finally:
-        for process in busy:
-            process.kill()
 
 
 if __name__ == "__main__":

@@ -11,10 +11,11 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from busy import busy_processes  # beside this script
 
 
 def main() -> None:
@@ -24,10 +25,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="explicit --threads settings to compare")
     args = parser.parse_args()
     settings = [None, *args.threads]
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     rows = []
-    try:
-        time.sleep(2)
+    with busy_processes(args.busy):
         for threads in settings:
             out = Path(tempfile.mkdtemp(prefix="run_under_load_"))
             spec = json.loads(Path(args.spec).read_text())
@@ -42,9 +41,6 @@ def main() -> None:
             report = out / "run" / "report.json"
             recorded = json.loads(report.read_text()).get("threads") if report.is_file() else None
             rows.append((threads, seconds, recorded, done.returncode, load))
-    finally:
-        for process in busy:
-            process.kill()
     best = min(r[1] for r in rows if r[3] == 0)
     print(f"{args.spec} beside {args.busy} busy processes on {os.cpu_count()} cores")
     print("| threads asked | threads recorded | exit | load at start | wall s | / fastest |\n|---|---|---:|---:|---:|---:|")

@@ -14,8 +14,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from busy import busy_processes  # beside this script
 
 CHILD = """
 import json, time, torch
@@ -60,14 +61,9 @@ def main() -> None:
     load = lambda: " ".join(Path("/proc/loadavg").read_text().split()[:3])  # noqa: E731
     print(f"load average before: {load()}")
     table("quiet", {adaptive: measure(adaptive) for adaptive in (True, False)})
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    try:
-        time.sleep(2)
+    with busy_processes(2):
         table("beside two busy processes", {adaptive: measure(adaptive) for adaptive in (True, False)})
         print(f"\nload average with the busy processes: {load()}")
-    finally:
-        for process in busy:
-            process.kill()
 
 
 if __name__ == "__main__":
