@@ -31,6 +31,8 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from mase_lite.ir.leaves import rename_node
+
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device)
 
 
@@ -123,12 +125,9 @@ def copy_graph(graph: fx.Graph) -> fx.Graph:
         value, output = copied
         new.output(value, type_expr=getattr(output, "type", None)).meta = dict(output.meta)
     new.set_codegen(graph._codegen)  # the pytree specs of the inputs and outputs: never changed in place
-    namespace = new._graph_namespace
     for old, node in zip(graph.nodes, new.nodes):
         if node.name != old.name:  # a name the capture gave that fx's copy would change (``0`` -> ``_0``)
-            namespace._used_names.add(old.name)
-            namespace._rename_object(node, old.name)
-            node.name = old.name
+            rename_node(new, node, old.name)
         node.meta = {k: copy.copy(v) if isinstance(v, (dict, list)) else v for k, v in node.meta.items()}
     return new
 

@@ -164,16 +164,21 @@ def _tuple_source(outputs: list[fx.Node], members: set[fx.Node]) -> fx.Node | No
     return source if source in members and isinstance(source.meta.get("val"), (tuple, list)) else None
 
 
+def rename_node(graph: fx.Graph, node: fx.Node, name: str) -> None:
+    """Give ``node`` exactly ``name`` (fx's own renaming would make ``0`` into ``_0``); the caller keeps names unique."""
+    namespace = graph._graph_namespace
+    namespace._used_names.add(name)
+    namespace._rename_object(node, name)
+    node.name = name
+
+
 def canonical_names(graph: fx.Graph) -> None:
     """Name each ``call_module`` node after its module (``bert.pooler.dense`` -> ``bert_pooler_dense``)."""
     live = {n.name for n in graph.nodes}
-    namespace = graph._graph_namespace
     for node in graph.nodes:
         if node.op == "call_module":
             wanted = re.sub(r"\W", "_", graph._target_to_str(node.target))
             if wanted not in live:
                 live.discard(node.name)
                 live.add(wanted)
-                namespace._used_names.add(wanted)
-                namespace._rename_object(node, wanted)
-                node.name = wanted
+                rename_node(graph, node, wanted)
