@@ -19,8 +19,9 @@ import logging
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.exceptions import ExperimentalWarning
@@ -55,6 +56,27 @@ def _reason(cause: BaseException) -> str:
     return (str(getattr(cause, "orig", None) or cause).strip().splitlines() or [type(cause).__name__])[0]
 
 
+def while_unreachable(call: Callable[[], Any], retry: float, shown: str,
+                      give_up: Callable[[str, float], Exception]) -> Any:
+    """``call()``, called again with growing waits (0.25 s doubling to 5 s) while the database it reaches is
+    unreachable, for up to ``retry`` seconds; then ``give_up(reason, seconds waited)`` is raised."""
+    start, wait = time.monotonic(), 0.25
+    while True:
+        try:
+            return call()
+        except Exception as err:
+            cause = _unreachable(err)
+            if cause is None:
+                raise
+            waited = time.monotonic() - start
+            if waited >= retry:
+                raise give_up(_reason(cause), waited) from None
+            (logger.warning if wait == 0.25 else logger.debug)(
+                "storage %s unreachable (%s); retrying for up to %.0f s", shown, type(cause).__name__, retry)
+            time.sleep(min(wait, max(retry - waited, 0.01)))
+            wait = min(wait * 2, 5.0)
+
+
 class RetryingRDBStorage(RDBStorage):
     """Optuna's RDB storage whose every call is retried while the database is unreachable, for ``retry``
     seconds; then a :class:`ToolFault` names the storage (its password hidden)."""
@@ -63,24 +85,9 @@ class RetryingRDBStorage(RDBStorage):
     shown: str = "the storage"
 
     def _retrying(self, call, *args, **kwargs):
-        start, wait = time.monotonic(), 0.25
-        while True:
-            try:
-                return call(self, *args, **kwargs)
-            except Exception as err:
-                cause = _unreachable(err)
-                if cause is None:
-                    raise
-                waited = time.monotonic() - start
-                if waited >= self.retry:
-                    raise ToolFault(
-                        f"storage: {self.shown} is unreachable ({_reason(cause)}); retried for {waited:.0f} s. Run the search "
-                        "again when it is back: finished trials are kept, the running one runs again"
-                    ) from None
-                (logger.warning if wait == 0.25 else logger.debug)(
-                    "storage %s unreachable (%s); retrying for up to %.0f s", self.shown, type(cause).__name__, self.retry)
-                time.sleep(min(wait, max(self.retry - waited, 0.01)))
-                wait = min(wait * 2, 5.0)
+        return while_unreachable(lambda: call(self, *args, **kwargs), self.retry, self.shown, lambda reason, waited: ToolFault(
+            f"storage: {self.shown} is unreachable ({reason}); retried for {waited:.0f} s. Run the search "
+            "again when it is back: finished trials are kept, the running one runs again"))
 
 
 def _retried(name: str):
@@ -130,35 +137,29 @@ def _rdb(url: str, heartbeat_interval: int, grace: int, retry: float, attempts: 
     that cannot be reached (restarting) is waited for up to ``retry`` seconds, as every later call is."""
     from sqlalchemy.exc import IntegrityError, ProgrammingError
 
-    start, wait, attempt = time.monotonic(), 0.25, 0
-    while True:
+    def create() -> RetryingRDBStorage:
+        return RetryingRDBStorage(
+            url,
+            engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
+            heartbeat_interval=heartbeat_interval,
+            grace_period=grace,
+            heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(),
+        )
+
+    shown = hidden_url(url)
+    for attempt in range(1, attempts + 1):
         try:
-            storage = RetryingRDBStorage(
-                url,
-                engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
-                heartbeat_interval=heartbeat_interval,
-                grace_period=grace,
-                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(),
-            )
-            storage.retry, storage.shown = retry, hidden_url(url)
+            if url.startswith("sqlite"):  # a file is there or not: nothing to wait for
+                storage = create()
+            else:
+                storage = while_unreachable(create, retry, shown, lambda reason, waited: UserError(
+                    f"storage: {shown} is unreachable ({reason}); retried for {waited:.0f} s (storage_retry)"))
+            storage.retry, storage.shown = retry, shown
             return storage
         except (IntegrityError, ProgrammingError):
-            attempt += 1
             if attempt == attempts:
                 raise
             time.sleep(0.5 * attempt)
-        except Exception as err:
-            cause, waited = _unreachable(err), time.monotonic() - start
-            if cause is None or url.startswith("sqlite"):  # a file is there or not: nothing to wait for
-                raise
-            if waited >= retry:
-                raise UserError(f"storage: {hidden_url(url)} is unreachable ({_reason(cause)}); retried for "
-                                f"{waited:.0f} s (storage_retry)") from None
-            if wait == 0.25:
-                logger.warning("storage %s unreachable (%s); retrying for up to %.0f s", hidden_url(url),
-                               type(cause).__name__, retry)
-            time.sleep(min(wait, max(retry - waited, 0.01)))
-            wait = min(wait * 2, 5.0)
 
 
 @contextlib.contextmanager
