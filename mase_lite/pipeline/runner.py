@@ -72,14 +72,13 @@ def beside_report(source: Any, field: str) -> Path:
 
 
 def thread_settings() -> dict[str, Any]:
-    """The threads the run computes with: torch's count (``--threads`` / ``MASE_LITE_THREADS``, else torch's
-    default), the cores the process may use, and whether native kernels choose per call between one thread and all
+    """The threads the run computes with: torch's count and what chose it (:mod:`mase_lite.cores`), the cores the
+    process may use, and whether native kernels choose per call between one thread and all
     by timing (:mod:`mase_lite.numerics.native.threads`)."""
     from mase_lite import cores
-    from mase_lite.cores import usable_cores
     from mase_lite.numerics.native import threads
 
-    return {"torch": torch.get_num_threads(), "cores": usable_cores(), "chosen_by": cores.REASON,
+    return {"torch": torch.get_num_threads(), "cores": cores.usable_cores(), "chosen_by": cores.REASON,
             "adaptive": threads.ADAPTIVE}
 
 

@@ -248,8 +248,9 @@ def requested(tables: dict[str, list[dict]], plot, out: Path) -> Path:
         if plot.kind == "scatter":
             ax.scatter([p[0] for p in points], [p[1] for p in points], s=16, alpha=0.8, label=label,
                        color=style["color"], marker=style["marker"])
+            drawn = set(points)
             numbered = [(_value(r, plot.x), r["metrics"].get(metric), r["number"]) for r in _complete(rows)]
-            at = _same_points([p for p in numbered if (p[0], p[1]) in set(points)])
+            at = _same_points([p for p in numbered if (p[0], p[1]) in drawn])
             if len(at) <= MAX_LABELLED:  # which trial is which, without trials.csv
                 for (x, y), numbers in at.items():
                     ax.annotate(_numbers(numbers), (x, y), xytext=(4, 4), textcoords="offset points", fontsize=7,
