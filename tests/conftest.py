@@ -13,7 +13,8 @@ os.environ.setdefault("MASE_LITE_EXPORT_CACHE", "0")  # tests that use the on-di
 os.environ.setdefault("MASE_LITE_PROGRESS", "0")  # stderr holds what a test checks; tests/test_progress.py turns it on
 if os.environ.get("PYTEST_XDIST_WORKER"):  # the workers share the cores: each gets its part of them as torch threads
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
-os.environ.setdefault("MASE_LITE_THREADS", str(torch.get_num_threads()))  # the CLI in a test keeps the test's count
+# the CLI in a test keeps this process's count (assigned, not defaulted: xdist's workers inherit the controller's)
+os.environ["MASE_LITE_THREADS"] = str(torch.get_num_threads())
 
 
 @pytest.fixture(autouse=True)
