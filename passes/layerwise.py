@@ -11,12 +11,14 @@ last, over whole-model runs.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Callable
 
 import torch
 import torch.nn as nn
 
 from mase_lite.ir.capture import caches_off
+from mase_lite.nn.disk_weights import streamed
 from mase_lite.nn.quantized import quantized_once
 from mase_lite.numerics.codes import encode
 from mase_lite.passes.registry import PassError
@@ -140,7 +142,10 @@ def each_block(model: nn.Module, layers: dict[str, nn.Module], batches: list[dic
                handle: Callable[[dict[str, nn.Module], Callable[[], object]], None], log: Callable[[int, int], None] | None = None) -> None:
     """Call ``handle(block_layers, run)`` for the selected layers of each repeated block in order, then for those
     outside the blocks (``run`` runs the whole model on ``batches``), in evaluation mode without gradients or
-    key/value caches."""
+    key/value caches. A model streamed from disk (:mod:`mase_lite.nn.disk_weights`) has one block resident at a
+    time, written back after ``handle``; its layers outside the blocks cannot be handled (they need whole-model
+    runs)."""
+    disk = streamed(model)
     was_training = model.training
     model.eval()
     try:
@@ -149,25 +154,38 @@ def each_block(model: nn.Module, layers: dict[str, nn.Module], batches: list[dic
             rest = dict(layers)
             if found is not None:
                 prefix, repeated = found
-                inputs = _first_block_inputs(model, repeated[0], batches)
+                if disk is not None:
+                    _check_streamable(layers, prefix)
+                with disk.on_call(skip=prefix) if disk is not None else nullcontext():
+                    inputs = _first_block_inputs(model, repeated[0], batches)
                 for i, block in enumerate(repeated):
                     inside = {n: m for n, m in layers.items() if n.startswith(f"{prefix}.{i}.")}
                     rest = {n: m for n, m in rest.items() if n not in inside}
-                    with quantized_once(block):  # a weight is quantized once for all the batches
+                    with disk.resident(f"{prefix}.{i}", write=bool(inside)) if disk is not None else nullcontext(), \
+                            quantized_once(block):  # a weight is quantized once for all the batches
                         if inside:
                             handle(inside, lambda: _run_block(block, inputs))
                         inputs = _run_block(block, inputs)
                     if log is not None:
                         log(i + 1, len(repeated))
+            elif disk is not None:
+                raise PassError("model.stream: the model has no repeated blocks (a ModuleList of layers) to load one at a time")
             if rest:
                 handle(rest, lambda: [model(**batch) for batch in batches])
     finally:
         model.train(was_training)
 
 
+def _check_streamable(layers: dict[str, nn.Module], prefix: str) -> None:
+    outside = [name for name in layers if not name.startswith(f"{prefix}.")]
+    if outside:
+        raise PassError(f"model.stream: layer {outside[0]!r} is outside the repeated blocks ({prefix}), and calibrating it "
+                        "needs the whole model in memory; leave it out (quantize's rules, or this pass's targets)")
+
+
 def calibration_batches(mg, data, split: str, batch_size: int, num_batches: int) -> list[dict]:
     """The first ``num_batches`` batches of ``split`` (in order), as the model's inputs on its device."""
-    device = next(iter(mg.source_model.parameters()), torch.empty(0)).device
+    device = torch.device("cpu") if streamed(mg.source_model) else next(iter(mg.source_model.parameters()), torch.empty(0)).device
     loader = data.loader(split, batch_size, shuffle=False)
     return [model_inputs(b, mg.input_names, device) for _, b in zip(range(num_batches), loader)]
 

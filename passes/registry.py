@@ -120,6 +120,11 @@ class PassInfo:
     takes_context: bool = False
     metrics: Metrics = None
     needs_graph: bool = True
+    streams: bool | Callable[[BaseModel], bool] = False
+
+    def streams_with(self, params: BaseModel | None) -> bool:
+        """Whether a call with ``params`` runs on a model streamed from disk (``streams``, or what it says of them)."""
+        return self.streams(params) if callable(self.streams) else self.streams
 
     def requirements(self, params: BaseModel | None) -> tuple[str, ...]:
         """The facts a call with ``params`` requires: ``requires``, and those its params add (``prune`` with
@@ -228,6 +233,7 @@ def register_pass(
     replay: bool | None = None,
     metrics: Metrics = None,
     needs_graph: bool = True,
+    streams: bool | Callable[[BaseModel], bool] = False,
 ) -> Callable[[Callable], PassInfo]:
     """Register ``fn(mg, params[, ctx]) -> PassResult`` as pass ``name``; returns the callable pass.
 
@@ -241,6 +247,9 @@ def register_pass(
     its params and the model's task): a search checks its objectives against them before the first trial.
     ``needs_graph=False`` says the pass works on modules alone, so it also runs on a plain ``nn.Module``
     (module mode, :mod:`mase_lite.ir.module_model`); the pass manager refuses module mode to the others.
+    ``streams=True`` says it also runs on a model whose weights stay on disk (``model.stream``,
+    :mod:`mase_lite.nn.disk_weights`): it makes a block resident before reading its tensors; a function of the
+    params says so per call (``export`` streams to compressed-tensors only).
     """
     if kind not in ("analysis", "transform"):
         raise PassError(f"pass '{name}': kind must be 'analysis' or 'transform', got {kind!r}")
@@ -278,6 +287,7 @@ def register_pass(
             takes_context=_takes_context(fn),
             metrics=tuple(metrics) if isinstance(metrics, (list, tuple)) else metrics,
             needs_graph=needs_graph,
+            streams=streams,
         )
         _REGISTRY[name] = info
         return info

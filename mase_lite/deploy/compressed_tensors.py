@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from torch import Tensor
 
 from mase_lite.deploy.layers import ExportError, Layer, linear_layers, other_quantized_layers, unsupported
 from mase_lite.files import follow_umask, staged_directory
+from mase_lite.nn.disk_weights import streamed
 from mase_lite.nn.quant_functional import QuantizedFunction
 from mase_lite.numerics.codes import offset_values, pack_bits
 
@@ -51,6 +53,7 @@ NEAREST = ("int4 or int8 weights per channel or group (scaled_integer, W4A16 / W
 NVFP4_ARGS = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "group_size": 16,
               "dynamic": False, "scale_dtype": "torch.float8_e4m3fn"}
 WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"  # a sharded checkpoint's map of tensors to files
 
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
@@ -59,7 +62,8 @@ FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 def write(mg, path: str | Path, tokenizer: Any = None, float_dtype: str = "float32") -> dict[str, Any]:
     """Write ``mg`` (a captured graph or a module-mode model of a transformers model) to the directory ``path``;
     ``float_dtype``: the dtype of the tensors that are not quantized (embeddings, norms, float layers), and the
-    config's, as checkpoints are usually shipped (float32 keeps the tool's numerics exactly)."""
+    config's, as checkpoints are usually shipped (float32 keeps the tool's numerics exactly). A model streamed
+    from disk (:mod:`mase_lite.nn.disk_weights`) is written one block at a time, one shard per block."""
     if float_dtype not in FLOAT_DTYPES:
         raise ExportError(f"float_dtype={float_dtype!r} is unknown; allowed: {', '.join(FLOAT_DTYPES)}")
     model, hf = mg.model, _hf_model(mg)
@@ -70,47 +74,25 @@ def write(mg, path: str | Path, tokenizer: Any = None, float_dtype: str = "float
     if functions:
         raise unsupported(TARGET, functions[0], "a quantized matmul/add/mul (only Linear layers are schemes)",
                           "leave functional ops float")
-    groups: dict[str, dict[str, Any]] = {}
-    tensors, ignore, replaced = {}, [], set()
-    for layer in linear_layers(model):
-        scheme = layer_scheme(layer)
-        if scheme is None:
-            ignore.append(layer.name)
-            continue
-        config, layer_tensors = scheme
-        key = json.dumps(config, sort_keys=True)
-        groups.setdefault(key, {**config, "targets": []})["targets"].append(layer.name)
-        tensors.update({f"{layer.name}.{k}": v for k, v in layer_tensors.items()})
-        if layer.bias is not None:
-            tensors[f"{layer.name}.bias"] = layer.bias.contiguous()
-        replaced.add(layer.name)
-    if not groups:
-        raise ExportError(f"{TARGET}: the model has no quantized Linear layer to export")
-    state = _float_state(model, replaced)
-    tied = _quantized_and_tied(model, hf, replaced)
-    config = hf.config.to_dict()
-    config["architectures"] = [type(hf).__name__]
-    config["dtype"] = float_dtype
+    disk = streamed(hf)
+    parts = disk.parts() if disk is not None else [("", None)]
     dtype = getattr(torch, float_dtype)
-    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    tensors = {k: v.to(dtype) if k.endswith(".bias") else v for k, v in tensors.items()}
-    if tied:
-        config["tie_word_embeddings"] = False
-        state.update({name: t.detach().to(dtype) for name, t in tied.items()})
-    formats = sorted({g["format"] for g in groups.values()})
-    config["quantization_config"] = {
-        "quant_method": "compressed-tensors",
-        "format": formats[0] if len(formats) == 1 else "mixed-precision",
-        "quantization_status": "compressed",
-        "config_groups": {f"group_{i}": group for i, group in enumerate(groups.values())},
-        "ignore": ignore,
-        "kv_cache_scheme": None,
-        "sparsity_config": {},
-        "transform_config": {},
-    }
+    written = _Written()
     path = Path(path)
     with staged_directory(path) as tmp:
-        safetensors.torch.save_file({**state, **tensors}, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        for i, (prefix, skip) in enumerate(parts):
+            with disk.resident(prefix, skip=skip) if disk is not None else nullcontext():
+                tensors = written.part(model, hf, prefix, skip, dtype)
+            name = WEIGHTS_FILE if len(parts) == 1 else f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
+            safetensors.torch.save_file(tensors, str(tmp / name), metadata={"format": "pt"})
+            written.files.update({key: name for key in tensors})
+            del tensors
+        if not written.groups:
+            raise ExportError(f"{TARGET}: the model has no quantized Linear layer to export")
+        if len(parts) > 1:
+            sizes = sum(f.stat().st_size for f in tmp.glob("*.safetensors"))
+            (tmp / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": sizes}, "weight_map": written.files}, indent=2))
+        config = _config(hf, written, float_dtype)
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
         if getattr(hf, "generation_config", None) is not None and hf.can_generate():
             hf.generation_config.save_pretrained(str(tmp))
@@ -119,8 +101,70 @@ def write(mg, path: str | Path, tokenizer: Any = None, float_dtype: str = "float
         for file in tmp.rglob("*"):
             if file.is_file():
                 follow_umask(file)
-    return {"format": TARGET, "path": str(path), "groups": len(groups), "quantized": sorted(replaced),
-            "ignore": ignore, "bytes": sum(f.stat().st_size for f in path.rglob("*") if f.is_file())}
+    return {"format": TARGET, "path": str(path), "groups": len(written.groups), "quantized": sorted(written.replaced),
+            "ignore": written.ignore, "bytes": sum(f.stat().st_size for f in path.rglob("*") if f.is_file())}
+
+
+class _Written:
+    """What the parts of a model written so far hold: config groups, float layers, quantized layers, files."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, dict[str, Any]] = {}
+        self.ignore: list[str] = []
+        self.replaced: set[str] = set()
+        self.tied = False
+        self.files: dict[str, str] = {}
+
+    def part(self, model: nn.Module, hf: nn.Module, prefix: str, skip: str | None, dtype: torch.dtype) -> dict[str, Tensor]:
+        """The tensors of the module at ``prefix`` (but those under ``skip``), quantized layers as their schemes."""
+        module = model.get_submodule(prefix)
+        tensors, replaced = {}, set()
+        for layer in linear_layers(module, skip=_relative(skip, prefix)):
+            layer.name = f"{prefix}.{layer.name}" if prefix else layer.name
+            scheme = layer_scheme(layer)
+            if scheme is None:
+                self.ignore.append(layer.name)
+                continue
+            config, layer_tensors = scheme
+            key = json.dumps(config, sort_keys=True)
+            self.groups.setdefault(key, {**config, "targets": []})["targets"].append(layer.name)
+            tensors.update({f"{layer.name}.{k}": v for k, v in layer_tensors.items()})
+            if layer.bias is not None:
+                tensors[f"{layer.name}.bias"] = layer.bias.contiguous().to(dtype)
+            replaced.add(layer.name)
+        self.replaced |= replaced
+        state = _float_state(module, prefix, skip, replaced)
+        tied = _quantized_and_tied(module, prefix, replaced)
+        self.tied = self.tied or bool(tied)
+        state.update({name: t.detach() for name, t in tied.items()})
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        return {**state, **tensors}
+
+
+def _relative(name: str | None, prefix: str) -> str | None:
+    if name is None or not prefix:
+        return name
+    return name.removeprefix(f"{prefix}.")
+
+
+def _config(hf: nn.Module, written: _Written, float_dtype: str) -> dict[str, Any]:
+    config = hf.config.to_dict()
+    config["architectures"] = [type(hf).__name__]
+    config["dtype"] = float_dtype
+    if written.tied:
+        config["tie_word_embeddings"] = False
+    formats = sorted({g["format"] for g in written.groups.values()})
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": formats[0] if len(formats) == 1 else "mixed-precision",
+        "quantization_status": "compressed",
+        "config_groups": {f"group_{i}": group for i, group in enumerate(written.groups.values())},
+        "ignore": written.ignore,
+        "kv_cache_scheme": None,
+        "sparsity_config": {},
+        "transform_config": {},
+    }
+    return config
 
 
 def _hf_model(mg) -> nn.Module:
@@ -132,11 +176,15 @@ def _hf_model(mg) -> nn.Module:
     return hf
 
 
-def _float_state(model: nn.Module, replaced: set[str]) -> dict[str, Tensor]:
-    """The model's tensors but the quantized layers' weights, biases and quantizers, one name per tied group."""
+def _float_state(module: nn.Module, prefix: str, skip: str | None, replaced: set[str]) -> dict[str, Tensor]:
+    """The tensors of ``module`` (at ``prefix``; none under ``skip``) but the quantized layers' weights, biases and
+    quantizers, one name per tied group."""
     out, seen = {}, set()
-    for name, tensor in model.state_dict(keep_vars=True).items():
+    for local, tensor in module.state_dict(keep_vars=True).items():
+        name = f"{prefix}.{local}" if prefix else local
         owner = name.rpartition(".")[0]
+        if skip is not None and name.startswith(f"{skip}."):
+            continue
         if owner in replaced or "_quantizer." in name or any(name.startswith(f"{r}.") for r in replaced):
             continue
         if id(tensor) in seen:
@@ -146,16 +194,18 @@ def _float_state(model: nn.Module, replaced: set[str]) -> dict[str, Tensor]:
     return out
 
 
-def _quantized_and_tied(model: nn.Module, hf: nn.Module, replaced: set[str]) -> dict[str, Tensor]:
+def _quantized_and_tied(module: nn.Module, prefix: str, replaced: set[str]) -> dict[str, Tensor]:
     """The float tensors a quantized layer shares with another module (a tied output head): written untied."""
     names: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
+    params = {}
+    for local, param in module.named_parameters(remove_duplicate=False):
+        name = f"{prefix}.{local}" if prefix else local
         names.setdefault(id(param), []).append(name)
+        params[name] = param
     tied = {}
     for group in names.values():
         if len(group) > 1 and any(n.rpartition(".")[0] in replaced for n in group):
-            param = dict(model.named_parameters(remove_duplicate=False))[group[0]]
-            tied.update({n: param for n in group if n.rpartition(".")[0] not in replaced})
+            tied.update({n: params[group[0]] for n in group if n.rpartition(".")[0] not in replaced})
     return tied
 
 

@@ -54,12 +54,14 @@ class Layer:
         return quantizer.spec.as_dict() if quantizer is not None else None
 
 
-def linear_layers(model: nn.Module) -> list[Layer]:
+def linear_layers(model: nn.Module, skip: str | None = None) -> list[Layer]:
     """Every Linear, quantized Linear and packed MXINT8 Linear of ``model`` (module paths as names), with the
     values it computes with: the weight its quantizer gives (from stored codes where the format has them),
-    the bias likewise. LoRA adapters are refused: merge them first."""
+    the bias likewise. LoRA adapters are refused: merge them first. Modules under ``skip`` (a path) are left out."""
     layers = []
     for name, module in model.named_modules():
+        if skip is not None and (name == skip or name.startswith(f"{skip}.")):
+            continue
         if isinstance(module, LoRALinear):
             raise ExportError(f"layer {name!r} carries LoRA adapters; merge them into the weights first (lora_merge)")
         if isinstance(module, MXInt8Linear):

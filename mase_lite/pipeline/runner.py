@@ -163,7 +163,8 @@ def build_graph(spec: PipelineSpec, output_dir: Path) -> tuple[MaseGraph | Modul
     from mase_lite.train.devices import resolve_device
 
     model, data = prepare(spec.model, spec.data, output_dir, spec.seed)
-    model.to(resolve_device(spec.device))
+    if not spec.model.stream:  # a streamed model's tensors are read onto the CPU when a block is resident
+        model.to(resolve_device(spec.device))
     recipe = spec.model.recipe()
     if spec.example_inputs is not None:
         specs = {name: s.model_dump() for name, s in spec.example_inputs.items()}

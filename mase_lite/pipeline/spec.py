@@ -220,6 +220,8 @@ def check_pipeline(spec: PipelineSpec) -> None:
     if spec.data is not None:
         check_task_fields(spec.data, spec.model.task)
     problems: list[UserError] = graph_steps(spec) if spec.capture == "modules" else []
+    if spec.model.stream:
+        problems += stream_problems(spec)
     facts = set(BASE_FACTS) | ({"data"} if spec.data is not None else set())
     for i, step in enumerate(spec.steps):
         info = get_pass(step.pass_name)
@@ -239,6 +241,21 @@ def graph_steps(spec: PipelineSpec) -> list[UserError]:
     """One problem per step whose pass needs the captured graph, which module mode does not have."""
     return [UserError(MODULE_MODE, location=("steps", i, Scope(f"({step.pass_name})")))
             for i, step in enumerate(spec.steps) if get_pass(step.pass_name).needs_graph]
+
+
+def stream_problems(spec: PipelineSpec) -> list[UserError]:
+    """What a run streaming its weights from disk cannot do: a graph capture, another device than the CPU,
+    steps whose pass needs the whole model in memory."""
+    problems = []
+    if spec.capture == "graph":
+        problems.append(UserError("model.stream runs in module mode: set capture to modules", location=("capture",)))
+    if resolve_device(spec.device).type != "cpu":
+        problems.append(UserError("model.stream reads blocks onto the CPU: set device to cpu", location=("device",)))
+    able = ", ".join(sorted(p.name for p in all_passes().values() if p.streams))
+    problems += [UserError(f"needs the whole model in memory; with model.stream a pipeline runs {able} "
+                           "(export: to compressed-tensors)", location=("steps", i, Scope(f"({step.pass_name})")))
+                 for i, step in enumerate(spec.steps) if not get_pass(step.pass_name).streams_with(step.params)]
+    return problems
 
 
 def pipeline_schema() -> dict[str, Any]:

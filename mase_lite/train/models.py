@@ -70,6 +70,9 @@ class ModelSpec(BaseModel):
     num_labels: int | None = Field(None, ge=1, description="classifiers: classes (default: the data's, else 2)")
     attn_implementation: Literal["sdpa", "eager"] = Field("sdpa", description="transformers attention kernel")
     cache_dir: str | None = Field(None, description="hub download cache (default: <run dir>/hf_cache)")
+    stream: bool = Field(False, description="keep a local safetensors directory's weights on disk: the model is built "
+                         "without them and the steps that stream (quantize, gptq, export) load one decoder block at a "
+                         "time, so a model larger than the free memory can be quantized (needs capture: modules)")
 
     @field_validator("task")
     @classmethod
@@ -87,6 +90,8 @@ class ModelSpec(BaseModel):
             raise ValueError("'kwargs' is for 'factory' models only")
         if self.factory is not None and ":" not in self.factory:
             raise ValueError(f"factory must look like 'package.module:function', got {self.factory!r}")
+        if self.stream and self.pretrained is None:
+            raise ValueError("stream reads a local safetensors directory: give it as pretrained")
         if self.num_labels is not None and not get_task(self.task).classification:
             raise ValueError(f"num_labels is for classifiers; a {self.task} model predicts tokens")
         return self
@@ -223,12 +228,21 @@ def _from_config(spec: ModelSpec, num_labels: int, data_fields: dict[str, Any]) 
 
 
 def _pretrained(spec: ModelSpec, num_labels: int, run_dir: Path | None, data_fields: dict[str, Any]) -> nn.Module:
-    from transformers import AutoConfig
-
     from mase_lite.deploy.hub import kind_of, read_model
 
     if kind_of(spec.pretrained) is not None:  # another tool's quantized checkpoint: its layers in our formats
+        if spec.stream:
+            raise UserError(f"model.stream: {spec.pretrained} is a quantized checkpoint; stream a float safetensors directory")
         return read_model(spec.pretrained, _auto_class(spec.task))
+    model = _streamed(spec, run_dir) if spec.stream else _loaded(spec, num_labels, run_dir)
+    if getattr(model.config, "pad_token_id", None) is None and data_fields.get("pad_token_id") is not None:
+        model.config.pad_token_id = data_fields["pad_token_id"]  # decoders used as classifiers find the last token by it
+    return model
+
+
+def _loaded(spec: ModelSpec, num_labels: int, run_dir: Path | None) -> nn.Module:
+    from transformers import AutoConfig
+
     local = Path(spec.pretrained).is_dir()
     cache = None if local else hub_cache_dir(spec.cache_dir, run_dir)
     extra = {"num_labels": num_labels, "ignore_mismatched_sizes": True} if get_task(spec.task).classification else {}
@@ -252,8 +266,35 @@ def _pretrained(spec: ModelSpec, num_labels: int, run_dir: Path | None, data_fie
             f"model.pretrained = {spec.pretrained!r}: could not load it ({reason}). Offline, give a local "
             "directory or use model.hf_config"
         ) from None
-    if getattr(model.config, "pad_token_id", None) is None and data_fields.get("pad_token_id") is not None:
-        model.config.pad_token_id = data_fields["pad_token_id"]  # decoders used as classifiers find the last token by it
+    return model
+
+
+def _streamed(spec: ModelSpec, run_dir: Path | None) -> nn.Module:
+    """The model of a local safetensors directory built on the meta device, its tensors left on disk
+    (:mod:`mase_lite.nn.disk_weights`; what passes change is written under ``<run dir>/stream``)."""
+    from transformers import AutoConfig
+
+    from mase_lite.nn.disk_weights import ATTRIBUTE, DiskWeights
+
+    if not Path(spec.pretrained).is_dir():
+        raise UserError(f"model.stream reads a local safetensors directory; {spec.pretrained!r} is not a directory")
+    if run_dir is None:
+        raise UserError("model.stream writes the blocks it changes into the run's directory: give run_dir")
+    if get_task(spec.task).classification:
+        raise UserError("model.stream: a classifier's new head has no weights on disk; stream language models")
+    auto = _auto_class(spec.task)
+    try:
+        config = AutoConfig.from_pretrained(spec.pretrained, trust_remote_code=trusted())
+        with torch.device("meta"):
+            model = auto.from_config(config, **_attention(auto, config, spec.attn_implementation))
+    except Exception as err:  # the config is data: transformers' and huggingface_hub's checks
+        raise UserError(f"model.pretrained = {spec.pretrained!r}: could not build its model ({str(err).splitlines()[0][:200]})") from None
+    for key, buffer in list(model.named_buffers()):  # computed buffers (rotary frequencies) are not on disk
+        if buffer.is_meta and key not in model.state_dict():
+            owner, _, attr = key.rpartition(".")
+            model.get_submodule(owner)._buffers[attr] = torch.empty_like(buffer, device="cpu")
+    model.initialize_weights()  # fills the computed buffers; the meta parameters cost nothing
+    setattr(model, ATTRIBUTE, DiskWeights(model, spec.pretrained, Path(run_dir) / "stream"))
     return model
 
 

@@ -32,7 +32,8 @@ class ExportParams(PassParams):
         "float16); float32 keeps the tool's numerics exactly")
 
 
-@register_pass("export", kind="analysis", params=ExportParams, needs_graph=False)
+@register_pass("export", kind="analysis", params=ExportParams, needs_graph=False,
+               streams=lambda params: params.format == "compressed-tensors")
 def export_pass(mg, params: ExportParams, ctx):
     """Write the model as a compressed-tensors directory, a GGUF file, an ONNX model or a torch.export program."""
     tokenizer = getattr(ctx.data, "tokenizer", None) if params.tokenizer else None

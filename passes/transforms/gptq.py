@@ -29,6 +29,7 @@ import torch.nn as nn
 from pydantic import Field
 from torch.nn.utils import parametrize
 
+from mase_lite.nn.disk_weights import streamed
 from mase_lite.nn.gptq import gptq
 from mase_lite.nn.quant_op import format_key
 from mase_lite.numerics import parse_format
@@ -111,7 +112,7 @@ def _compensate_all(layers: dict[str, nn.Module], run, params: GPTQParams, repor
 
 
 @register_pass("gptq", kind="transform", params=GPTQParams, requires=("data",), replay=False,  # a checkpoint keeps its weights
-               needs_graph=False)
+               needs_graph=False, streams=True)
 def gptq_pass(mg, params: GPTQParams, ctx):
     """GPTQ error compensation of quantized layers' weights over calibration batches, block by block."""
     t0 = time.perf_counter()
@@ -134,6 +135,9 @@ def gptq_pass(mg, params: GPTQParams, ctx):
     each_block(mg.source_model, layers, batches, lambda inside, run: _compensate_all(inside, run, params, report, together),
                lambda i, n: logger.info("gptq: block %d of %d done", i, n))
     totals = {"error": sum(r["error"] for r in report.values())}
+    disk = streamed(mg.source_model)
+    if disk is not None:
+        totals["streamed_peak_bytes"] = disk.peak_bytes
     if params.rounding_error:
         totals["rtn_error"] = sum(r["rtn_error"] for r in report.values())
     return PassResult({"layers": report, "skipped": skipped, "together": together, **totals,

@@ -502,7 +502,7 @@ def _annotate(node: fx.Node, planned: _Planned) -> dict[str, Any]:
     return formats
 
 
-@register_pass("quantize", kind="transform", params=QuantizeParams, needs_graph=False)
+@register_pass("quantize", kind="transform", params=QuantizeParams, needs_graph=False, streams=True)
 def quantize(mg, params: QuantizeParams):
     """Swap matched Linear/Conv modules and matmul/bmm/add/mul nodes for quantized ones; formats go to metadata.
 
