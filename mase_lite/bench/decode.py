@@ -1,15 +1,22 @@
 """Decoding on the CPU: a Llama from a config (random weights, the same in every column) generating greedily with
 its key/value cache after a prompt, float32 against every Linear packed (``lm_head`` included): MXINT8 and the
-4-bit kernels (Q4_0-style integers, MXFP4). A column's decode time per token is (time for N tokens - time for 1)
-/ (N - 1), the median of ``rounds`` runs, the columns timed in turn each round so drifting load hits them alike;
-speed-ups are computed from the columns of the same row.
+4-bit kernels (Q4_0-style integers, MXFP4). Where ``llama-cpp-python`` is installed, llama.cpp decodes the same
+weights exported to GGUF (:mod:`mase_lite.deploy.gguf`: MXINT8 as Q8_0, 4-bit groups of 32 as Q4_0, every
+Linear quantized) beside them. A column's decode time per token is (time for N tokens - time for 1) / (N - 1),
+the median of ``rounds`` runs, the columns timed in turn each round so drifting load hits them alike; speed-ups
+are computed from the columns of the same row.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib.util
+import random
 import statistics
+import tempfile
 import time
+from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -17,6 +24,11 @@ from torch import nn
 from mase_lite.bench.section import Section
 
 PACKINGS = ("MXINT8", "Q4_0", "MXFP4")
+LLAMA_CPP = {  # llama.cpp's type: the tool's weight format that it holds exactly
+    "Q8_0": {"name": "mxint", "element_width": 8},
+    "Q4_0": {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "scale_dtype": "float16",
+             "full_range": True},
+}
 
 
 def decoders(config: dict) -> dict[str, nn.Module]:
@@ -45,33 +57,85 @@ def _seconds(model: nn.Module, prompt: torch.Tensor, tokens: int) -> float:
     return time.perf_counter() - start
 
 
+def _gguf_files(model: nn.Module, directory: Path) -> dict[str, Path]:
+    """``model`` with every Linear quantized to each of llama.cpp's types, written as GGUF files."""
+    import mase_lite as ml
+    from mase_lite.deploy import export
+    from mase_lite.train.grammar import default_grammar
+    from mase_lite.train.tokenizer import train_wordpiece
+
+    tokenizer = train_wordpiece(default_grammar().sample(500, random.Random(0)), vocab_size=1000)  # llama.cpp needs one
+    files = {}
+    for name, fmt in LLAMA_CPP.items():
+        quantized, _ = ml.passes.quantize(copy.deepcopy(model), {"by": "type", "rules": {"linear": {"weight": fmt}}})
+        files[name] = directory / f"{name}.gguf"
+        export(quantized, "gguf", files[name], tokenizer=tokenizer)
+    return files
+
+
+def _llama_cpp_timer(path: Path, threads: int, context: int) -> tuple[Callable[[torch.Tensor, int], float], Callable[[], None]]:
+    """Seconds for llama.cpp to prefill a prompt and decode greedily, and the closer of its model."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(path), n_ctx=context, n_threads=threads, n_threads_batch=threads, verbose=False)
+
+    def seconds(prompt: torch.Tensor, tokens: int) -> float:
+        llm.reset()
+        start = time.perf_counter()
+        for count, _ in enumerate(llm.generate(prompt[0].tolist(), top_k=1, temp=0.0, reset=True), 1):
+            if count == tokens:
+                break
+        return time.perf_counter() - start
+
+    return seconds, llm.close
+
+
+def _has_llama_cpp() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
 def bench_decode(config: dict, threads: list[int], prompt_tokens: int, new_tokens: int, rounds: int) -> Section:
     """ms per decoded token and tokens per second of each column, per thread count."""
     models = decoders(config)
     prompt = torch.randint(1, config["vocab_size"], (1, prompt_tokens), generator=torch.Generator().manual_seed(0))
     previous = torch.get_num_threads()
     rows = []
-    try:
-        for count in threads:
-            torch.set_num_threads(count)
-            for model in models.values():
-                _seconds(model, prompt, 2)  # warm-up: kernels built, caches filled
-            first = {name: [] for name in models}
-            whole = {name: [] for name in models}
-            for _ in range(rounds):
-                for name, model in models.items():
-                    first[name].append(_seconds(model, prompt, 1))
-                    whole[name].append(_seconds(model, prompt, new_tokens))
-            ms = {name: (statistics.median(whole[name]) - statistics.median(first[name])) / (new_tokens - 1) * 1e3
-                  for name in models}
-            row = {"threads": count, **{f"{name} ms/token": ms[name] for name in models}}
-            row.update({f"{name} / float32 speed-up": ms["float32"] / ms[name] for name in PACKINGS})
-            row["MXINT8 tokens/s"], row["Q4_0 tokens/s"] = 1e3 / ms["MXINT8"], 1e3 / ms["Q4_0"]
-            rows.append(row)
-    finally:
-        torch.set_num_threads(previous)
+    with tempfile.TemporaryDirectory() as tmp:
+        files = _gguf_files(models["float32"], Path(tmp)) if _has_llama_cpp() else {}
+        try:
+            for count in threads:
+                torch.set_num_threads(count)
+                timers = {name: (lambda p, n, m=model: _seconds(m, p, n)) for name, model in models.items()}
+                closers = []
+                for name, path in files.items():
+                    timers[f"llama.cpp {name}"], close = _llama_cpp_timer(path, count, prompt_tokens + new_tokens + 8)
+                    closers.append(close)
+                for timer in timers.values():
+                    timer(prompt, 2)  # warm-up: kernels built, caches filled
+                first = {name: [] for name in timers}
+                whole = {name: [] for name in timers}
+                for _ in range(rounds):
+                    for name, timer in timers.items():
+                        first[name].append(timer(prompt, 1))
+                        whole[name].append(timer(prompt, new_tokens))
+                for close in closers:
+                    close()
+                ms = {name: (statistics.median(whole[name]) - statistics.median(first[name])) / (new_tokens - 1) * 1e3
+                      for name in timers}
+                row = {"threads": count, **{f"{name} ms/token": ms[name] for name in timers}}
+                row.update({f"{name} / float32 speed-up": ms["float32"] / ms[name] for name in PACKINGS})
+                for name in files:
+                    ours = "MXINT8" if name == "Q8_0" else name
+                    row[f"{ours} / llama.cpp {name} speed-up"] = ms[f"llama.cpp {name}"] / ms[ours]
+                row["MXINT8 tokens/s"], row["Q4_0 tokens/s"] = 1e3 / ms["MXINT8"], 1e3 / ms["Q4_0"]
+                rows.append(row)
+        finally:
+            torch.set_num_threads(previous)
+    llama = ("llama.cpp decodes the same weights from GGUF (MXINT8 as Q8_0, 4-bit groups of 32 with float16 scales "
+             "as Q4_0, every Linear quantized); a speed-up above 1 is the tool faster" if files else
+             "llama.cpp is not timed here (llama-cpp-python is not installed: it builds from source, in its own "
+             "environment)")
     notes = [f"LlamaForCausalLM({config}), greedy decoding with the key/value cache after {prompt_tokens} prompt "
-             f"tokens, {new_tokens} tokens, median of {rounds} rounds; llama.cpp is not timed here (its "
-             "llama-cpp-python builds from source in its own environment)."]
+             f"tokens, {new_tokens} tokens, median of {rounds} rounds; {llama}."]
     return Section("decode", "CPU: decoding with the KV cache, float32 vs packed MXINT8 and 4-bit", list(rows[0]), rows,
                    notes)

@@ -36,6 +36,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from mase_lite.errors import UserError
+from mase_lite.faults import as_fault
 from mase_lite.files import check_inside, follow_umask, staged_file
 from mase_lite.nn.quantized import OperandQuantizer
 from mase_lite.nn.storage import flatten, restore_codes, stored_codes, unflatten
@@ -69,12 +70,27 @@ class DiskWeights:
         for name, tensor in _tensors(model):
             groups.setdefault(id(tensor), []).append(name)
         for names in groups.values():
-            for name in names:
-                self.aliases[name] = names
+            for group in self._untie(names):
+                for name in group:
+                    self.aliases[name] = group
         missing = [n for n, t in _tensors(model) if t.is_meta and not any(a in self.location for a in self.aliases[n])]
         if missing:
             raise UserError(f"model.stream: {self.directory} has no tensor {missing[0]!r} (of {len(missing)} missing); "
                             "a streamed model's tensors are read by the model's own names")
+
+    def _untie(self, names: list[str]) -> list[list[str]]:
+        """A tied group as the directory has it: tied as the model ties it, unless it holds different values
+        under two of its names (as transformers loads it then: untied)."""
+        stored = [n for n in names if n in self.location]
+        if len(stored) < 2:
+            return [names]
+        values = [_get_tensors(file, [key])[key] for file, key in (self.location[n] for n in stored)]
+        if all(torch.equal(values[0], v) for v in values[1:]):
+            return [names]
+        for name in stored[1:]:  # its own parameter, on the meta device as the rest
+            meta = _get(self.model, name)
+            _assign(self.model, name, nn.Parameter(torch.empty_like(meta, device="meta"), requires_grad=meta.requires_grad))
+        return [[n for n in names if n not in stored[1:]], *([n] for n in stored[1:])]
 
     def parts(self) -> list[tuple[str, str | None]]:
         """``(prefix, skip)`` of the parts a whole-model reader makes resident in turn: the model but its repeated
@@ -167,9 +183,15 @@ class DiskWeights:
                 tensors[keys[id(meta)]] = _get(module, name).detach().contiguous()
         file = self.work_dir / f"{prefix or 'model'}.safetensors"
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        with staged_file(file) as tmp:
-            safetensors.torch.save_file(tensors, str(tmp))
-            follow_umask(tmp)
+        try:
+            with staged_file(file) as tmp:
+                safetensors.torch.save_file(tensors, str(tmp))
+                follow_umask(tmp)
+        except (OSError, safetensors.SafetensorError) as err:  # the staged file is gone
+            fault = as_fault(err, file)  # a full disk, a read-only file system: named with the free space
+            if fault is None:
+                raise
+            raise fault from None
         for name, meta in loaded:
             full = _join(prefix, name)
             if name in codes:

@@ -41,6 +41,16 @@ def spec(model_dir, out, stream, steps=None):
             "output_dir": str(out)}
 
 
+def copy_with(model_dir, target, tensors):
+    """A copy of the model directory whose weights are ``tensors``."""
+    target.mkdir()
+    for file in model_dir.iterdir():
+        if file.suffix != ".safetensors":
+            (target / file.name).write_bytes(file.read_bytes())
+    safetensors.torch.save_file(tensors, str(target / "model.safetensors"))
+    return target
+
+
 def tensors_in(directory):
     out = {}
     for file in sorted(glob.glob(f"{directory}/*.safetensors")):
@@ -102,12 +112,7 @@ def test_a_directory_without_the_models_tensors_is_refused(runs, tmp_path):
     model_dir = runs[0]
     tensors = safetensors.torch.load_file(str(model_dir / "model.safetensors"))
     del tensors["model.layers.1.mlp.up_proj.weight"]
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    for file in model_dir.iterdir():
-        if file.suffix != ".safetensors":
-            (broken / file.name).write_bytes(file.read_bytes())
-    safetensors.torch.save_file(tensors, str(broken / "model.safetensors"))
+    broken = copy_with(model_dir, tmp_path / "broken", tensors)
     with pytest.raises(UserError, match="has no tensor 'model.layers.1.mlp.up_proj.weight'"):
         ml.run_pipeline(spec(broken, tmp_path / "out", True))
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
@@ -170,3 +175,31 @@ def test_streaming_keeps_the_float_model_out_of_memory(tmp_path):
         growth[stream] = figures["growth"]
     assert growth[False] >= size
     assert growth[True] < 0.5 * size, (growth, size)
+
+
+def test_a_tied_tensor_stored_twice_with_other_values_is_untied_as_transformers_does(runs, tmp_path):
+    model_dir = runs[0]
+    tensors = safetensors.torch.load_file(str(model_dir / "model.safetensors"))
+    tensors["lm_head.weight"] = torch.randn_like(tensors["model.embed_tokens.weight"])
+    untied = copy_with(model_dir, tmp_path / "untied", tensors)
+    memory, disk = (ml.run_pipeline(spec(untied, tmp_path / str(s), s)) for s in (False, True))
+    a, b = tensors_in(memory.output_dir / "hf"), tensors_in(disk.output_dir / "hf")
+    assert torch.equal(b["lm_head.weight"], tensors["lm_head.weight"])
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_full_disk_while_writing_a_block_is_named(runs, tmp_path, monkeypatch):
+    import errno
+
+    import mase_lite.nn.disk_weights as disk_weights
+
+    def full(tensors, path, metadata=None):
+        open(path, "wb").write(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(disk_weights.safetensors.torch, "save_file", full)
+    with pytest.raises(UserError, match=r"model.layers.0.safetensors.*: No space left on device \(.* MB free"):
+        ml.run_pipeline(spec(runs[0], tmp_path / "out", True))
+    assert sorted(p.name for p in (tmp_path / "out" / "stream").iterdir()) == []  # no half-written block
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["status"] == "failed" and report["failed_step"] == "steps.1 (gptq)"
