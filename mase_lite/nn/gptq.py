@@ -80,13 +80,12 @@ def probe_params(fmt: NumberFormat, params: Any) -> Any:
 def _inverse_factor(hessians: list[Tensor], damp: float) -> tuple[Tensor, float]:
     """The upper Cholesky factor ``U`` of the damped Hessian's inverse (``H⁻¹ = Uᵀ U``) and the damping ``λ``
     added to the diagonal, from one Cholesky factorisation and one triangular inverse: with ``P`` the
-    reversal permutation and ``P H P = L Lᵀ``, ``U = P L⁻¹ P``. The Hessian comes in a list the function
-    empties, so it is released as soon as its factor exists (a 5632-wide float64 Hessian is 254 MB)."""
-    h = hessians.pop()
-    lam = damp * float(h.diagonal().mean())
-    h.diagonal().add_(lam)
-    flipped = h.flip(0, 1)
-    del h
+    reversal permutation and ``P H P = L Lᵀ``, ``U = P L⁻¹ P``. The Hessian comes reversed (``P H P``) in a
+    list the function empties, so it is released as soon as its factor exists (a 5632-wide float64 Hessian
+    is 254 MB)."""
+    flipped = hessians.pop()
+    lam = damp * float(flipped.diagonal().mean())
+    flipped.diagonal().add_(lam)
     factor, info = torch.linalg.cholesky_ex(flipped)
     del flipped
     if int(info):
@@ -126,11 +125,12 @@ def _elementwise(fmt: NumberFormat, params: Any, dtype: torch.dtype) -> Quantize
     return lambda col: fmt.quantize(col.to(torch.float32), params).to(dtype)
 
 
-def gptq(weight: Tensor, hessian: Tensor, fmt: Mapping[str, Any] | None, *, sparsity: Sparsity | None = None,
+def gptq(weight: Tensor, hessian: Tensor | list[Tensor], fmt: Mapping[str, Any] | None, *, sparsity: Sparsity | None = None,
          block_size: int = 128, act_order: bool = False, damp: float = 0.01, dtype: torch.dtype = torch.float64,
          baseline: bool = True) -> GPTQResult:
     """``weight`` (``[out, in]``) quantized to ``fmt`` (None: kept float) and pruned to ``sparsity`` (None: not
-    pruned) with error compensation for ``hessian`` (``[in, in]``).
+    pruned) with error compensation for ``hessian`` (``[in, in]``); given in a one-element list, the Hessian is
+    handed over: the list is emptied and its memory reused (where the error needs it no more at the end).
 
     The arithmetic runs in ``dtype``; the result has ``weight``'s dtype. The layer-output error comes from the
     sweep itself (the errors it feeds forward: ``Σ err² = (W - Q)(H + λI)(W - Q)ᵀ``, less ``λ‖W - Q‖²``); the
@@ -147,21 +147,26 @@ def gptq(weight: Tensor, hessian: Tensor, fmt: Mapping[str, Any] | None, *, spar
             raise UserError(f"sparsity {sparsity.n}:{sparsity.m} needs the columns in their order: act_order must be off")
         if weight.shape[1] % sparsity.m:
             raise UserError(f"sparsity {sparsity.n}:{sparsity.m}: the weight's {weight.shape[1]} inputs are not a multiple of {sparsity.m}")
-    h = hessian.detach().to(dtype, copy=True)
+    size = number_format.group(params, weight.shape[1]) if number_format is not None else 1
+    probed = size > 1 and number_format.group_quantizer is None  # its error is computed from the Hessian at the end
+    handed = isinstance(hessian, list)
+    h = hessian.pop() if handed else hessian
+    hessian = h if baseline or probed or not handed else None
+    h = h.detach()
     columns = h.shape[0]
-    dead = h.diagonal() == 0
-    h[dead, dead] = 1
-    order = torch.argsort(h.diagonal(), descending=True, stable=True) if act_order else torch.arange(columns)
-    if act_order:
-        h = h.index_select(0, order).index_select(1, order)
-    hessians = [h]
+    curvature = h.diagonal().to(dtype, copy=True)
+    dead = curvature == 0
+    curvature[dead] = 1
+    order = torch.argsort(curvature, descending=True, stable=True) if act_order else torch.arange(columns)
+    reverse = order.flip(0)
+    hessians = [h[reverse[:, None], reverse].to(dtype)]  # P H P in processing order: one copy
     del h
+    hessians[0][dead[reverse], dead[reverse]] = 1
     u, lam = _inverse_factor(hessians, damp)
     wt = torch.empty(columns, weight.shape[0], dtype=dtype)  # [in, out] in processing order: a column is a contiguous row
     wt.copy_(weight.detach().t().index_select(0, order) if act_order else weight.detach().t())
     dead = dead[order]
     wt[dead] = 0
-    size = number_format.group(params, columns) if number_format is not None else 1
     position = torch.empty_like(order)
     position[order] = torch.arange(columns)
     group_of = (order // size).tolist()
@@ -209,17 +214,17 @@ def gptq(weight: Tensor, hessian: Tensor, fmt: Mapping[str, Any] | None, *, spar
         loss.add_(errors[: stop - start].square().sum(0))
     del wt, errors, u
     q = (qt.index_select(0, position) if act_order else qt).t()
+    del qt  # (without act-order, q is its view)
     mask = ~(drop.index_select(0, position) if act_order else drop).t() if drop is not None else None
     side = _assemble(sides) if number_format is not None and number_format.group_quantizer is not None else None
-    w = weight.detach().to(dtype)
-    probed = side is None and elementwise is None
     if probed:  # a value of the format as a whole, its error computed
         q = apply_format(q.to(torch.float32), number_format, params).to(dtype)
-    diff = (w - q).masked_fill_(dead[position], 0)  # dead inputs carry no error
+    diff = torch.sub(weight.detach().to(dtype), q).masked_fill_(dead[position], 0)  # dead inputs carry no error
     if probed:
         row_error = _row_error(diff, hessian.detach().to(dtype))
     else:
         row_error = loss.sub_(diff.square().sum(1), alpha=lam)
+    del diff  # buffers as large as the weight are freed before the result is made
     row_baseline = torch.full_like(row_error, float("nan"))
     if baseline:
         reference = weight.detach().to(torch.float32)
@@ -227,7 +232,7 @@ def gptq(weight: Tensor, hessian: Tensor, fmt: Mapping[str, Any] | None, *, spar
             reference = reference * lowest_mask(reference.abs(), sparsity)
         if number_format is not None:
             reference = apply_format(reference, number_format, params)
-        row_baseline = _row_error(w - reference.to(dtype), hessian.detach().to(dtype))
+        row_baseline = _row_error(weight.detach().to(dtype) - reference.to(dtype), hessian.detach().to(dtype))
     return GPTQResult(weight=q.to(weight.dtype).contiguous(), side=side, row_error=row_error.to(torch.float64),
                       row_rtn_error=row_baseline, mask=mask)
 

@@ -91,15 +91,14 @@ def _compensate_all(layers: dict[str, nn.Module], run, params: GPTQParams, repor
     for names in sets.values():
         if len(names) > 1:
             together.append(names)
-        hessian = hessians.sums[names[0]]
+        handed = [hessians.sums[names[0]]]  # handed over to gptq, which reuses its memory
         for name in names:
             hessians.sums.pop(name)
         fmt = formats[names[0]]
         weights = [weight_of(layers[name]) for name in names]
-        result = gptq(torch.cat(weights) if len(weights) > 1 else weights[0], hessian, fmt, block_size=params.block_size,
+        result = gptq(torch.cat(weights) if len(weights) > 1 else weights[0], handed, fmt, block_size=params.block_size,
                       act_order=params.act_order, damp=params.damp, dtype=getattr(torch, params.precision),
                       baseline=params.rounding_error)
-        del hessian
         row = 0
         for name, weight in zip(names, weights):
             rows = slice(row, row + weight.shape[0])
