@@ -126,15 +126,17 @@ def _first_block_inputs(model: nn.Module, block: nn.Module, batches: list[dict])
 
 
 def _run_block(block: nn.Module, inputs: list[tuple[tuple, dict]]) -> list[tuple[tuple, dict]]:
-    """The block on each input, and the next block's inputs (its output in place of the hidden states)."""
+    """The block on each input, and the next block's inputs (its output in place of the hidden states). Each
+    weight is quantized once for all the inputs (the values are dropped after: they are as large as the weights)."""
     nxt = []
-    for args, kwargs in inputs:
-        out = block(*args, **kwargs)
-        hidden = out[0] if isinstance(out, (tuple, list)) else out
-        if args:
-            nxt.append(((hidden, *args[1:]), kwargs))
-        else:
-            nxt.append(((), {**kwargs, "hidden_states": hidden}))
+    with quantized_once(block):
+        for args, kwargs in inputs:
+            out = block(*args, **kwargs)
+            hidden = out[0] if isinstance(out, (tuple, list)) else out
+            if args:
+                nxt.append(((hidden, *args[1:]), kwargs))
+            else:
+                nxt.append(((), {**kwargs, "hidden_states": hidden}))
     return nxt
 
 
@@ -161,8 +163,7 @@ def each_block(model: nn.Module, layers: dict[str, nn.Module], batches: list[dic
                 for i, block in enumerate(repeated):
                     inside = {n: m for n, m in layers.items() if n.startswith(f"{prefix}.{i}.")}
                     rest = {n: m for n, m in rest.items() if n not in inside}
-                    with disk.resident(f"{prefix}.{i}", write=bool(inside)) if disk is not None else nullcontext(), \
-                            quantized_once(block):  # a weight is quantized once for all the batches
+                    with disk.resident(f"{prefix}.{i}", write=bool(inside)) if disk is not None else nullcontext():
                         if inside:
                             handle(inside, lambda: _run_block(block, inputs))
                         inputs = _run_block(block, inputs)

@@ -88,7 +88,8 @@ def _compensate_all(layers: dict[str, nn.Module], run, params: GPTQParams, repor
     for name, layer in layers.items():
         fused = _row_wise(formats[name], weight_of(layer).shape[1])
         sets.setdefault((tuple(hessians.history[name]), format_key(formats[name]), name if not fused else ""), []).append(name)
-    for names in sets.values():
+    # the widest Hessians first: each is freed as its weight is done, so the largest is not held through the others
+    for names in sorted(sets.values(), key=lambda names: -hessians.sums[names[0]].shape[0]):
         if len(names) > 1:
             together.append(names)
         handed = [hessians.sums[names[0]]]  # handed over to gptq, which reuses its memory

@@ -2,6 +2,7 @@
 export load one decoder block at a time and give the in-memory run's files bit for bit; memory holds one block."""
 
 import glob
+import hashlib
 import json
 import os
 import subprocess
@@ -62,7 +63,14 @@ def tensors_in(directory):
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("streamed")
     model_dir = write_model(root / "model")
-    return model_dir, ml.run_pipeline(spec(model_dir, root / "memory", False)), ml.run_pipeline(spec(model_dir, root / "disk", True))
+    before = digests(model_dir)
+    runs = model_dir, ml.run_pipeline(spec(model_dir, root / "memory", False)), ml.run_pipeline(spec(model_dir, root / "disk", True))
+    assert digests(model_dir) == before  # GPTQ changed the blocks in memory, never the user's files
+    return runs
+
+
+def digests(directory):
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(directory.iterdir())}
 
 
 def test_streamed_gptq_and_export_equal_the_in_memory_run(runs):
