@@ -22,10 +22,10 @@ from mase_lite.train.tokenizer import train_wordpiece
 W4 = {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "full_range": True}
 
 
-def write_model(path, hidden=64, ffn=128, layers=3, vocab=120, dtype=torch.float32):
+def write_model(path, hidden=64, ffn=128, layers=3, vocab=120, dtype=torch.float32, kv_heads=2):
     torch.manual_seed(0)
     config = LlamaConfig(hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=64, tie_word_embeddings=True)
+                         num_key_value_heads=kv_heads, vocab_size=vocab, max_position_embeddings=64, tie_word_embeddings=True)
     LlamaForCausalLM(config).to(dtype).save_pretrained(path)
     train_wordpiece(["the cat sat on the mat", "a dog ran far away"], vocab_size=100).save_pretrained(path)
     return path
@@ -164,24 +164,25 @@ MEMORY_CHILD = textwrap.dedent("""
 
 
 def test_streaming_keeps_the_float_model_out_of_memory(tmp_path):
-    """Measured in fresh processes (the peak resident size from a warmed-up start, Linux's ``clear_refs``): GPTQ
-    in memory grows the process by at least the float weights; streamed, by less than half of them (one block of
-    4 MB, its Hessians and the calibration activations). Large allocations are mapped and unmapped
+    """Measured in fresh processes (the peak resident size from a warmed-up start, Linux's ``clear_refs``): a run
+    in memory grows the process by about the float weights (≥ 0.9×); streamed GPTQ, by less than half of them (one block of
+    7 MB, its Hessians and the calibration activations). Large allocations are mapped and unmapped
     (``MALLOC_MMAP_THRESHOLD_``), so the resident size follows what is alive, not what the allocator keeps."""
-    model_dir = write_model(tmp_path / "model", hidden=256, ffn=1024, layers=24, vocab=128)
-    size = sum(t.numel() * 4 for t in tensors_in(model_dir).values())  # 94 MB of float32 weights
+    # many bytes per GPTQ column (its sweep's cost): square layers, no grouped heads
+    model_dir = write_model(tmp_path / "model", hidden=512, ffn=512, layers=13, vocab=128, kv_heads=4)
+    size = sum(t.numel() * 4 for t in tensors_in(model_dir).values())  # 96 MB of float32 weights
     steps = [{"pass": "quantize", "params": {"by": "type", "rules": {"head": None, "linear": {"weight": W4}}}},
              {"pass": "gptq", "params": {"num_batches": 1, "batch_size": 4}}]
     warm = spec(write_model(tmp_path / "tiny"), tmp_path / "warm", True, steps)
     growth = {}
-    for stream in (False, True):
-        run = spec(model_dir, tmp_path / f"out-{stream}", stream, steps)
+    for stream in (False, True):  # in memory, loading the model is enough to show it
+        run = spec(model_dir, tmp_path / f"out-{stream}", stream, steps if stream else steps[:1])
         out = subprocess.run([sys.executable, "-c", MEMORY_CHILD, json.dumps(warm), json.dumps(run)], capture_output=True,
-                             text=True, timeout=300, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
+                             text=True, timeout=300, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"})
         assert out.returncode == 0, out.stderr[-2000:]
         figures = json.loads(out.stdout.strip().splitlines()[-1])
         growth[stream] = figures["growth"]
-    assert growth[False] >= size
+    assert growth[False] >= 0.9 * size, (growth, size)
     assert growth[True] < 0.5 * size, (growth, size)
 
 
