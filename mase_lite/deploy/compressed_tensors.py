@@ -82,7 +82,7 @@ def write(mg, path: str | Path, tokenizer: Any = None, float_dtype: str = "float
     with staged_directory(path) as tmp:
         for i, (prefix, skip) in enumerate(parts):
             with disk.resident(prefix, skip=skip) if disk is not None else nullcontext():
-                tensors = written.part(model, hf, prefix, skip, dtype)
+                tensors = written.part(model, prefix, skip, dtype)
             name = WEIGHTS_FILE if len(parts) == 1 else f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
             safetensors.torch.save_file(tensors, str(tmp / name), metadata={"format": "pt"})
             written.files.update({key: name for key in tensors})
@@ -115,7 +115,7 @@ class _Written:
         self.tied = False
         self.files: dict[str, str] = {}
 
-    def part(self, model: nn.Module, hf: nn.Module, prefix: str, skip: str | None, dtype: torch.dtype) -> dict[str, Tensor]:
+    def part(self, model: nn.Module, prefix: str, skip: str | None, dtype: torch.dtype) -> dict[str, Tensor]:
         """The tensors of the module at ``prefix`` (but those under ``skip``), quantized layers as their schemes."""
         module = model.get_submodule(prefix)
         tensors, replaced = {}, set()

@@ -289,10 +289,9 @@ def _streamed(spec: ModelSpec, run_dir: Path | None) -> nn.Module:
             model = auto.from_config(config, **_attention(auto, config, spec.attn_implementation))
     except Exception as err:  # the config is data: transformers' and huggingface_hub's checks
         raise UserError(f"model.pretrained = {spec.pretrained!r}: could not build its model ({str(err).splitlines()[0][:200]})") from None
-    for key, buffer in list(model.named_buffers()):  # computed buffers (rotary frequencies) are not on disk
-        if buffer.is_meta and key not in model.state_dict():
-            owner, _, attr = key.rpartition(".")
-            model.get_submodule(owner)._buffers[attr] = torch.empty_like(buffer, device="cpu")
+    for key, buffer in list(model.named_non_persistent_buffers()):  # computed (rotary frequencies), not on disk
+        owner, _, attr = key.rpartition(".")
+        model.get_submodule(owner)._buffers[attr] = torch.empty_like(buffer, device="cpu")
     model.initialize_weights()  # fills the computed buffers; the meta parameters cost nothing
     setattr(model, ATTRIBUTE, DiskWeights(model, spec.pretrained, Path(run_dir) / "stream"))
     return model
