@@ -9,7 +9,7 @@ windows. Prints:
 - the GPTQ seconds against the compute floor: the FLOPs of one Hessian per distinct layer input (``2 T n²``
   for ``T`` tokens), its factorisation and inverse (``2/3 n³``), the column updates (``rows · n²`` per layer)
   and two forwards of each block (``4 T`` times its parameters), at the float32 GEMM rate (``torch.mm`` of
-  2048² matrices, median of 5) measured just before;
+  2048² matrices, median of a blocked autorange) measured just before, in the parent process;
 - the peak resident memory (ru_maxrss) of the whole process and above the process after its imports,
   against the float32 weights;
 - the held-out layer error: over test windows the float model has not been calibrated on, each quantized
@@ -92,7 +92,7 @@ def held_out_error(float_model, model, batches) -> float:
     return sums[0] / sums[1]
 
 
-def child(out: str, model_name: str, batches: int, layers: int, grid: str) -> None:
+def child(out: str, model_name: str, batches: int, layers: int, grid: str, rate: float) -> None:
     import torch  # noqa: F401  (the imports' memory is the baseline: torch, transformers' Llama, the passes)
     from transformers import LlamaForCausalLM  # noqa: F401
 
@@ -109,7 +109,6 @@ def child(out: str, model_name: str, batches: int, layers: int, grid: str) -> No
                 "data": {"dataset": "synthetic-grammar", "block_size": WINDOW, "n_train": batches * 4, "n_test": 8},
                 "steps": steps, "output_dir": f"{out}/{name}"}
 
-    rate = gemm_rate()
     quantize = {"pass": "quantize", "params": {"by": "type", "rules": {"head": None, "linear": {"weight": fmt}}}}
     gptq = {"pass": "gptq", "params": {"num_batches": batches, "batch_size": 4, "act_order": True}}
     result = ml.run_pipeline(spec([quantize, gptq], "gptq"))
@@ -129,8 +128,8 @@ def child(out: str, model_name: str, batches: int, layers: int, grid: str) -> No
 
 
 def main() -> None:
-    if len(sys.argv) == 7 and sys.argv[1] == "_child":
-        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
+    if len(sys.argv) == 8 and sys.argv[1] == "_child":
+        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], float(sys.argv[7]))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(MODELS), default="156m")
@@ -141,9 +140,10 @@ def main() -> None:
     layers = args.layers or MODELS[args.model]["num_hidden_layers"]
     load = lambda: " ".join(Path("/proc/loadavg").read_text().split()[:3])  # noqa: E731
     before = load()
+    rate = gemm_rate()  # here: its buffers and timer would count in the run's peak memory
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.run([sys.executable, __file__, "_child", str(Path(tmp) / "run"), args.model, str(args.batches),
-                               str(layers), args.grid], capture_output=True, text=True)
+                               str(layers), args.grid, str(rate)], capture_output=True, text=True)
     if proc.returncode:
         sys.exit(proc.stderr[-3000:])
     r = json.loads(proc.stdout.strip().splitlines()[-1])

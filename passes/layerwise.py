@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from mase_lite.ir.capture import caches_off
+from mase_lite.heap import return_free_memory
 from mase_lite.nn.disk_weights import streamed
 from mase_lite.nn.quantized import quantized_once
 from mase_lite.numerics.codes import encode
@@ -42,6 +43,7 @@ class InputStatistics:
         self.dtype = dtype
         self.diagonal = diagonal
         self._last: tuple | None = None  # (input, input format, serial, rows, product) of the latest input
+        self._products: dict[int, torch.Tensor] = {}  # one product buffer per width, reused batch after batch
         self._serial = 0
         self.handles = [layer.register_forward_pre_hook(self._hook(name)) for name, layer in layers.items()]
 
@@ -56,7 +58,14 @@ class InputStatistics:
             x = quantizer(x)
         x = x.detach().reshape(-1, x.shape[-1]).to(self.dtype)
         self._serial += 1
-        self._last = (original, key, self._serial, x.shape[0], x.square().sum(0) if self.diagonal else x.t() @ x)
+        if self.diagonal:
+            product = x.square().sum(0)
+        else:  # into a buffer: a fresh 5632-wide product per batch, freed among the activations, fragments the heap
+            product = self._products.get(x.shape[1])
+            if product is None:
+                product = self._products[x.shape[1]] = x.new_empty(x.shape[1], x.shape[1])
+            torch.mm(x.t(), x, out=product)
+        self._last = (original, key, self._serial, x.shape[0], product)
         return self._last[2:]
 
     def _hook(self, name: str):
@@ -77,6 +86,7 @@ class InputStatistics:
 
     def remove(self) -> None:
         self._last = None
+        self._products.clear()
         for handle in self.handles:
             handle.remove()
 
@@ -167,6 +177,7 @@ def each_block(model: nn.Module, layers: dict[str, nn.Module], batches: list[dic
                         if inside:
                             handle(inside, lambda: _run_block(block, inputs))
                         inputs = _run_block(block, inputs)
+                    return_free_memory()  # the block's Hessians, sweeps and activations: else the heap grows block by block
                     if log is not None:
                         log(i + 1, len(repeated))
             elif disk is not None:
@@ -204,7 +215,7 @@ def store_weight(layer: nn.Module, weight: torch.Tensor, side: dict[str, torch.T
     weight = weight.to(layer.weight.dtype)
     encoded = encode(weight, fmt, side, values=weight) if side is not None and fmt is not None else None
     if encoded is not None:
-        layer.restore_parameter("weight", encoded)
+        layer.restore_parameter("weight", encoded, values=weight)  # encode checked that its codes decode to these
         return
     with torch.no_grad():
         weight_of(layer).copy_(weight)

@@ -25,7 +25,6 @@ and the tensors go back to the meta device.
 
 from __future__ import annotations
 
-import ctypes
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -39,11 +38,11 @@ from torch import Tensor
 from mase_lite.errors import UserError
 from mase_lite.faults import as_fault
 from mase_lite.files import check_inside, follow_umask, staged_file
+from mase_lite.heap import return_free_memory
 from mase_lite.nn.quantized import OperandQuantizer
 from mase_lite.nn.storage import flatten, restore_codes, stored_codes, unflatten
 
 ATTRIBUTE = "mase_disk_weights"  # where a streamed model keeps its DiskWeights
-_LIBC = ctypes.CDLL(None)  # the C library the process runs with (malloc_trim where it is glibc)
 
 
 class DiskWeights:
@@ -214,15 +213,7 @@ class DiskWeights:
         for quantizer in module.modules():
             if isinstance(quantizer, OperandQuantizer):
                 quantizer._held = None  # it named tensors now freed: a new tensor at the same address is not them
-        _return_free_memory()
-
-
-def _return_free_memory() -> None:
-    """Give the memory freed with a block back to the system (glibc keeps freed blocks below its mapping threshold
-    for reuse, and a block's buffers of many sizes fragment them: the resident size would grow block by block)."""
-    trim = getattr(_LIBC, "malloc_trim", None)
-    if trim is not None:
-        trim(0)
+        return_free_memory()  # a block's buffers of many sizes fragment the heap: its resident size would grow
 
 
 def streamed(model: nn.Module) -> DiskWeights | None:

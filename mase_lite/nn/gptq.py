@@ -45,6 +45,7 @@ from mase_lite.nn.pruning import Sparsity, lowest_mask
 from mase_lite.numerics import NumberFormat, apply_format, parse_format
 
 SUB_BLOCK = 16  # columns whose errors reach the rest of their block one at a time (rank-1 updates)
+ROWS_AT_ONCE = 1024  # rows of the weight whose error is summed at a time once the sweep is done
 
 
 @dataclass
@@ -176,7 +177,6 @@ def gptq(weight: Tensor, hessian: Tensor | list[Tensor], fmt: Mapping[str, Any] 
     sides: dict[int, dict | None] = {}
     diagonal = u.diagonal().tolist()
     drop = torch.zeros_like(wt, dtype=torch.bool) if sparsity is not None else None
-    qt = torch.empty_like(wt)
     errors = torch.empty(min(block_size, columns), wt.shape[1], dtype=dtype)
     loss = torch.zeros(wt.shape[1], dtype=dtype)
     for start in range(0, columns, block_size):
@@ -202,9 +202,9 @@ def gptq(weight: Tensor, hessian: Tensor | list[Tensor], fmt: Mapping[str, Any] 
                 value = quantize(column)
                 if drop is not None:
                     value.masked_fill_(drop[k], 0.0)  # +0.0, as the codes decode
-                qt[k] = value
                 err = errors[k - start]
                 torch.sub(column, value, out=err).div_(diagonal[k])
+                column.copy_(value)  # a done column is read no more: wt becomes the result, row by row
                 if k + 1 < end:
                     wt[k + 1 : end].addr_(u[k, k + 1 : end], err, alpha=-1)
             if end < stop:
@@ -212,19 +212,22 @@ def gptq(weight: Tensor, hessian: Tensor | list[Tensor], fmt: Mapping[str, Any] 
         if stop < columns:
             wt[stop:].addmm_(u[start:stop, stop:].t(), errors[: stop - start], alpha=-1)
         loss.add_(errors[: stop - start].square().sum(0))
-    del wt, errors, u
-    q = (qt.index_select(0, position) if act_order else qt).t()
-    del qt  # (without act-order, q is its view)
+    del errors, u
+    q = torch.empty(weight.shape, dtype=dtype)  # [out, in], written in input order through its transpose: no other copy
+    q.t().index_copy_(0, order, wt)
+    del wt
     mask = ~(drop.index_select(0, position) if act_order else drop).t() if drop is not None else None
     side = _assemble(sides) if number_format is not None and number_format.group_quantizer is not None else None
+    dead = dead[position]  # dead inputs carry no error
     if probed:  # a value of the format as a whole, its error computed
         q = apply_format(q.to(torch.float32), number_format, params).to(dtype)
-    diff = torch.sub(weight.detach().to(dtype), q).masked_fill_(dead[position], 0)  # dead inputs carry no error
-    if probed:
-        row_error = _row_error(diff, hessian.detach().to(dtype))
+        row_error = _row_error(torch.sub(weight.detach().to(dtype), q).masked_fill_(dead, 0), hessian.detach().to(dtype))
     else:
-        row_error = loss.sub_(diff.square().sum(1), alpha=lam)
-    del diff  # buffers as large as the weight are freed before the result is made
+        for start in range(0, q.shape[0], ROWS_AT_ONCE):  # no buffer as large as the weight
+            rows = slice(start, start + ROWS_AT_ONCE)
+            diff = torch.sub(weight.detach()[rows].to(dtype), q[rows]).masked_fill_(dead, 0)
+            loss[rows].sub_(diff.square().sum(1), alpha=lam)
+        row_error = loss
     row_baseline = torch.full_like(row_error, float("nan"))
     if baseline:
         reference = weight.detach().to(torch.float32)
@@ -233,7 +236,7 @@ def gptq(weight: Tensor, hessian: Tensor | list[Tensor], fmt: Mapping[str, Any] 
         if number_format is not None:
             reference = apply_format(reference, number_format, params)
         row_baseline = _row_error(weight.detach().to(dtype) - reference.to(dtype), hessian.detach().to(dtype))
-    return GPTQResult(weight=q.to(weight.dtype).contiguous(), side=side, row_error=row_error.to(torch.float64),
+    return GPTQResult(weight=q.to(weight.dtype), side=side, row_error=row_error.to(torch.float64),
                       row_rtn_error=row_baseline, mask=mask)
 
 

@@ -198,8 +198,9 @@ class QuantizedLayer:
         return stored
 
     @torch.no_grad()
-    def restore_parameter(self, operand: str, encoded: Encoded) -> None:
-        """Write the values ``encoded`` stores into the parameter and hold them (see :class:`OperandQuantizer`)."""
+    def restore_parameter(self, operand: str, encoded: Encoded, values: torch.Tensor | None = None) -> None:
+        """Write the values ``encoded`` stores into the parameter and hold them (see :class:`OperandQuantizer`);
+        ``values``: those values already decoded (as :func:`~mase_lite.numerics.codes.encode` checked them)."""
         quantizer, param = getattr(self, f"{operand}_quantizer", None), self._parameters.get(operand)
         if quantizer is None or param is None:
             raise QuantConfigError(f"{type(self).__name__} has no quantized parameter {operand!r} to restore")
@@ -207,7 +208,7 @@ class QuantizedLayer:
         if tuple(view.shape) != encoded.shape or view.dtype != encoded.dtype:
             raise QuantConfigError(f"stored codes of {operand} are {list(encoded.shape)} {encoded.dtype}, the layer's "
                                    f"{operand} is {list(view.shape)} {view.dtype}")
-        view.copy_(decode(encoded))
+        view.copy_(decode(encoded) if values is None else values)
         quantizer.hold(self._stored_view(operand, param), encoded.side)
 
     def quant_formats(self) -> dict[str, dict[str, Any]]:

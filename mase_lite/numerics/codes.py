@@ -164,15 +164,20 @@ def pack_bits(codes: Tensor, bits: int) -> Tensor:
     """
     if not 1 <= bits <= 32:
         raise FormatError(f"codes of {bits} bits cannot be packed (1 to 32 bits)")
-    flat = codes.reshape(-1).to(torch.int64)
+    if 8 % bits == 0 and bits < 8:
+        flat = codes.reshape(-1)
+    else:
+        flat = codes.reshape(-1).to(torch.int64)
     if bits in (8, 16, 32):
         return flat.to({8: torch.uint8, 16: torch.int16, 32: torch.int32}[bits]).view(torch.uint8).clone() \
             if bits != 8 else flat.to(torch.uint8)
-    if 8 % bits == 0:
+    if 8 % bits == 0:  # in bytes: codes below 2**bits shifted within a byte (int64 would take 8 times the memory)
         per_byte = 8 // bits
-        padded = torch.nn.functional.pad(flat, (0, -flat.numel() % per_byte)).reshape(-1, per_byte)
-        shifts = torch.arange(per_byte, dtype=torch.int64) * bits
-        return (padded << shifts).sum(1).to(torch.uint8)
+        padded = torch.nn.functional.pad(flat.to(torch.uint8), (0, -flat.numel() % per_byte)).reshape(-1, per_byte)
+        packed = padded[:, 0].clone()
+        for i in range(1, per_byte):
+            packed |= padded[:, i] << (i * bits)
+        return packed
     out = []
     for start in range(0, flat.numel(), 1 << 20):  # 8 codes per chunk boundary keep bytes whole
         chunk = flat[start : start + (1 << 20)]
@@ -197,8 +202,8 @@ def unpack_bits(packed: Tensor, bits: int, count: int) -> Tensor:
         return signed & ((1 << bits) - 1)
     if 8 % bits == 0:
         per_byte = 8 // bits
-        shifts = torch.arange(per_byte, dtype=torch.int64) * bits
-        return ((packed.to(torch.int64)[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[:count]
+        shifts = torch.arange(per_byte, dtype=torch.uint8) * bits
+        return ((packed[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[:count].to(torch.int64)
     out = []
     per_chunk = 1 << 20  # codes per chunk: a multiple of 8, so each chunk starts on a byte
     for start in range(0, count, per_chunk):
@@ -262,9 +267,11 @@ def offset_values(codes: Tensor, bits: int) -> Tensor:
     return codes - (1 << (bits - 1))
 
 
-def exact_integers(values: Tensor) -> Tensor:
-    """``values`` (float64) as int64, NaN as 0; ``ValueError`` where one is not an integer."""
-    values = values.nan_to_num(0.0, posinf=math.inf, neginf=-math.inf)
-    if not bool((torch.isfinite(values) & (values == values.round())).all()):
+def exact_integers(values: Tensor, dtype: torch.dtype = torch.int64) -> Tensor:
+    """``values`` (float) as integers of ``dtype`` (wide enough for them), NaN as 0; ``ValueError`` where one is not
+    an integer."""
+    nan = torch.isnan(values)
+    integers = values.to(dtype).masked_fill_(nan, 0)  # an Inf, a fraction or a value out of range does not convert back
+    if not bool(integers.to(values.dtype).eq_(values).logical_or_(nan).all()):
         raise ValueError("values off the format's grid")
-    return values.to(torch.int64)
+    return integers

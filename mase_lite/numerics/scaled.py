@@ -52,7 +52,7 @@ from pydantic import Field, model_validator
 from torch import Tensor
 
 from mase_lite.numerics.blocks import finite_amax, from_blocks, per_element, to_blocks
-from mase_lite.numerics.codes import exact_integers, float_grid_codes, float_grid_values, offset_codes, offset_values
+from mase_lite.numerics.codes import exact_integers, float_grid_codes, float_grid_values
 from mase_lite.numerics.exponents import round_to_float
 from mase_lite.numerics.native import scaled_kernel
 from mase_lite.numerics.registry import Calibrated, Codec, FormatParams, Shape, register_format
@@ -201,16 +201,18 @@ def _scaled_codes(values: Tensor, side: dict[str, Tensor], p: ScaledIntegerParam
     dtype = torch.float32 if p.width <= 16 else torch.float64
     groups = _groups(values, p).to(dtype)
     live = scale > 0
-    steps = torch.where(live, groups / torch.where(live, scale, 1.0).to(dtype), 0.0).round()
-    codes = exact_integers(steps + zero.to(dtype))
-    return _ungroup(offset_codes(codes, p.width) if p.symmetric else codes, values, p)
+    steps = torch.div(groups, torch.where(live, scale, 1.0).to(dtype)).masked_fill_(~live, 0.0).round_()
+    codes = exact_integers(steps.add_(zero.to(dtype)), torch.int32 if p.width <= 16 else torch.int64)
+    return _ungroup(codes.add_(1 << (p.width - 1)) if p.symmetric else codes, values, p)  # offset binary
 
 
 def _scaled_values(codes: Tensor, side: dict[str, Tensor], p: ScaledIntegerParams) -> Tensor:
     scale, zero = _scales_of(side, p)
     groups = _groups(codes, p)
-    signed = offset_values(groups, p.width) if p.symmetric else groups
-    return _ungroup((signed.float() - zero) * scale + 0.0, codes, p)
+    values = groups.float()  # codes of up to 16 bits (32 in float64 before here) are exact in float32
+    if p.symmetric:
+        values.sub_(1 << (p.width - 1))
+    return _ungroup(values.sub_(zero).mul_(scale).add_(0.0), codes, p)
 
 
 def _scaled_group_quantizer(p: ScaledIntegerParams, values: Tensor):
@@ -267,7 +269,7 @@ def _native_scaled_integer(x: Tensor, p: ScaledIntegerParams) -> Tensor | None:
     """The native kernel's result, or None where it does not apply. A scale shared by the tensor is
     derived here, by the torch steps above, from the tensor's finite range: a group holding just its
     minimum and maximum has the same scale and zero point."""
-    if not scaled_kernel.available(x) or p.full_range:  # the kernel computes the symmetric grid
+    if not scaled_kernel.available(x):
         return None
     qmax = 2.0 ** (p.width - 1) - 1 if p.symmetric else 2.0**p.width - 1
     fixed = None
@@ -276,7 +278,7 @@ def _native_scaled_integer(x: Tensor, p: ScaledIntegerParams) -> Tensor | None:
         scale, zero, _, _ = _scale_and_zero(torch.tensor(low_high).reshape(1, 1, 2), p)
         fixed = float(scale), float(zero)
     size = p.group_size if p.granularity == "group" else max(x.shape[-1] if x.dim() else 1, 1)
-    return scaled_kernel.scaled_integer(x, size, p.symmetric, p.clip, qmax, p.scale_dtype, fixed)
+    return scaled_kernel.scaled_integer(x, size, p.symmetric, p.clip, qmax, p.scale_dtype, fixed, p.full_range)
 
 
 class NVFP4Params(FormatParams):

@@ -29,6 +29,7 @@ import torch.nn as nn
 from pydantic import Field
 from torch.nn.utils import parametrize
 
+from mase_lite.heap import return_free_memory
 from mase_lite.nn.disk_weights import streamed
 from mase_lite.nn.gptq import gptq
 from mase_lite.nn.quant_op import format_key
@@ -83,6 +84,7 @@ def _compensate_all(layers: dict[str, nn.Module], run, params: GPTQParams, repor
     """Collect the layers' Hessians over ``run()`` and compensate each; layers with the same inputs and the same
     row-wise format are compensated as one weight (one factorisation, one column sweep), listed in ``together``."""
     hessians = collect(layers, run, getattr(torch, params.precision), who="gptq")
+    return_free_memory()  # the calibration run's activations: the sweeps' buffers come next
     sets: dict[tuple, list[str]] = {}
     formats = {name: _weight_format(name, layer) for name, layer in layers.items()}
     for name, layer in layers.items():
@@ -109,6 +111,8 @@ def _compensate_all(layers: dict[str, nn.Module], run, params: GPTQParams, repor
             if params.rounding_error:
                 report[name]["rtn_error"] = float(result.row_rtn_error[rows].sum())
             row += weight.shape[0]
+        del result, weights
+        return_free_memory()  # the sweep's buffers and this Hessian: the next sweep's, of other sizes, would not reuse them
 
 
 @register_pass("gptq", kind="transform", params=GPTQParams, requires=("data",), replay=False,  # a checkpoint keeps its weights

@@ -50,7 +50,7 @@ from pydantic_core import PydanticCustomError
 from mase_lite.errors import UserError
 from mase_lite.ir.meta import module_class
 from mase_lite.ir.ops import function_packet_name
-from mase_lite.kernels.mxint8.packing import return_free_memory
+from mase_lite.heap import return_free_memory
 from mase_lite.nn.presets import PRESETS
 from mase_lite.nn.quant_config import FUNCTION_OPERANDS, LAYER_OPERANDS, OperandFormat, QuantConfig, QuantSpec, resolve
 from mase_lite.numerics.calibration import Method, auto_keys, choose

@@ -117,6 +117,9 @@ SCALED_FORMATS = [
     *({"name": "scaled_integer", "width": w, "granularity": "tensor", "scale": s, "scale_dtype": d}
       for d in ("float32", "float16", "bfloat16", "pow2") for w, s in ((3, 0.37), (16, 1e-30))),
     {"name": "scaled_integer", "width": 2, "symmetric": False, "granularity": "group", "group_size": 1},
+    *({"name": "scaled_integer", "width": w, "granularity": g, "full_range": True, "scale_dtype": d, "clip": c}
+      for g in ("tensor", "channel", "group") for d in ("float32", "float16", "pow2") for w, c in ((4, 1.0), (8, 0.9))),
+    {"name": "scaled_integer", "width": 3, "granularity": "tensor", "full_range": True, "scale": 0.37},
     {"name": "nvfp4"}, {"name": "nvfp4", "tensor_amax": 3.0}, {"name": "nvfp4", "tensor_amax": 1e-40},
     {"name": "nvfp4", "tensor_amax": 1e38}, {"name": "nvfp4", "tensor_amax": 0.0},
 ]
@@ -169,7 +172,10 @@ def test_scaled_formats_by_hand_on_the_native_path(monkeypatch):
     # nvfp4: tensor scale 2688 / (448 * 6) = 1, block scale 448; elements 6, 1.5625 -> 1.5, -0.446 -> -0.5
     y = quantize(torch.tensor([[2688.0, 700.0, -200.0]]), {"name": "nvfp4"})
     assert y.tolist() == [[2688.0, 672.0, -224.0]]
-    assert len(calls) == 3
+    # the full grid, 4 bits: scale 7.5 / 7.5 = 1, codes -8..7: -7.5 ties to -8, 7.5 to 8 saturates at 7, 6.5 to 6
+    assert quantize(torch.tensor([[-7.5, 7.5, 6.5, -3.0]]), {"name": "scaled_integer", "width": 4, "full_range": True,
+                                                                "granularity": "channel"}).tolist() == [[-8.0, 7.0, 6.0, -3.0]]
+    assert len(calls) == 4
 
 
 @needs_compiler

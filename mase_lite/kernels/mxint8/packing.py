@@ -3,8 +3,8 @@ before the next is packed; then hand the freed memory back to the operating syst
 
 Resident memory after packing is then about the packed layers plus the rest of the model, and the
 peak while packing is the model plus one layer's packed copy. (A float weight something else still
-holds — a tied embedding, an optimizer — stays, of course.) glibc keeps freed memory of smaller
-allocations in its heap; ``malloc_trim`` returns its free pages, where glibc is the C library.
+holds — a tied embedding, an optimizer — stays, of course.) The freed memory goes back to the system
+(:func:`mase_lite.heap.return_free_memory`).
 
 Example::
 
@@ -18,13 +18,11 @@ Example::
 
 from __future__ import annotations
 
-import ctypes
-import functools
-
 from torch import nn
 
 from mase_lite.kernels.mxint8.codec import DEFAULT_BLOCK_SIZE
 from mase_lite.kernels.mxint8.module import MXInt8Linear
+from mase_lite.heap import return_free_memory
 
 
 def pack_linears(model: nn.Module, skip: tuple[str, ...] = (), block_size: int = DEFAULT_BLOCK_SIZE,
@@ -39,19 +37,3 @@ def pack_linears(model: nn.Module, skip: tuple[str, ...] = (), block_size: int =
         setattr(parent, child, MXInt8Linear.from_linear(getattr(parent, child), block_size, scale_rule))
     return_free_memory()
     return len(names)
-
-
-def return_free_memory() -> bool:
-    """Give the C heap's free pages back to the OS (glibc ``malloc_trim``); False where there is none."""
-    trim = _malloc_trim()
-    return trim is not None and bool(trim(0))
-
-
-@functools.cache
-def _malloc_trim():
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim

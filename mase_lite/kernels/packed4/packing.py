@@ -18,7 +18,7 @@ from typing import Any
 from torch import nn
 
 from mase_lite.errors import UserError
-from mase_lite.kernels.mxint8.packing import return_free_memory
+from mase_lite.heap import return_free_memory
 from mase_lite.kernels.packed4.module import Packed4Linear, packable
 
 FORMATS = {

@@ -116,8 +116,10 @@ void finite_range(const float *restrict x, int64_t n, float *restrict low_high) 
 VECTOR_CLONES
 void fake_quantize_scaled_integer(const float *restrict x, float *restrict y, int64_t rows, int64_t length,
                                   int64_t group_size, int symmetric, float clip, float qmax, int scale_dtype,
-                                  int fixed, float fixed_scale, float fixed_zero) {
-    const float lo = symmetric ? -qmax : 0.0f;
+                                  int fixed, float fixed_scale, float fixed_zero, int full_range) {
+    /* full_range: the two's-complement grid -qmax-1..qmax, the amax on code qmax + 1/2 */
+    const float lo = symmetric ? -qmax - (float)full_range : 0.0f;
+    const float top = full_range ? qmax + 0.5f : qmax;
     for (int64_t r = 0; r < rows; r++) {
         const float *row_in = x + r * length;
         float *row_out = y + r * length;
@@ -128,7 +130,7 @@ void fake_quantize_scaled_integer(const float *restrict x, float *restrict y, in
             float scale = fixed_scale, zero = fixed_zero;
             if (!fixed) {
                 if (symmetric) {
-                    scale = stored_scale(group_amax(row_in + start, n) * clip / qmax, scale_dtype);
+                    scale = stored_scale(group_amax(row_in + start, n) * clip / top, scale_dtype);
                     zero = 0.0f;
                 } else {
                     float low, high;

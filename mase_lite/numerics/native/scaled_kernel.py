@@ -34,7 +34,7 @@ def _kernels() -> dict | None:
         return None
     integer_fn, nvfp4_fn, range_fn = lib.fake_quantize_scaled_integer, lib.fake_quantize_nvfp4, lib.finite_range
     integer_fn.argtypes = [*ROW_ARGS, ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_float, ctypes.c_int,
-                           ctypes.c_int, ctypes.c_float, ctypes.c_float]
+                           ctypes.c_int, ctypes.c_float, ctypes.c_float, ctypes.c_int]
     nvfp4_fn.argtypes = [*ROW_ARGS, ctypes.c_float]
     range_fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     integer_fn.restype = nvfp4_fn.restype = range_fn.restype = None
@@ -54,14 +54,14 @@ def finite_range(x: Tensor) -> tuple[float, float]:
 
 
 def scaled_integer(x: Tensor, group_size: int, symmetric: bool, clip: float, qmax: float, scale_dtype: str,
-                   fixed: tuple[float, float] | None = None) -> Tensor | None:
-    """``x`` in integer codes up to ``qmax`` (``-qmax..qmax``, or ``0..qmax`` with a zero point) times a
-    scale per ``group_size`` elements of each row stored as ``scale_dtype``, or the ``fixed`` stored
-    scale and zero point for every element."""
+                   fixed: tuple[float, float] | None = None, full_range: bool = False) -> Tensor | None:
+    """``x`` in integer codes up to ``qmax`` (``-qmax..qmax``; ``-qmax-1..qmax`` with ``full_range``, the largest
+    magnitude on ``qmax + 1/2``; or ``0..qmax`` with a zero point) times a scale per ``group_size`` elements of
+    each row stored as ``scale_dtype``, or the ``fixed`` stored scale and zero point for every element."""
     if not available(x):
         return None
     fixed_args = (1, *fixed) if fixed is not None else (0, 0.0, 0.0)
-    args = (int(symmetric), clip, qmax, SCALE_DTYPES[scale_dtype], *fixed_args)
+    args = (int(symmetric), clip, qmax, SCALE_DTYPES[scale_dtype], *fixed_args, int(full_range))
     return run_rows(_kernels()["scaled_integer"], x,
                     lambda length: (length, group_size if fixed is None else max(length, 1), *args))
 
