@@ -2,7 +2,8 @@
 
 A pre-norm transformer's q/k/v projections (and gate/up) read one tensor, the output of a norm. Scaling
 that tensor's channel ``j`` by ``1/s_j`` where it is made (a LayerNorm's weight and bias, an RMSNorm's
-weight: the ``mul`` by a parameter that ends it, or a preceding Linear's rows) and the readers' weight
+weight: the ``mul`` by a parameter that ends it, or a preceding Linear's rows — also through a gated MLP's
+product ``act(gate(x)) * up(x)``, where up's rows scale down's input, as llm-compressor maps a Llama) and the readers' weight
 columns ``j`` by ``s_j`` leaves the float model's function unchanged (bit for bit with powers of two)
 while moving magnitude between activations and weights: SmoothQuant and AWQ choose ``s`` to make
 quantization easier; the ``outliers`` pass chooses it to make it harder.
@@ -16,12 +17,12 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from mase_lite.ir.ops import function_packet_name
+from mase_lite.ir.ops import function_packet_name, op_of_module
 
 
 def linear_weight(module: nn.Module) -> torch.Tensor:
     """The ``[out, in]`` weight of a Linear (or transformers' Conv1D, stored ``[in, out]``)."""
-    return module.weight.t() if getattr(module, "mase_op", None) == "hf_conv1d" else module.weight
+    return module.weight.t() if op_of_module(module) == "hf_conv1d" else module.weight
 
 
 def input_groups(nodes: list[fx.Node]) -> dict[fx.Node, list[fx.Node]]:
@@ -49,15 +50,9 @@ def fold_target(mg, producer: fx.Node, group: list[fx.Node], modules: dict[str, 
                 if module.bias is not None:
                     module.bias.div_(s)
             return divide, f"LayerNorm {producer.target}"
-        if hasattr(module, "weight") and getattr(module, "mase_op", None) in ("linear", "hf_conv1d") \
-                and linear_weight(module).shape[0] == channels:
-            weight, bias = linear_weight(module), getattr(module, "bias", None)
-
-            def divide(s):
-                weight.div_(s.unsqueeze(1))
-                if bias is not None:
-                    bias.div_(s)
-            return divide, f"Linear {producer.target}"
+        rows = _rows_divider(module, channels)
+        if rows is not None:
+            return rows, f"Linear {producer.target}"
     if producer.op == "call_function" and function_packet_name(producer.target) == "mul":
         for arg in producer.args:
             if isinstance(arg, fx.Node) and arg.op == "get_attr":
@@ -67,4 +62,23 @@ def fold_target(mg, producer: fx.Node, group: list[fx.Node], modules: dict[str, 
                     continue
                 if param.shape == (channels,):
                     return (lambda s, p=param: p.div_(s)), f"norm weight {arg.target}"
+        for arg in producer.args:  # a gated MLP's act(gate(x)) * up(x): up's rows scale the product's channels
+            if isinstance(arg, fx.Node) and arg.op == "call_module" and list(arg.users) == [producer]:
+                rows = _rows_divider(modules[arg.target], channels)
+                if rows is not None:
+                    return rows, f"Linear {arg.target} (a factor of the product {producer.name})"
     return None, f"its input comes from {producer.name} ({producer.op} {producer.target}), which no factor folds into"
+
+
+def _rows_divider(module: nn.Module, channels: int) -> Callable[[torch.Tensor], None] | None:
+    """``divide(s)`` dividing a Linear's output channels (weight rows and bias) by ``s``; None for another module."""
+    if not hasattr(module, "weight") or op_of_module(module) not in ("linear", "hf_conv1d") \
+            or linear_weight(module).shape[0] != channels:
+        return None
+    weight, bias = linear_weight(module), getattr(module, "bias", None)
+
+    def divide(s):
+        weight.div_(s.unsqueeze(1))
+        if bias is not None:
+            bias.div_(s)
+    return divide

@@ -1,11 +1,13 @@
 """The ``awq`` pass (AWQ, Lin et al., 2023): per-input-channel scales that protect the salient weights.
 
 Run ``quantize`` first (a weight format per Linear). For each group of Linears reading one input (q/k/v,
-gate/up), the input's mean magnitude per channel ``m_j`` over calibration data gives candidate scales
-``s = m**α`` (normalised to a geometric mean of 1) for ``α`` on a grid in ``[0, 1)``; each candidate is
+gate/up; down, whose input is ``act(gate) * up``), the input's mean magnitude per channel ``m_j`` over
+calibration data gives candidate scales ``s = m**α`` (normalised to a geometric mean of 1) for ``α`` on a
+grid in ``[0, 1)``, and with ``duo`` also ``m**α / w**(1-α)`` (``w_j``: the mean over the group's rows of
+``|W[:, j]|`` relative to its quantization group's largest, as AutoAWQ's duo scaling); each candidate is
 judged by the group's output error ``Σ ||X Wᵀ - (X/s) Q(W·s)ᵀ||²`` on the calibration rows with each
 layer's own weight format ``Q``, and the best is folded like SmoothQuant's (:mod:`mase_lite.passes.folding`):
-the input divided by ``s`` where it is made (a norm's weight, a preceding Linear's rows), the weight
+the input divided by ``s`` where it is made (a norm's weight, a preceding Linear's rows: up's for down), the weight
 columns multiplied by ``s``. ``α = 0`` (no scaling) is a candidate, so no group gets worse on these rows.
 The float model computes the same function; the weights' salient columns are now larger, so rounding
 costs them less. Then (``clip``) each row's group of weights (the format's group: 128 columns, a whole row
@@ -40,6 +42,8 @@ class AWQParams(Selection):
     batch_size: int = Field(8, ge=1, description="rows per calibration batch")
     split: str = Field("train", description="data split of the calibration batches")
     grid: int = Field(20, ge=1, description="exponents tried: 0, 1/grid, ..., (grid - 1)/grid")
+    duo: bool = Field(True, description="also try scales x̄**α / w̄**(1-α) (w̄: each input's mean weight magnitude "
+                      "relative to its group's largest), as AutoAWQ and llm-compressor do; reported as scales 'duo'")
     max_rows: int = Field(4096, ge=1, description="calibration rows (tokens) per group the search judges on")
     clip: bool = Field(True, description="then clip each row's weight group to the range (1, 0.95, ..., 0.55 of "
                        "its largest magnitude) that makes its output error on the calibration rows least")
@@ -97,23 +101,42 @@ def _clip(x: torch.Tensor, weight: torch.Tensor, fmt: dict, steps: int = 10) -> 
     return best, float(first.sum()), float(best_error.sum())
 
 
-def _best_scales(x: torch.Tensor, weights: list[torch.Tensor], formats: list[dict], grid: int) -> tuple[torch.Tensor, float, float, float]:
-    """``(s, α, error, error at α = 0)`` minimising the group's output error over ``x``."""
+def _weight_magnitude(weights: list[torch.Tensor], formats: list[dict]) -> torch.Tensor:
+    """Per input channel: the mean over the group's rows of ``|w|`` relative to its quantization group's largest."""
+    shares = []
+    for w, fmt in zip(weights, formats):
+        number_format, params = parse_format(fmt)
+        size = number_format.group(params, w.shape[1]) if number_format.group is not None else w.shape[1]
+        size = size if w.shape[1] % size == 0 else w.shape[1]
+        groups = w.abs().reshape(w.shape[0], -1, size)
+        shares.append((groups / groups.amax(-1, keepdim=True).clamp(min=1e-12)).reshape(w.shape))
+    return torch.cat(shares).mean(0)
+
+
+def _best_scales(x: torch.Tensor, weights: list[torch.Tensor], formats: list[dict], grid: int, duo: bool
+                 ) -> tuple[torch.Tensor, float, float, float]:
+    """``(s, α, error, error at α = 0, family)`` minimising the group's output error over ``x``: scales
+    ``x̄**α`` ("activation"), and with ``duo`` also ``x̄**α / w̄**(1-α)`` ("duo")."""
     magnitude = x.abs().mean(0)
     floats = [w.detach().float() for w in weights]
     reference = [x @ w.t() for w in floats]
-    best = None
-    for step in range(grid):
-        alpha = step / grid
-        s = magnitude.pow(alpha).clamp(min=1e-4)
-        s = s / (s.max() * s.min()).sqrt()
-        error = sum(float((x @ (quantize(w * s, fmt) / s).t() - ref).square().sum())
-                    for w, fmt, ref in zip(floats, formats, reference))
-        if step == 0:
-            unscaled = error
-        if best is None or error < best[2]:
-            best = (s, alpha, error)
-    return (*best, unscaled)
+    families = [("activation", None)] + ([("duo", _weight_magnitude(floats, formats))] if duo else [])
+    best, unscaled = None, None
+    for family, w_magnitude in families:
+        for step in range(grid):
+            alpha = step / grid
+            if family == "duo" and step == 0:
+                continue  # 1 / w̄: the weights' own spread, not the activations'
+            s = magnitude.pow(alpha) if w_magnitude is None else magnitude.pow(alpha) / (w_magnitude.pow(1 - alpha) + 1e-4)
+            s = s.clamp(min=1e-4)
+            s = s / (s.max() * s.min()).sqrt()
+            error = sum(float((x @ (quantize(w * s, fmt) / s).t() - ref).square().sum())
+                        for w, fmt, ref in zip(floats, formats, reference))
+            if unscaled is None:
+                unscaled = error
+            if best is None or error < best[2]:
+                best = (s, alpha, error, family)
+    return best[0], best[1], best[2], unscaled, best[3]
 
 
 @register_pass("awq", kind="transform", params=AWQParams, requires=("data",), replay=False)
@@ -146,11 +169,11 @@ def awq_pass(mg, params: AWQParams, ctx):
                 group, divide, where = groups[target]
                 weights = [linear_weight(modules[n.target]) for n in group]
                 formats = [modules[n.target].weight_quantizer.spec.as_dict() for n in group]
-                s, alpha, error, unscaled = _best_scales(x, weights, formats, params.grid)
+                s, alpha, error, unscaled, family = _best_scales(x, weights, formats, params.grid, params.duo)
                 divide(s.to(weights[0].dtype))
                 for w in weights:
                     w.mul_(s.to(w.dtype))
-                entry = {"alpha": alpha, "error": error, "unscaled_error": unscaled, "into": where}
+                entry = {"alpha": alpha, "scales": family, "error": error, "unscaled_error": unscaled, "into": where}
                 if params.clip:
                     rows = x[: params.clip_rows] / s
                     before = after = 0.0

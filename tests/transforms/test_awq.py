@@ -28,7 +28,9 @@ def test_awq_keeps_the_float_function_and_beats_rounding():
     rounded = ml.passes.quantize(with_outliers(), RULES)[0]
     mg, _ = ml.passes.quantize(with_outliers(), RULES)
     mg, info = ml.passes.awq(mg, {"num_batches": 4, "clip": False}, data=TokenBatches(labels=False))
-    assert len(info["groups"]) == 4 and all(g["error"] <= g["unscaled_error"] for g in info["groups"].values())
+    assert len(info["groups"]) == 6 and all(g["error"] <= g["unscaled_error"] for g in info["groups"].values())
+    # down's input is act(gate) * up: its scales go into up's rows
+    assert info["groups"]["model_layers_0_mlp_down_proj"]["into"].startswith("Linear model.layers.0.mlp.up_proj")
     assert any(g["alpha"] > 0 for g in info["groups"].values())
     assert info["skipped"]["lm_head"] == "no weight format (run quantize with one first)"
     assert info["skipped"]["model_layers_1_self_attn_o_proj"].startswith("its input comes from reshape_7")
@@ -55,3 +57,21 @@ def test_awq_needs_weight_formats_and_data():
         ml.passes.awq(mg, {})
     with pytest.raises(UserError, match=r"awq: no selected Linear has a weight format: run quantize"):
         ml.passes.awq(mg, {}, data=TokenBatches(labels=False))
+
+
+def test_duo_scales_widen_the_search_and_weigh_weights_by_their_group():
+    from mase_lite.passes.transforms.awq import _weight_magnitude
+
+    # groups of 2: |w| over its group's largest, then the mean over the rows (of both layers)
+    w1, w2 = torch.tensor([[1.0, -2.0, 3.0, 4.0]]), torch.tensor([[0.0, 1.0, -1.0, 0.5]])
+    fmt = {**W3, "group_size": 2}
+    assert _weight_magnitude([w1, w2], [fmt, fmt]).tolist() == [0.25, 1.0, 0.875, 0.75]
+    runs = {}
+    for duo in (False, True):
+        mg, _ = ml.passes.quantize(with_outliers(), RULES)
+        runs[duo] = ml.passes.awq(mg, {"num_batches": 2, "clip": False, "duo": duo}, data=TokenBatches(labels=False))[1]
+    assert {g["scales"] for g in runs[False]["groups"].values()} == {"activation"}
+    assert "duo" in {g["scales"] for g in runs[True]["groups"].values()}
+    # the same first group's candidates and more: no group's error grows (the later groups see other inputs)
+    first = next(iter(runs[True]["groups"]))
+    assert runs[True]["groups"][first]["error"] <= runs[False]["groups"][first]["error"]

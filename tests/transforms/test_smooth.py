@@ -38,7 +38,9 @@ def test_float_outputs_do_not_change(power_of_two):
         before = [mg.model(**b).logits for b in data.batches]
     mg, _ = ml.passes.calibrate(mg, {"num_batches": 3}, data=data)
     mg, info = ml.passes.smooth(mg, {"alpha": 0.5, "power_of_two": power_of_two})
-    assert len(info["smoothed"]) == 4  # q/k/v and gate/up of two layers
+    assert len(info["smoothed"]) == 6  # q/k/v, gate/up and down (into up's rows) of two layers
+    assert info["smoothed"]["model_layers_1_mlp_down_proj"]["into"] == \
+        "Linear model.layers.1.mlp.up_proj (a factor of the product mul_36)"
     with torch.no_grad():
         after = [mg.model(**b).logits for b in data.batches]
     for a, b in zip(before, after):
