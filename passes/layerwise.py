@@ -32,9 +32,11 @@ class _Stop(Exception):
 
 class InputStatistics:
     """Forward pre-hooks accumulating, per layer, ``2 X Xᵀ / n`` of its (quantized) input ``X`` (``[rows, in]``),
-    or only its diagonal ``2 Σ x² / n`` with ``diagonal``. Layers called on the same tensor (a block's query,
-    key and value projections) share its product: one GEMM per input and batch, and the same sequence of
-    inputs (``history``) gives bit-identical sums."""
+    or only its diagonal ``2 Σ x² / n`` with ``diagonal``. Layers that have seen the same sequence of inputs
+    (``history``: a block's query, key and value projections) hold one accumulator: one GEMM per input and
+    batch, bit-identical sums, and no copies. An accumulator held by one layer is updated in place
+    (``beta·H + alpha·XᵀX`` in the GEMM itself); one held by several is updated into a new tensor by the first
+    of them to see the input, which the others then take."""
 
     def __init__(self, layers: dict[str, nn.Module], dtype: torch.dtype, diagonal: bool = False):
         self.sums: dict[str, torch.Tensor] = {}
@@ -42,12 +44,14 @@ class InputStatistics:
         self.history: dict[str, list[int]] = {name: [] for name in layers}
         self.dtype = dtype
         self.diagonal = diagonal
-        self._last: tuple | None = None  # (input, input format, serial, rows, product) of the latest input
-        self._products: dict[int, torch.Tensor] = {}  # one product buffer per width, reused batch after batch
+        self._last: tuple | None = None  # (input, input format, serial, rows, operand) of the latest input
         self._serial = 0
+        self._updated: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}  # this input's: id(old) -> (old, new)
         self.handles = [layer.register_forward_pre_hook(self._hook(name)) for name, layer in layers.items()]
 
-    def _product(self, layer: nn.Module, x: torch.Tensor) -> tuple[int, int, torch.Tensor]:
+    def _input(self, layer: nn.Module, x: torch.Tensor) -> tuple[int, int, torch.Tensor]:
+        """``(serial, rows, operand)`` of the layer's input: the ``[rows, in]`` matrix (its squares summed over
+        rows with ``diagonal``), computed once for the layers called on the same tensor."""
         quantizer = getattr(layer, "data_in_quantizer", None)
         key = None if quantizer is None else quantizer.spec.as_dict()
         last = self._last
@@ -58,27 +62,35 @@ class InputStatistics:
             x = quantizer(x)
         x = x.detach().reshape(-1, x.shape[-1]).to(self.dtype)
         self._serial += 1
-        if self.diagonal:
-            product = x.square().sum(0)
-        else:  # into a buffer: a fresh 5632-wide product per batch, freed among the activations, fragments the heap
-            product = self._products.get(x.shape[1])
-            if product is None:
-                product = self._products[x.shape[1]] = x.new_empty(x.shape[1], x.shape[1])
-            torch.mm(x.t(), x, out=product)
-        self._last = (original, key, self._serial, x.shape[0], product)
+        self._updated = {}  # the old accumulators it kept alive (so no id is reused) are released
+        self._last = (original, key, self._serial, x.shape[0], x.square().sum(0) if self.diagonal else x)
         return self._last[2:]
+
+    def _held_elsewhere(self, name: str, h: torch.Tensor) -> bool:
+        return any(other is h for held, other in self.sums.items() if held != name)
 
     def _hook(self, name: str):
         def hook(layer: nn.Module, args: tuple) -> None:
-            serial, rows, product = self._product(layer, args[0])
+            serial, rows, x = self._input(layer, args[0])
             n = self.counts.get(name, 0)
             total = n + rows
             h = self.sums.get(name)
-            if h is None:
-                h = self.sums[name] = torch.zeros_like(product)
+            done = self._updated.get(id(h))
+            if done is not None and done[0] is h and self.history[name][-1:] != [serial]:  # another layer with
+                # this history has added this input (a layer called twice on one tensor adds it twice)
+                self.sums[name] = done[1]
+            elif self.diagonal:
+                new = x.mul(2 / total) if h is None else torch.add(h.mul(n / total), x, alpha=2 / total)
+                self._updated[id(h)] = (h, new)
+                self.sums[name] = new
+            elif h is not None and not self._held_elsewhere(name, h):  # in place: a 5632-wide Hessian is 127 MB
+                h.addmm_(x.t(), x, beta=n / total, alpha=2 / total)
+                self._updated[id(h)] = (h, h)
             else:
-                h.mul_(n / total)  # in place: a 5632-wide Hessian is 254 MB in float64
-            h.add_(product, alpha=2 / total)
+                new = torch.mm(x.t(), x).mul_(2 / total) if h is None else torch.addmm(h, x.t(), x, beta=n / total,
+                                                                                       alpha=2 / total)
+                self._updated[id(h)] = (h, new)
+                self.sums[name] = new
             self.counts[name] = total
             self.history[name].append(serial)
 
@@ -86,7 +98,7 @@ class InputStatistics:
 
     def remove(self) -> None:
         self._last = None
-        self._products.clear()
+        self._updated = {}
         for handle in self.handles:
             handle.remove()
 

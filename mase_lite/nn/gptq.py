@@ -126,17 +126,20 @@ def _elementwise(fmt: NumberFormat, params: Any, dtype: torch.dtype) -> Quantize
     return lambda col: fmt.quantize(col.to(torch.float32), params).to(dtype)
 
 
-def gptq(weight: Tensor, hessian: Tensor | list[Tensor], fmt: Mapping[str, Any] | None, *, sparsity: Sparsity | None = None,
+def gptq(weight: Tensor | list[Tensor], hessian: Tensor | list[Tensor], fmt: Mapping[str, Any] | None, *, sparsity: Sparsity | None = None,
          block_size: int = 128, act_order: bool = False, damp: float = 0.01, dtype: torch.dtype = torch.float64,
          baseline: bool = True) -> GPTQResult:
-    """``weight`` (``[out, in]``) quantized to ``fmt`` (None: kept float) and pruned to ``sparsity`` (None: not
-    pruned) with error compensation for ``hessian`` (``[in, in]``); given in a one-element list, the Hessian is
-    handed over: the list is emptied and its memory reused (where the error needs it no more at the end).
+    """``weight`` (``[out, in]``; or a list of weights whose rows it stacks, never copied together) quantized to
+    ``fmt`` (None: kept float) and pruned to ``sparsity`` (None: not pruned) with error compensation for
+    ``hessian`` (``[in, in]``); given in a one-element list, the Hessian is handed over: the list is emptied and
+    its memory reused (where the error needs it no more at the end).
 
     The arithmetic runs in ``dtype``; the result has ``weight``'s dtype. The layer-output error comes from the
     sweep itself (the errors it feeds forward: ``Σ err² = (W - Q)(H + λI)(W - Q)ᵀ``, less ``λ‖W - Q‖²``); the
     baseline's (``baseline=False``: not computed, NaN) costs one more product as large as the sweep's updates.
     """
+    parts = [w.detach() for w in weight] if isinstance(weight, list) else [weight.detach()]
+    shape, out_dtype = torch.Size((sum(w.shape[0] for w in parts), parts[0].shape[1])), parts[0].dtype
     number_format, params = parse_format(fmt) if fmt is not None else (None, None)
     if number_format is not None and number_format.group is None:
         raise UserError(
@@ -146,9 +149,9 @@ def gptq(weight: Tensor, hessian: Tensor | list[Tensor], fmt: Mapping[str, Any] 
     if sparsity is not None and sparsity.m:
         if act_order:
             raise UserError(f"sparsity {sparsity.n}:{sparsity.m} needs the columns in their order: act_order must be off")
-        if weight.shape[1] % sparsity.m:
-            raise UserError(f"sparsity {sparsity.n}:{sparsity.m}: the weight's {weight.shape[1]} inputs are not a multiple of {sparsity.m}")
-    size = number_format.group(params, weight.shape[1]) if number_format is not None else 1
+        if shape[1] % sparsity.m:
+            raise UserError(f"sparsity {sparsity.n}:{sparsity.m}: the weight's {shape[1]} inputs are not a multiple of {sparsity.m}")
+    size = number_format.group(params, shape[1]) if number_format is not None else 1
     probed = size > 1 and number_format.group_quantizer is None  # its error is computed from the Hessian at the end
     handed = isinstance(hessian, list)
     h = hessian.pop() if handed else hessian
@@ -164,8 +167,9 @@ def gptq(weight: Tensor, hessian: Tensor | list[Tensor], fmt: Mapping[str, Any] 
     del h
     hessians[0][dead[reverse], dead[reverse]] = 1
     u, lam = _inverse_factor(hessians, damp)
-    wt = torch.empty(columns, weight.shape[0], dtype=dtype)  # [in, out] in processing order: a column is a contiguous row
-    wt.copy_(weight.detach().t().index_select(0, order) if act_order else weight.detach().t())
+    wt = torch.empty(columns, shape[0], dtype=dtype)  # [in, out] in processing order: a column is a contiguous row
+    for part, rows in zip(parts, _row_slices(parts)):
+        wt[:, rows].copy_(part.t().index_select(0, order) if act_order else part.t())
     dead = dead[order]
     wt[dead] = 0
     position = torch.empty_like(order)
@@ -213,7 +217,7 @@ def gptq(weight: Tensor, hessian: Tensor | list[Tensor], fmt: Mapping[str, Any] 
             wt[stop:].addmm_(u[start:stop, stop:].t(), errors[: stop - start], alpha=-1)
         loss.add_(errors[: stop - start].square().sum(0))
     del errors, u
-    q = torch.empty(weight.shape, dtype=dtype)  # [out, in], written in input order through its transpose: no other copy
+    q = torch.empty(shape, dtype=dtype)  # [out, in], written in input order through its transpose: no other copy
     q.t().index_copy_(0, order, wt)
     del wt
     mask = ~(drop.index_select(0, position) if act_order else drop).t() if drop is not None else None
@@ -221,23 +225,33 @@ def gptq(weight: Tensor, hessian: Tensor | list[Tensor], fmt: Mapping[str, Any] 
     dead = dead[position]  # dead inputs carry no error
     if probed:  # a value of the format as a whole, its error computed
         q = apply_format(q.to(torch.float32), number_format, params).to(dtype)
-        row_error = _row_error(torch.sub(weight.detach().to(dtype), q).masked_fill_(dead, 0), hessian.detach().to(dtype))
+        row_error = _row_error(torch.sub(torch.cat(parts).to(dtype), q).masked_fill_(dead, 0), hessian.detach().to(dtype))
     else:
-        for start in range(0, q.shape[0], ROWS_AT_ONCE):  # no buffer as large as the weight
-            rows = slice(start, start + ROWS_AT_ONCE)
-            diff = torch.sub(weight.detach()[rows].to(dtype), q[rows]).masked_fill_(dead, 0)
-            loss[rows].sub_(diff.square().sum(1), alpha=lam)
+        for part, rows in zip(parts, _row_slices(parts)):
+            for start in range(0, part.shape[0], ROWS_AT_ONCE):  # no buffer as large as the weight
+                chunk = slice(rows.start + start, min(rows.start + start + ROWS_AT_ONCE, rows.stop))
+                diff = torch.sub(part[start : start + ROWS_AT_ONCE].to(dtype), q[chunk]).masked_fill_(dead, 0)
+                loss[chunk].sub_(diff.square().sum(1), alpha=lam)
         row_error = loss
     row_baseline = torch.full_like(row_error, float("nan"))
     if baseline:
-        reference = weight.detach().to(torch.float32)
+        whole = torch.cat(parts) if len(parts) > 1 else parts[0]
+        reference = whole.to(torch.float32)
         if sparsity is not None:
             reference = reference * lowest_mask(reference.abs(), sparsity)
         if number_format is not None:
             reference = apply_format(reference, number_format, params)
-        row_baseline = _row_error(weight.detach().to(dtype) - reference.to(dtype), hessian.detach().to(dtype))
-    return GPTQResult(weight=q.to(weight.dtype), side=side, row_error=row_error.to(torch.float64),
+        row_baseline = _row_error(whole.to(dtype) - reference.to(dtype), hessian.detach().to(dtype))
+    return GPTQResult(weight=q.to(out_dtype), side=side, row_error=row_error.to(torch.float64),
                       row_rtn_error=row_baseline, mask=mask)
+
+
+def _row_slices(parts: list[Tensor]) -> list[slice]:
+    """Where each of the stacked weights' rows lie."""
+    starts = [0]
+    for part in parts:
+        starts.append(starts[-1] + part.shape[0])
+    return [slice(a, b) for a, b in zip(starts, starts[1:])]
 
 
 def _choose_in_block(drop: Tensor, wt: Tensor, u: Tensor, fraction: float, start: int, stop: int) -> None:

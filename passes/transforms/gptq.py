@@ -99,7 +99,7 @@ def _compensate_all(layers: dict[str, nn.Module], run, params: GPTQParams, repor
             hessians.sums.pop(name)
         fmt = formats[names[0]]
         weights = [weight_of(layers[name]) for name in names]
-        result = gptq(torch.cat(weights) if len(weights) > 1 else weights[0], handed, fmt, block_size=params.block_size,
+        result = gptq(weights if len(weights) > 1 else weights[0], handed, fmt, block_size=params.block_size,
                       act_order=params.act_order, damp=params.damp, dtype=getattr(torch, params.precision),
                       baseline=params.rounding_error)
         row = 0

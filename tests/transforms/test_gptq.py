@@ -225,6 +225,13 @@ def test_rows_are_independent_so_layers_sharing_a_hessian_run_as_one():
         assert torch.equal(together.weight[rows], alone.weight)
         assert torch.equal(together.side["scale"][rows], alone.side["scale"])
         assert torch.allclose(together.row_error[rows], alone.row_error)
+    # given as a list, the weights are stacked without a copy of them together: the same result, bit for bit
+    for dtype, baseline in ((torch.float32, False), (torch.float64, True)):
+        stacked = gptq(w, h, fmt, act_order=True, block_size=24, dtype=dtype, baseline=baseline)
+        listed = gptq([w[:12], w[12:]], h, fmt, act_order=True, block_size=24, dtype=dtype, baseline=baseline)
+        assert torch.equal(listed.weight, stacked.weight) and torch.equal(listed.side["scale"], stacked.side["scale"])
+        assert torch.equal(listed.row_error, stacked.row_error)
+        assert torch.equal(listed.row_rtn_error.nan_to_num(), stacked.row_rtn_error.nan_to_num())
 
 
 def test_the_pass_shares_hessians_and_the_layers_hold_the_scales_gptq_fixed(tmp_path):
