@@ -54,7 +54,7 @@ class GPTQResult:
     give), the keep-mask (None without sparsity), and per row the layer-output error ``((W - Q) H (W - Q)ᵀ)``
     of GPTQ and of the baseline: rounding alone, after magnitude pruning of the same pattern when pruning."""
 
-    weight: Tensor
+    weight: Tensor | None  # None where it was written ``into`` the given tensors
     side: dict[str, Tensor] | None
     row_error: Tensor
     row_rtn_error: Tensor
@@ -128,11 +128,13 @@ def _elementwise(fmt: NumberFormat, params: Any, dtype: torch.dtype) -> Quantize
 
 def gptq(weight: Tensor | list[Tensor], hessian: Tensor | list[Tensor], fmt: Mapping[str, Any] | None, *, sparsity: Sparsity | None = None,
          block_size: int = 128, act_order: bool = False, damp: float = 0.01, dtype: torch.dtype = torch.float64,
-         baseline: bool = True) -> GPTQResult:
+         baseline: bool = True, into: list[Tensor] | None = None) -> GPTQResult:
     """``weight`` (``[out, in]``; or a list of weights whose rows it stacks, never copied together) quantized to
     ``fmt`` (None: kept float) and pruned to ``sparsity`` (None: not pruned) with error compensation for
     ``hessian`` (``[in, in]``); given in a one-element list, the Hessian is handed over: the list is emptied and
-    its memory reused (where the error needs it no more at the end).
+    its memory reused (where the error needs it no more at the end). ``into``: tensors shaped as the weights to
+    write the result into instead of a new tensor (they may be the weights themselves: each row chunk is read
+    before it is written), the result's ``weight`` then None.
 
     The arithmetic runs in ``dtype``; the result has ``weight``'s dtype. The layer-output error comes from the
     sweep itself (the errors it feeds forward: ``Σ err² = (W - Q)(H + λI)(W - Q)ᵀ``, less ``λ‖W - Q‖²``); the
@@ -217,24 +219,11 @@ def gptq(weight: Tensor | list[Tensor], hessian: Tensor | list[Tensor], fmt: Map
             wt[stop:].addmm_(u[start:stop, stop:].t(), errors[: stop - start], alpha=-1)
         loss.add_(errors[: stop - start].square().sum(0))
     del errors, u
-    q = torch.empty(shape, dtype=dtype)  # [out, in], written in input order through its transpose: no other copy
-    q.t().index_copy_(0, order, wt)
-    del wt
     mask = ~(drop.index_select(0, position) if act_order else drop).t() if drop is not None else None
     side = _assemble(sides) if number_format is not None and number_format.group_quantizer is not None else None
     dead = dead[position]  # dead inputs carry no error
-    if probed:  # a value of the format as a whole, its error computed
-        q = apply_format(q.to(torch.float32), number_format, params).to(dtype)
-        row_error = _row_error(torch.sub(torch.cat(parts).to(dtype), q).masked_fill_(dead, 0), hessian.detach().to(dtype))
-    else:
-        for part, rows in zip(parts, _row_slices(parts)):
-            for start in range(0, part.shape[0], ROWS_AT_ONCE):  # no buffer as large as the weight
-                chunk = slice(rows.start + start, min(rows.start + start + ROWS_AT_ONCE, rows.stop))
-                diff = torch.sub(part[start : start + ROWS_AT_ONCE].to(dtype), q[chunk]).masked_fill_(dead, 0)
-                loss[chunk].sub_(diff.square().sum(1), alpha=lam)
-        row_error = loss
-    row_baseline = torch.full_like(row_error, float("nan"))
-    if baseline:
+    row_baseline = torch.full((shape[0],), float("nan"), dtype=dtype)
+    if baseline:  # before the result is written: ``into`` may be the weights themselves
         whole = torch.cat(parts) if len(parts) > 1 else parts[0]
         reference = whole.to(torch.float32)
         if sparsity is not None:
@@ -242,7 +231,27 @@ def gptq(weight: Tensor | list[Tensor], hessian: Tensor | list[Tensor], fmt: Map
         if number_format is not None:
             reference = apply_format(reference, number_format, params)
         row_baseline = _row_error(whole.to(dtype) - reference.to(dtype), hessian.detach().to(dtype))
-    return GPTQResult(weight=q.to(out_dtype), side=side, row_error=row_error.to(torch.float64),
+    if probed:  # a value of the format as a whole, its error computed
+        q = torch.empty(shape, dtype=dtype)
+        q.t().index_copy_(0, order, wt)
+        del wt
+        q = apply_format(q.to(torch.float32), number_format, params).to(dtype)
+        row_error = _row_error(torch.sub(torch.cat(parts).to(dtype), q).masked_fill_(dead, 0), hessian.detach().to(dtype))
+    else:  # row chunk by row chunk: its error, then its values in the weight's layout, in input order
+        q = torch.empty(shape, dtype=dtype) if into is None else None
+        for index, (part, rows) in enumerate(zip(parts, _row_slices(parts))):
+            for start in range(0, part.shape[0], ROWS_AT_ONCE):  # no other buffer as large as the weight
+                chunk = slice(rows.start + start, min(rows.start + start + ROWS_AT_ONCE, rows.stop))
+                values = wt[:, chunk].index_select(0, position).t()
+                diff = torch.sub(part[start : start + ROWS_AT_ONCE].to(dtype), values).masked_fill_(dead, 0)
+                loss[chunk].sub_(diff.square().sum(1), alpha=lam)
+                (q[chunk] if into is None else into[index][start : start + ROWS_AT_ONCE]).copy_(values)
+        del wt
+        row_error = loss
+    if into is not None and probed:
+        for target, rows in zip(into, _row_slices(parts)):
+            target.copy_(q[rows])
+    return GPTQResult(weight=q.to(out_dtype) if into is None else None, side=side, row_error=row_error.to(torch.float64),
                       row_rtn_error=row_baseline, mask=mask)
 
 

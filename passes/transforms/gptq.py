@@ -101,12 +101,12 @@ def _compensate_all(layers: dict[str, nn.Module], run, params: GPTQParams, repor
         weights = [weight_of(layers[name]) for name in names]
         result = gptq(weights if len(weights) > 1 else weights[0], handed, fmt, block_size=params.block_size,
                       act_order=params.act_order, damp=params.damp, dtype=getattr(torch, params.precision),
-                      baseline=params.rounding_error)
+                      baseline=params.rounding_error, into=weights)  # the result in the weights' own memory
         row = 0
         for name, weight in zip(names, weights):
             rows = slice(row, row + weight.shape[0])
             side = result.side if result.side is None or len(names) == 1 else {k: v[rows] for k, v in result.side.items()}
-            store_weight(layers[name], result.weight[rows], side, fmt)
+            store_weight(layers[name], weight, side, fmt)
             report[name] = {"error": float(result.row_error[rows].sum())}
             if params.rounding_error:
                 report[name]["rtn_error"] = float(result.row_rtn_error[rows].sum())

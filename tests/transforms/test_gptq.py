@@ -138,6 +138,10 @@ def test_formats_without_a_group_quantizer_are_probed(fmt):
     got = gptq(w, h, fmt, block_size=12, act_order=True)
     assert got.side is None
     assert torch.equal(got.weight, reference(w, h, fmt, act_order=True, probe=True).float())
+    into = w.clone()  # written into the weight itself: its error probed from the original first
+    written = gptq(into, h, fmt, block_size=12, act_order=True, into=[into])
+    assert torch.equal(into, got.weight) and torch.equal(written.row_error, got.row_error)
+    assert torch.equal(written.row_rtn_error, got.row_rtn_error)
 
 
 @pytest.mark.parametrize("fmt", [{"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32},
@@ -232,6 +236,12 @@ def test_rows_are_independent_so_layers_sharing_a_hessian_run_as_one():
         assert torch.equal(listed.weight, stacked.weight) and torch.equal(listed.side["scale"], stacked.side["scale"])
         assert torch.equal(listed.row_error, stacked.row_error)
         assert torch.equal(listed.row_rtn_error.nan_to_num(), stacked.row_rtn_error.nan_to_num())
+        # written into the weights themselves: the same values, the errors (rounding's too) from the originals
+        parts = [w[:12].clone(), w[12:].clone()]
+        written = gptq(parts, h, fmt, act_order=True, block_size=24, dtype=dtype, baseline=baseline, into=parts)
+        assert written.weight is None and torch.equal(torch.cat(parts), stacked.weight)
+        assert torch.equal(written.row_error, stacked.row_error)
+        assert torch.equal(written.row_rtn_error.nan_to_num(), stacked.row_rtn_error.nan_to_num())
 
 
 def test_the_pass_shares_hessians_and_the_layers_hold_the_scales_gptq_fixed(tmp_path):
