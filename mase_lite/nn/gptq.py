@@ -169,8 +169,9 @@ def gptq(weight: Tensor | list[Tensor], hessian: Tensor | list[Tensor], fmt: Map
     del h
     hessians[0][dead[reverse], dead[reverse]] = 1
     u, lam = _inverse_factor(hessians, damp)
+    slices = _row_slices(parts)
     wt = torch.empty(columns, shape[0], dtype=dtype)  # [in, out] in processing order: a column is a contiguous row
-    for part, rows in zip(parts, _row_slices(parts)):
+    for part, rows in zip(parts, slices):
         wt[:, rows].copy_(part.t().index_select(0, order) if act_order else part.t())
     dead = dead[order]
     wt[dead] = 0
@@ -237,9 +238,11 @@ def gptq(weight: Tensor | list[Tensor], hessian: Tensor | list[Tensor], fmt: Map
         del wt
         q = apply_format(q.to(torch.float32), number_format, params).to(dtype)
         row_error = _row_error(torch.sub(torch.cat(parts).to(dtype), q).masked_fill_(dead, 0), hessian.detach().to(dtype))
+        for target, rows in zip(into or [], slices):
+            target.copy_(q[rows])
     else:  # row chunk by row chunk: its error, then its values in the weight's layout, in input order
         q = torch.empty(shape, dtype=dtype) if into is None else None
-        for index, (part, rows) in enumerate(zip(parts, _row_slices(parts))):
+        for index, (part, rows) in enumerate(zip(parts, slices)):
             for start in range(0, part.shape[0], ROWS_AT_ONCE):  # no other buffer as large as the weight
                 chunk = slice(rows.start + start, min(rows.start + start + ROWS_AT_ONCE, rows.stop))
                 values = wt[:, chunk].index_select(0, position).t()
@@ -248,9 +251,6 @@ def gptq(weight: Tensor | list[Tensor], hessian: Tensor | list[Tensor], fmt: Map
                 (q[chunk] if into is None else into[index][start : start + ROWS_AT_ONCE]).copy_(values)
         del wt
         row_error = loss
-    if into is not None and probed:
-        for target, rows in zip(into, _row_slices(parts)):
-            target.copy_(q[rows])
     return GPTQResult(weight=q.to(out_dtype) if into is None else None, side=side, row_error=row_error.to(torch.float64),
                       row_rtn_error=row_baseline, mask=mask)
 

@@ -164,20 +164,17 @@ def pack_bits(codes: Tensor, bits: int) -> Tensor:
     """
     if not 1 <= bits <= 32:
         raise FormatError(f"codes of {bits} bits cannot be packed (1 to 32 bits)")
-    if 8 % bits == 0 and bits < 8:
-        flat = codes.reshape(-1)
-    else:
-        flat = codes.reshape(-1).to(torch.int64)
-    if bits in (8, 16, 32):
-        return flat.to({8: torch.uint8, 16: torch.int16, 32: torch.int32}[bits]).view(torch.uint8).clone() \
-            if bits != 8 else flat.to(torch.uint8)
-    if 8 % bits == 0:  # in bytes: codes below 2**bits shifted within a byte (int64 would take 8 times the memory)
+    if bits < 8 and 8 % bits == 0:  # in bytes: codes below 2**bits shifted within a byte (int64 would take 8 times the memory)
         per_byte = 8 // bits
-        padded = torch.nn.functional.pad(flat.to(torch.uint8), (0, -flat.numel() % per_byte)).reshape(-1, per_byte)
+        padded = torch.nn.functional.pad(codes.reshape(-1).to(torch.uint8), (0, -codes.numel() % per_byte)).reshape(-1, per_byte)
         packed = padded[:, 0].clone()
         for i in range(1, per_byte):
             packed |= padded[:, i] << (i * bits)
         return packed
+    flat = codes.reshape(-1).to(torch.int64)
+    if bits in (8, 16, 32):
+        return flat.to({8: torch.uint8, 16: torch.int16, 32: torch.int32}[bits]).view(torch.uint8).clone() \
+            if bits != 8 else flat.to(torch.uint8)
     out = []
     for start in range(0, flat.numel(), 1 << 20):  # 8 codes per chunk boundary keep bytes whole
         chunk = flat[start : start + (1 << 20)]

@@ -73,14 +73,21 @@ def _inputs(leaders: dict[str, nn.Module], run, max_rows: int) -> dict[str, torc
     return {name: torch.cat(rows) for name, rows in kept.items()}
 
 
+def _group_size(fmt: dict, columns: int) -> int | None:
+    """Columns per quantization group of ``fmt`` in a row of ``columns`` (the row for a format without groups);
+    None where the groups do not divide the row."""
+    number_format, params = parse_format(fmt)
+    size = number_format.group(params, columns) if number_format.group is not None else columns
+    return None if columns % size else size
+
+
 def _clip(x: torch.Tensor, weight: torch.Tensor, fmt: dict, steps: int = 10) -> tuple[torch.Tensor, float, float]:
     """``weight`` (``[out, in]``) with each row's groups clipped to the fraction ``1 - i/20`` (``i < steps``) of their
     largest magnitude that makes ``||x_g (w_g - Q(clip(w))_g)ᵀ||²`` least per row and group ``g``; and the
     summed output error before and after."""
-    number_format, params = parse_format(fmt)
     rows, columns = weight.shape
-    size = number_format.group(params, columns) if number_format.group is not None else columns
-    if columns % size:
+    size = _group_size(fmt, columns)
+    if size is None:
         return weight, 0.0, 0.0
     groups = columns // size
     xg = x.reshape(x.shape[0], groups, size)
@@ -105,10 +112,7 @@ def _weight_magnitude(weights: list[torch.Tensor], formats: list[dict]) -> torch
     """Per input channel: the mean over the group's rows of ``|w|`` relative to its quantization group's largest."""
     shares = []
     for w, fmt in zip(weights, formats):
-        number_format, params = parse_format(fmt)
-        size = number_format.group(params, w.shape[1]) if number_format.group is not None else w.shape[1]
-        size = size if w.shape[1] % size == 0 else w.shape[1]
-        groups = w.abs().reshape(w.shape[0], -1, size)
+        groups = w.abs().reshape(w.shape[0], -1, _group_size(fmt, w.shape[1]) or w.shape[1])
         shares.append((groups / groups.amax(-1, keepdim=True).clamp(min=1e-12)).reshape(w.shape))
     return torch.cat(shares).mean(0)
 
