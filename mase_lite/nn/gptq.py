@@ -82,19 +82,82 @@ def _inverse_factor(hessians: list[Tensor], damp: float) -> tuple[Tensor, float]
     """The upper Cholesky factor ``U`` of the damped Hessian's inverse (``H⁻¹ = Uᵀ U``) and the damping ``λ``
     added to the diagonal, from one Cholesky factorisation and one triangular inverse: with ``P`` the
     reversal permutation and ``P H P = L Lᵀ``, ``U = P L⁻¹ P``. The Hessian comes reversed (``P H P``) in a
-    list the function empties, so it is released as soon as its factor exists (a 5632-wide float64 Hessian
-    is 254 MB)."""
-    flipped = hessians.pop()
-    lam = damp * float(flipped.diagonal().mean())
-    flipped.diagonal().add_(lam)
-    factor, info = torch.linalg.cholesky_ex(flipped)
-    del flipped
+    list the function empties; all three steps run in its memory (a 5632-wide float64 Hessian is 254 MB).
+
+    >>> h = torch.tensor([[4.0, 2.0], [2.0, 5.0]], dtype=torch.float64)
+    >>> u, lam = _inverse_factor([h.flip(0, 1).clone()], 0.0)
+    >>> torch.allclose(u.T @ u, torch.linalg.inv(h)), bool((u.tril(-1) == 0).all()), lam
+    (True, True, 0.0)
+    """
+    factor = hessians.pop()
+    lam = damp * float(factor.diagonal().mean())
+    factor.diagonal().add_(lam)
+    info = torch.empty((), dtype=torch.int32)
+    torch.linalg.cholesky_ex(factor, out=(factor, info))  # in place
     if int(info):
         raise UserError(f"gptq: the damped Hessian is not positive definite (damp {damp}); raise damp or the calibration data")
-    inverse = torch.eye(factor.shape[0], dtype=factor.dtype, device=factor.device)
-    torch.linalg.solve_triangular(factor, inverse, upper=False, out=inverse)  # in place: one n² buffer less
-    del factor
-    return inverse.flip(0, 1), lam
+    _invert_lower(factor)
+    _flip(factor)
+    return factor, lam
+
+
+def _invert_lower(lower: Tensor, leaf: int = 128) -> None:
+    """Inverts a lower-triangular matrix in its own memory, by halves: ``[[A, 0], [B, C]]⁻¹ =
+    [[A⁻¹, 0], [−C⁻¹ B A⁻¹, C⁻¹]]``, the products taken ``leaf`` rows or columns at a time (no buffer larger
+    than ``leaf`` of them). What lies above the diagonal is ignored and left zero."""
+    n = lower.shape[0]
+    if n <= leaf:
+        lower.copy_(torch.linalg.solve_triangular(lower, torch.eye(n, dtype=lower.dtype), upper=False))
+        return
+    half = n // 2
+    a, b, c = lower[:half, :half], lower[half:, :half], lower[half:, half:]
+    lower[:half, half:].zero_()
+    _invert_lower(a, leaf)
+    _invert_lower(c, leaf)
+    buffer = torch.empty(leaf * max(half, n - half), dtype=lower.dtype)
+    for stop in range(n - half, 0, -leaf):  # C⁻¹ B from the last rows up: row i needs B's rows up to i
+        start = max(stop - leaf, 0)
+        rows = buffer[: (stop - start) * half].view(stop - start, half)
+        b[start:stop].copy_(torch.mm(c[start:stop, :stop], b[:stop], out=rows))
+    for start in range(0, half, leaf):  # then · A⁻¹ from the first columns on: column j needs columns from j
+        stop = min(start + leaf, half)
+        columns = buffer[: (n - half) * (stop - start)].view(n - half, stop - start)
+        b[:, start:stop].copy_(torch.mm(b[:, start:], a[start:, start:stop], out=columns))
+    b.neg_()
+
+
+def _permute_symmetric(matrix: Tensor, order: Tensor, rows: int = 64) -> None:
+    """``matrix[order][:, order]`` in its own memory: the rows along their permutation's cycles, then the
+    columns ``rows`` rows at a time."""
+    targets = order.tolist()
+    done = [False] * len(targets)
+    for first in range(len(targets)):
+        if done[first] or targets[first] == first:
+            continue
+        kept = matrix[first].clone()
+        i = first
+        while targets[i] != first:
+            matrix[i].copy_(matrix[targets[i]])
+            done[i] = True
+            i = targets[i]
+        matrix[i].copy_(kept)
+        done[i] = True
+    for start in range(0, matrix.shape[0], rows):
+        chunk = matrix[start : start + rows]
+        chunk.copy_(chunk.index_select(1, order))
+
+
+def _flip(matrix: Tensor, rows: int = 64) -> None:
+    """``matrix.flip(0, 1)`` in its own memory, ``rows`` rows from each end at a time."""
+    n = matrix.shape[0]
+    for i in range(0, n // 2, rows):
+        count = min(rows, n // 2 - i)
+        top, bottom = matrix[i : i + count], matrix[n - i - count : n - i]
+        kept = top.flip(0, 1)
+        top.copy_(bottom.flip(0, 1))
+        bottom.copy_(kept)
+    if n % 2:
+        matrix[n // 2].copy_(matrix[n // 2].flip(0))
 
 
 Quantizer = Callable[[Tensor], Tensor]
@@ -165,7 +228,11 @@ def gptq(weight: Tensor | list[Tensor], hessian: Tensor | list[Tensor], fmt: Map
     curvature[dead] = 1
     order = torch.argsort(curvature, descending=True, stable=True) if act_order else torch.arange(columns)
     reverse = order.flip(0)
-    hessians = [h[reverse[:, None], reverse].to(dtype)]  # P H P in processing order: one copy
+    if hessian is None and h.dtype == dtype and h.is_contiguous():  # handed over and needed no more: its own memory
+        _permute_symmetric(h, reverse)
+        hessians = [h]
+    else:
+        hessians = [h[reverse[:, None], reverse].to(dtype)]  # P H P in processing order: one copy
     del h
     hessians[0][dead[reverse], dead[reverse]] = 1
     u, lam = _inverse_factor(hessians, damp)

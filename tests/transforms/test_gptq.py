@@ -327,3 +327,36 @@ def test_data_may_name_a_dataset_built_with_the_models_own_tokenizer(tmp_path):
     mg = ml.MaseGraph(LlamaForCausalLM(config).eval(), hf_input_names=["input_ids", "attention_mask", "labels"])
     with pytest.raises(UserError, match=r"a causal-lm model needs its tokenizer to read text: give data.tokenizer"):
         ml.passes.gptq(mg, {}, data="synthetic-grammar")
+
+
+@pytest.mark.parametrize("n", [1, 2, 127, 128, 129, 301, 1000])
+def test_the_inverse_factor_is_made_in_the_hessians_memory(n):
+    """U (upper) with UᵀU = (H + λI)⁻¹, built by halves in the reversed Hessian's own buffer."""
+    from mase_lite.nn.gptq import _inverse_factor
+    x = torch.randn(n, n + 3, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
+    h = x @ x.t()
+    flipped = h.flip(0, 1).contiguous()
+    address = flipped.data_ptr()
+    u, lam = _inverse_factor([flipped], 0.01)
+    assert u.data_ptr() == address and lam == pytest.approx(0.01 * float(h.diagonal().mean()))
+    assert torch.equal(u, u.triu())
+    damped = h + lam * torch.eye(n, dtype=h.dtype)
+    expected = torch.linalg.inv(torch.linalg.cholesky(damped.flip(0, 1))).flip(0, 1)
+    torch.testing.assert_close(u, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_a_handed_over_hessian_is_permuted_in_its_own_memory_with_the_same_result(act_order):
+    from mase_lite.nn.gptq import _permute_symmetric
+    for n, seed in [(1, 0), (5, 1), (64, 2), (300, 3)]:
+        m = torch.randn(n, n, generator=torch.Generator().manual_seed(seed))
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+        permuted = m.clone()
+        _permute_symmetric(permuted, order)
+        assert torch.equal(permuted, m[order][:, order])
+    w, h, _ = correlated(n_in=200, seed=4)
+    h = h.float()
+    fmt = {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "full_range": True}
+    kept = gptq(w, h, fmt, act_order=act_order, dtype=torch.float32, baseline=False)
+    handed = gptq(w, [h.clone()], fmt, act_order=act_order, dtype=torch.float32, baseline=False)
+    assert torch.equal(kept.weight, handed.weight) and torch.equal(kept.row_error, handed.row_error)
