@@ -1,8 +1,8 @@
 """Decoding on the CPU: a Llama from a config (random weights, the same in every column) generating greedily with
-its key/value cache after a prompt, float32 against every Linear packed (``lm_head`` included): MXINT8 and the
+the tool's decoder (:mod:`mase_lite.nn.decoder`, its key/value cache) after a prompt, float32 against every Linear packed (``lm_head`` included): MXINT8 and the
 4-bit kernels (Q4_0-style integers, MXFP4). Where ``llama-cpp-python`` is installed, llama.cpp decodes the same
 weights exported to GGUF (:mod:`mase_lite.deploy.gguf`: MXINT8 as Q8_0, 4-bit groups of 32 as Q4_0, every
-Linear quantized) beside them. A column's decode time per token is (time for N tokens - time for 1) / (N - 1),
+Linear quantized) beside them, and the packed MXINT8 model in transformers' own ``generate``. A column's decode time per token is (time for N tokens - time for 1) / (N - 1),
 the median of ``rounds`` runs, the columns timed in turn each round so drifting load hits them alike; speed-ups
 are computed from the columns of the same row.
 """
@@ -22,8 +22,10 @@ import torch
 from torch import nn
 
 from mase_lite.bench.section import Section
+from mase_lite.nn.decoder import Decoder
 
 PACKINGS = ("MXINT8", "Q4_0", "MXFP4")
+HF_COLUMN = "MXINT8 in transformers' generate"
 LLAMA_CPP = {  # llama.cpp's type: the tool's weight format that it holds exactly
     "Q8_0": {"name": "mxint", "element_width": 8},
     "Q4_0": {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "scale_dtype": "float16",
@@ -51,9 +53,22 @@ def decoders(config: dict) -> dict[str, nn.Module]:
 
 
 def _seconds(model: nn.Module, prompt: torch.Tensor, tokens: int) -> float:
+    """transformers' ``generate``, greedy."""
     start = time.perf_counter()
     with torch.no_grad():
         model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
+    return time.perf_counter() - start
+
+
+def _decoder_seconds(decoder: Decoder, prompt: torch.Tensor, tokens: int) -> float:
+    """The tool's decoder (what the ``generate`` step runs), greedy."""
+    start = time.perf_counter()
+    with torch.no_grad():
+        decoder.reset()
+        logits = decoder(prompt)
+        for _ in range(tokens - 1):
+            logits = decoder(torch.argmax(logits).view(1, 1))
+        int(torch.argmax(logits))
     return time.perf_counter() - start
 
 
@@ -105,7 +120,9 @@ def bench_decode(config: dict, threads: list[int], prompt_tokens: int, new_token
         try:
             for count in threads:
                 torch.set_num_threads(count)
-                timers = {name: (lambda p, n, m=model: _seconds(m, p, n)) for name, model in models.items()}
+                timers = {name: (lambda p, n, d=Decoder.of(model, prompt_tokens + new_tokens): _decoder_seconds(d, p, n))
+                          for name, model in models.items()}
+                timers[HF_COLUMN] = lambda p, n: _seconds(models["MXINT8"], p, n)
                 closers = []
                 for name, path in files.items():
                     timers[f"llama.cpp {name}"], close = _llama_cpp_timer(path, count, prompt_tokens + new_tokens + 8)
@@ -124,6 +141,7 @@ def bench_decode(config: dict, threads: list[int], prompt_tokens: int, new_token
                       for name in timers}
                 row = {"threads": count, **{f"{name} ms/token": ms[name] for name in timers}}
                 row.update({f"{name} / float32 speed-up": ms["float32"] / ms[name] for name in PACKINGS})
+                row[f"MXINT8 / {HF_COLUMN} speed-up"] = ms[HF_COLUMN] / ms["MXINT8"]
                 for name in files:
                     ours = "MXINT8" if name == "Q8_0" else name
                     row[f"{ours} / llama.cpp {name} speed-up"] = ms[f"llama.cpp {name}"] / ms[ours]
@@ -136,6 +154,7 @@ def bench_decode(config: dict, threads: list[int], prompt_tokens: int, new_token
              "llama.cpp is not timed here (llama-cpp-python is not installed: it builds from source, in its own "
              "environment)")
     notes = [f"LlamaForCausalLM({config}), greedy decoding with the key/value cache after {prompt_tokens} prompt "
-             f"tokens, {new_tokens} tokens, median of {rounds} rounds; {llama}."]
+             f"tokens, {new_tokens} tokens, median of {rounds} rounds, by the tool's decoder (mase_lite.nn.decoder, "
+             f"what the generate step runs; the same packed model in transformers' generate beside it); {llama}."]
     return Section("decode", "CPU: decoding with the KV cache, float32 vs packed MXINT8 and 4-bit", list(rows[0]), rows,
                    notes)

@@ -2,7 +2,9 @@
 end-of-text token or a stop string; timed as prefill (the prompt) and decode (one token at a time).
 
 The model is a transformers causal LM, float, fake-quantized or packed: its own modules run, so every
-quantized layer computes as in evaluation. Greedy decoding picks the highest logit (the lowest id on a tie),
+quantized layer computes as in evaluation. A Llama-family model runs through :class:`mase_lite.nn.decoder.Decoder`
+(its layers without transformers' per-token work, a cache of fixed size); any other through its own forward with
+transformers' cache (``Generated.runner`` says which). Greedy decoding picks the highest logit (the lowest id on a tie),
 as transformers' ``generate`` does. Prompts are encoded without special tokens (a causal LM's documents carry none).
 
 Example::
@@ -20,6 +22,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from mase_lite.nn.decoder import Decoder
 
 
 @dataclass
@@ -43,6 +47,7 @@ class Generated:
     prefill_seconds: float = 0.0
     decode_tokens: int = 0
     decode_seconds: float = 0.0
+    runner: str = "model"
 
     @property
     def prefill_tokens_per_second(self) -> float:
@@ -75,24 +80,25 @@ def generate(model: torch.nn.Module, tokenizer: Any, prompts: list[str], max_new
     """Each prompt completed by ``model`` (batch 1, the key/value cache kept between tokens)."""
     sampling = sampling or Sampling()
     generator = torch.Generator().manual_seed(sampling.seed)
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     device = next(iter(model.parameters()), torch.empty(0)).device
     eos = tokenizer.eos_token_id
-    result = Generated()
+    encoded = [tokenizer(p, add_special_tokens=False, return_tensors="pt")["input_ids"].to(device) for p in prompts]
+    decoder = Decoder.of(model, max((ids.shape[1] for ids in encoded), default=0) + max_new_tokens)
+    forward = _decoder_steps(decoder) if decoder is not None else _model_steps(model)
+    result = Generated(runner="decoder" if decoder is not None else "model")
     was_training = model.training
     model.eval()
     try:
-        for prompt in prompts:
-            ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"].to(device)
+        for prompt, ids in zip(prompts, encoded):
             start = time.perf_counter()
-            out = model(input_ids=ids, use_cache=True)
+            logits = forward(ids, True)
             result.prefill_seconds += time.perf_counter() - start
             result.prefill_tokens += ids.shape[1]
             new: list[int] = []
             reason = "length"
             start = time.perf_counter()
             for _ in range(max_new_tokens):
-                token = next_token(out.logits[0, -1], sampling, generator)
+                token = next_token(logits, sampling, generator)
                 new.append(token)
                 if token == eos:
                     reason = "eos"
@@ -103,8 +109,7 @@ def generate(model: torch.nn.Module, tokenizer: Any, prompts: list[str], max_new
                     break
                 if len(new) == max_new_tokens:
                     break
-                cache = getattr(out, "cache", None) or out.past_key_values
-                out = model(input_ids=torch.tensor([[token]], device=device), use_cache=True, **{cache_arg: cache})
+                logits = forward(torch.tensor([[token]], device=device), False)
             result.decode_seconds += time.perf_counter() - start
             result.decode_tokens += len(new)
             text = tokenizer.decode(new, skip_special_tokens=True)
@@ -114,3 +119,25 @@ def generate(model: torch.nn.Module, tokenizer: Any, prompts: list[str], max_new
     finally:
         model.train(was_training)
     return result
+
+
+def _decoder_steps(decoder: Decoder):
+    """``(ids, first)``: the next token's logits; a prompt (``first``) starts a new sequence."""
+    def forward(ids: Tensor, first: bool) -> Tensor:
+        if first:
+            decoder.reset()
+        return decoder(ids)
+    return forward
+
+
+def _model_steps(model: torch.nn.Module):
+    """The same through the model's own forward and transformers' cache."""
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    state: dict = {}
+
+    def forward(ids: Tensor, first: bool) -> Tensor:
+        extra = {} if first else {cache_arg: state["cache"]}
+        out = model(input_ids=ids, use_cache=True, **extra)
+        state["cache"] = getattr(out, "cache", None) or out.past_key_values
+        return out.logits[0, -1]
+    return forward

@@ -63,7 +63,7 @@ def generate_pass(mg, params: GenerateParams, ctx):
     completions = [{k: c[k] for k in ("prompt", "completion", "stopped")} for c in out.completions]
     metrics = {"prefill_tokens_per_second": out.prefill_tokens_per_second,
                "decode_tokens_per_second": out.decode_tokens_per_second, "new_tokens": out.decode_tokens}
-    return PassResult({"completions": completions}, metrics=metrics, label=params.label)
+    return PassResult({"completions": completions, "runner": out.runner}, metrics=metrics, label=params.label)
 
 
 def _seq2seq(model, tokenizer, prompts, params):
@@ -72,7 +72,7 @@ def _seq2seq(model, tokenizer, prompts, params):
 
     from mase_lite.train.generation import Generated
 
-    result = Generated()
+    result = Generated(runner="transformers generate")
     torch.manual_seed(params.seed)
     for prompt in prompts:
         ids = tokenizer(prompt, return_tensors="pt")["input_ids"]

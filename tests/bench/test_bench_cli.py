@@ -20,6 +20,8 @@ def test_quick_bench_writes_table_json_and_plots(tmp_path, capsys):
                               "dequantize", "codegen", "decode"]
     (decode,) = sections["decode"]["rows"]
     assert decode["threads"] == 1 and decode["MXINT8 tokens/s"] == pytest.approx(1e3 / decode["MXINT8 ms/token"])
+    assert decode["MXINT8 / MXINT8 in transformers' generate speed-up"] == pytest.approx(
+        decode["MXINT8 in transformers' generate ms/token"] / decode["MXINT8 ms/token"])
     for name in ("MXINT8", "Q4_0", "MXFP4"):  # each speed-up is the same row's float32 time over the column's
         assert decode[f"{name} / float32 speed-up"] == pytest.approx(decode["float32 ms/token"] / decode[f"{name} ms/token"])
     assert [r["seq"] for r in sections["attention"]["rows"]] == [32, 64]

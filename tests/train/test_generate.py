@@ -39,11 +39,21 @@ def argmax_loop(model, ids, steps):
 def test_greedy_equals_transformers_generate(tokenizer):
     model = llama()
     prompt = "the cat sat"
-    got = generate(model, tokenizer, [prompt], max_new_tokens=10).completions[0]["tokens"]
+    out = generate(model, tokenizer, [prompt], max_new_tokens=10)
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         expected = model.generate(ids, max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
-    assert got == expected[0, ids.shape[1]:].tolist()
+    assert out.completions[0]["tokens"] == expected[0, ids.shape[1]:].tolist() and out.runner == "decoder"
+
+
+def test_a_model_outside_the_llama_family_runs_its_own_forward_with_the_cache(tokenizer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=2, n_positions=64)).eval()
+    out = generate(model, tokenizer, ["the cat sat"], max_new_tokens=8)
+    ids = tokenizer("the cat sat", add_special_tokens=False, return_tensors="pt")["input_ids"]
+    assert out.runner == "model" and out.completions[0]["tokens"] == argmax_loop(model, ids, 8)
 
 
 @pytest.mark.parametrize("preset", ["MXINT8", "W4A16"])

@@ -1,0 +1,114 @@
+"""The Llama-family decoder that generation runs: its logits equal the model's own forward over the whole
+sequence at every step (Llama with grouped-query attention, Qwen2 with q/k/v biases, Mistral; float32, packed,
+bfloat16), a prompt given in parts equals it given at once, and any other model is left to its own forward."""
+
+import pytest
+import torch
+import transformers
+from transformers import GPT2Config, GPT2LMHeadModel
+
+import mase_lite as ml
+from mase_lite import UserError
+from mase_lite.kernels import mxint8, packed4
+from mase_lite.nn.decoder import Decoder
+
+SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64)
+
+
+def model(kind="Llama", dtype=torch.float32, **extra):
+    torch.manual_seed(0)
+    config = getattr(transformers, f"{kind}Config")(**SIZES, **extra)
+    return getattr(transformers, f"{kind}ForCausalLM")(config).to(dtype).eval()
+
+
+def steps(decoder, ids, tokens):
+    """The decoder's logits after the prompt and after each of ``tokens``."""
+    decoder.reset()
+    out = [decoder(ids)]
+    for token in tokens:
+        out.append(decoder(torch.tensor([[token]])))
+    return torch.stack(out)
+
+
+def whole(m, ids, tokens):
+    """The model's own logits over the whole sequence so far, at the same positions."""
+    sequence = torch.cat([ids, torch.tensor([tokens])], 1)
+    logits = m(input_ids=sequence).logits[0]
+    return logits[ids.shape[1] - 1:]
+
+
+@pytest.mark.parametrize("kind,extra", [("Llama", {}), ("Qwen2", {}), ("Mistral", {"sliding_window": None}),
+                                        ("Llama", {"attention_bias": True, "mlp_bias": True})])
+def test_logits_equal_the_models_forward_at_every_step(kind, extra):
+    m = model(kind, **extra)
+    ids, tokens = torch.tensor([[3, 14, 15, 92, 65]]), [35, 89, 79, 32]
+    with torch.no_grad():
+        torch.testing.assert_close(steps(Decoder.of(m, 16), ids, tokens), whole(m, ids, tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_a_prompt_in_parts_equals_it_at_once():
+    m = model()
+    decoder = Decoder.of(m, 12)
+    with torch.no_grad():
+        at_once = decoder(torch.tensor([[5, 6, 7, 8, 9]]))
+        decoder.reset()
+        decoder(torch.tensor([[5, 6]]))
+        in_parts = decoder(torch.tensor([[7, 8, 9]]))
+    torch.testing.assert_close(in_parts, at_once, rtol=1e-5, atol=1e-5)
+    assert decoder.length == 5
+
+
+@pytest.mark.parametrize("packing", ["mxint8", "q4_0", "mxfp4"])
+def test_a_packed_model_decodes_as_its_own_forward(packing):
+    m = model()
+    if packing == "mxint8":
+        mxint8.pack_linears(m)
+    else:
+        packed4.pack_linears(m, packing)
+    ids, tokens = torch.tensor([[1, 2, 3]]), [4, 5, 6]
+    with torch.no_grad():
+        torch.testing.assert_close(steps(Decoder.of(m, 8), ids, tokens), whole(m, ids, tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_a_fake_quantized_model_runs_its_quantizers():
+    m, _ = ml.passes.quantize(model(), {"preset": "W4A16", "ignore": ["lm_head"]})
+    ids, tokens = torch.tensor([[9, 8, 7]]), [6, 5]
+    with torch.no_grad():
+        torch.testing.assert_close(steps(Decoder.of(m, 8), ids, tokens), whole(m, ids, tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_stays_within_its_precision():
+    m = model(dtype=torch.bfloat16)
+    ids, tokens = torch.tensor([[3, 1, 4, 1, 5]]), [9, 2]
+    with torch.no_grad():
+        got, expected = steps(Decoder.of(m, 8), ids, tokens), whole(m, ids, tokens)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected.float(), rtol=0.02, atol=0.03)
+
+
+def test_a_hooked_layer_is_called_as_a_module():
+    m = model()
+    seen = []
+    m.model.layers[1].mlp.down_proj.register_forward_hook(lambda *args: seen.append(1))
+    with torch.no_grad():
+        Decoder.of(m, 8)(torch.tensor([[1, 2]]))
+    assert seen == [1]
+
+
+def test_other_models_are_left_to_their_own_forward():
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=1, n_head=2, n_positions=32))
+    assert Decoder.of(gpt2, 8) is None
+    assert Decoder.of(model("Qwen3", head_dim=16), 8) is None  # query/key norms
+    assert Decoder.of(model("Mistral", sliding_window=4), 8) is None  # a window shorter than the context
+    assert Decoder.of(model("Mistral", sliding_window=8), 8) is not None
+    assert Decoder.of(model(hidden_act="gelu"), 8) is None
+
+
+def test_shapes_and_lengths_it_cannot_take_are_named():
+    decoder = Decoder.of(model(), 4)
+    with pytest.raises(UserError, match=r"Decoder: 5 positions exceed its max_length 4"):
+        decoder(torch.tensor([[1, 2, 3, 4, 5]]))
+    with pytest.raises(UserError, match=r"token ids of shape \[1, n\], got \(2, 3\)"):
+        decoder(torch.tensor([[1, 2, 3], [4, 5, 6]]))
+    assert decoder.length == 0
