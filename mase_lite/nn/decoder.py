@@ -41,7 +41,10 @@ def _call(module: nn.Module) -> Callable[[Tensor], Tensor]:
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """As transformers' RMSNorm computes it: in float32, then back to ``x``'s dtype before the weight."""
+    """As transformers' RMSNorm computes it: in float32, then back to ``x``'s dtype before the weight (float32:
+    torch's fused ``rms_norm``, the same bits)."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, x.shape[-1:], weight, eps)
     x32 = x.to(torch.float32)
     return weight * (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps)).to(x.dtype)
 
@@ -70,7 +73,9 @@ class Decoder:
         weight = body.norm.weight
         dummy = torch.zeros(1, 1, self.head_dim, dtype=weight.dtype, device=weight.device)
         cos, sin = body.rotary_emb(dummy, torch.arange(max_length, device=weight.device)[None])
-        self.cos, self.sin = cos[0], sin[0]  # [positions, head_dim]
+        half = self.head_dim // 2
+        sign = torch.cat([-torch.ones(half), torch.ones(self.head_dim - half)]).to(sin)
+        self.cos, self.sin = cos[0], sin[0] * sign  # [positions, head_dim]; sin negated where rotate_half negates
         shape = (len(self.layers), self.kv_heads, max_length, self.head_dim)
         self.keys = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
         self.values = torch.zeros_like(self.keys)
@@ -135,5 +140,6 @@ class Decoder:
 
     @staticmethod
     def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+        """``x cos + rotate_half(x) sin``: rotate_half is a roll by half the head with the first half negated,
+        the sign folded into ``sin``."""
+        return x * cos + x.roll(x.shape[-1] // 2, -1) * sin

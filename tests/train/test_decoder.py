@@ -59,13 +59,13 @@ def test_a_prompt_in_parts_equals_it_at_once():
     assert decoder.length == 5
 
 
-@pytest.mark.parametrize("packing", ["mxint8", "q4_0", "mxfp4"])
+@pytest.mark.parametrize("packing", ["mxint8", "q4_0", "mxfp4", "q4_0 int8", "mxfp4 int8"])
 def test_a_packed_model_decodes_as_its_own_forward(packing):
     m = model()
     if packing == "mxint8":
         mxint8.pack_linears(m)
     else:
-        packed4.pack_linears(m, packing)
+        packed4.pack_linears(m, packing.split()[0], activations="int8" if "int8" in packing else "float")
     ids, tokens = torch.tensor([[1, 2, 3]]), [4, 5, 6]
     with torch.no_grad():
         torch.testing.assert_close(steps(Decoder.of(m, 8), ids, tokens), whole(m, ids, tokens), rtol=1e-5, atol=1e-5)

@@ -14,6 +14,8 @@
  * looked up by two permutes and a blend), AVX-512 (16 lanes; the table is one register, one permute per 16
  * weights). Compiled without -ffast-math and with C11 (no contraction of a * b + c into an FMA in plain C).
  */
+#include <float.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -334,4 +336,217 @@ void packed4_dequantize(const uint8_t *q, const float *scales, const float *tabl
                         float *out, int level, int threads) {
     struct dequantize_args a = {q, scales, table, k, out, level};
     split_rows(dequantize_range, &a, 0, rows, threads);
+}
+
+/* ---------------------------------------------------------------- int8 activations (llama.cpp's way)
+ *
+ * x quantized per block of 32: scale amax / 127, codes round-half-even(x * (127 / amax)) in -127..127 (a block
+ * holding an infinity or a NaN: codes 0, scale NaN, so the outputs it reaches are NaN), stored as
+ * the block's even elements, then its odd ones (the nibbles' order). Weights as integers: itable[nibble] (the
+ * table divided by a power of two the caller folds back in). A block's 32 products are summed exactly in eight
+ * int32 lanes (lane i: bytes 4i..4i+3), each lane then accumulated in float32 by a fused multiply-add with the
+ * two blocks' scales multiplied (block b into the (b % 4)th of four accumulators), and the accumulators and the
+ * lanes summed in one fixed tree: every level computes the same integers and the same float operations in the
+ * same order, so its result is bit for bit the plain C one, at any thread count (rows of W are split, never a
+ * sum). Where the table is affine (itable[n] = n + c: Q4_0's -8..7) the vector levels multiply the nibbles
+ * themselves, unsigned, and add c times the lane's sum of codes (computed once per x block): the same integers
+ * in fewer instructions; otherwise they look the nibbles up and multiply |x| by the weight with x's sign. */
+
+int packed4_cpu_vnni(void) {
+#ifdef P4_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+#else
+    return 0;
+#endif
+}
+
+/* v (|v| <= 127) to the nearest integer, ties to even: adding and subtracting 1.5 * 2**23 leaves float32 no
+ * fraction bits (C11: evaluated as written), as nearbyintf would without its call. */
+static inline int8_t round_even(float v) {
+    const float magic = 12582912.0f;
+    return (int8_t)(int)((v + magic) - magic);
+}
+
+/* xq, xs as above; corr: per block, c times each lane's sum of codes (eight int32). */
+static void quantize_x(const float *x, int64_t m, int64_t k, int c, int8_t *xq, float *xs, int32_t *corr) {
+    for (int64_t i = 0; i < m * k; i += BLOCK) {
+        float amax = 0.0f;
+        int finite = 1;
+        for (int t = 0; t < BLOCK; t++) {
+            float a = fabsf(x[i + t]);
+            finite &= a <= FLT_MAX;
+            amax = a > amax ? a : amax;
+        }
+        float inverse = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+        int8_t *q = xq + i;
+        xs[i / BLOCK] = finite ? amax / 127.0f : NAN; /* an infinite or NaN input: its outputs NaN */
+        for (int t = 0; t < BLOCK / 2; t++) {
+            q[t] = round_even(x[i + 2 * t] * inverse);
+            q[BLOCK / 2 + t] = round_even(x[i + 2 * t + 1] * inverse);
+        }
+        for (int l = 0; l < 8; l++) corr[i / 4 + l] = c * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+    }
+}
+
+static inline float sum_lanes(const float l[8]) {
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+enum { CHAINS = 4 };
+
+static float dot_q8_c(const int8_t *xq, const float *xs, const uint8_t *p, const float *s, const int8_t *itable,
+                      int64_t nb) {
+    float acc[CHAINS][8] = {{0}};
+    for (int64_t b = 0; b < nb; b++, p += BLOCK_BYTES, xq += BLOCK) {
+        float d = xs[b] * s[b];
+        for (int l = 0; l < 8; l++) {
+            int32_t sum = 0;
+            for (int e = 4 * l; e < 4 * l + 4; e++)
+                sum += (e < BLOCK_BYTES ? itable[p[e] & 15] : itable[p[e - BLOCK_BYTES] >> 4]) * xq[e];
+            acc[b % CHAINS][l] = fmaf((float)sum, d, acc[b % CHAINS][l]);
+        }
+    }
+    float lanes[8];
+    for (int l = 0; l < 8; l++) lanes[l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
+    return sum_lanes(lanes);
+}
+
+#ifdef P4_X86
+#define VNNI __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
+
+AVX2 static inline float sum_lanes_avx2(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AVX2 static inline __m256i madd_avx2(__m256i acc, __m256i u, __m256i v) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1)));
+}
+
+VNNI static inline __m256i madd_vnni(__m256i acc, __m256i u, __m256i v) { return _mm256_dpbusd_epi32(acc, u, v); }
+
+/* A block's nibbles, the low ones (even elements) in the low half, the high ones in the high half. */
+#define NIBBLES(p) \
+    _mm256_and_si256(_mm256_srlv_epi32(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p))), shift), low4)
+
+/* One block's eight int32 lanes: affine tables multiply the nibbles and add the correction, others look up. */
+#define LANES_AFFINE(MADD, b) \
+    MADD(_mm256_loadu_si256((const __m256i *)(corr + 8 * (b))), NIBBLES(p + (b) * BLOCK_BYTES), \
+         _mm256_loadu_si256((const __m256i *)(xq + (b) * BLOCK)))
+#define LANES_TABLE(MADD, b)                                                                     \
+    ({                                                                                           \
+        __m256i x_ = _mm256_loadu_si256((const __m256i *)(xq + (b) * BLOCK));                    \
+        MADD(_mm256_setzero_si256(), _mm256_sign_epi8(x_, x_),                                   \
+             _mm256_sign_epi8(_mm256_shuffle_epi8(lut, NIBBLES(p + (b) * BLOCK_BYTES)), x_));    \
+    })
+
+#define STEP(LANES, MADD, chain, b) \
+    chain = _mm256_fmadd_ps(_mm256_cvtepi32_ps(LANES(MADD, b)), _mm256_set1_ps(xs[b] * s[b]), chain)
+
+#define DOT_Q8(LANES, MADD)                                                                              \
+    __m256i shift = _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0), low4 = _mm256_set1_epi8(15);              \
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                         \
+    int64_t b = 0;                                                                                     \
+    for (; b + CHAINS <= nb; b += CHAINS) {                                                            \
+        _mm_prefetch((const char *)(p + b * BLOCK_BYTES + 4096), _MM_HINT_T0);                         \
+        STEP(LANES, MADD, a0, b);                                                                      \
+        STEP(LANES, MADD, a1, b + 1);                                                                  \
+        STEP(LANES, MADD, a2, b + 2);                                                                  \
+        STEP(LANES, MADD, a3, b + 3);                                                                  \
+    }                                                                                                  \
+    if (b < nb) STEP(LANES, MADD, a0, b);                                                              \
+    if (b + 1 < nb) STEP(LANES, MADD, a1, b + 1);                                                      \
+    if (b + 2 < nb) STEP(LANES, MADD, a2, b + 2);                                                      \
+    return sum_lanes_avx2(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+
+#define DOT_FN(NAME, TARGET, LANES, MADD)                                                                  \
+    TARGET static float NAME(const int8_t *xq, const float *xs, const int32_t *corr, const uint8_t *p,     \
+                             const float *s, __m256i lut, int64_t nb) {                                    \
+        (void)corr;                                                                                        \
+        (void)lut;                                                                                         \
+        DOT_Q8(LANES, MADD)                                                                                \
+    }
+
+DOT_FN(dot_affine_avx2, AVX2, LANES_AFFINE, madd_avx2)
+DOT_FN(dot_table_avx2, AVX2, LANES_TABLE, madd_avx2)
+DOT_FN(dot_affine_vnni, VNNI, LANES_AFFINE, madd_vnni)
+DOT_FN(dot_table_vnni, VNNI, LANES_TABLE, madd_vnni)
+
+typedef float (*dot_fn)(const int8_t *, const float *, const int32_t *, const uint8_t *, const float *, __m256i,
+                        int64_t);
+
+#define LINEAR_Q8(NAME, TARGET)                                                                                \
+    TARGET static void NAME(dot_fn dot, const int8_t *xq, const float *xs, const int32_t *corr, int64_t m,    \
+                            int64_t k, const uint8_t *q, const float *scales, const int8_t *itable, float unit, \
+                            const float *bias, float *out, int64_t n, int64_t first, int64_t last) {          \
+        int64_t nb = k / BLOCK;                                                                               \
+        __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)itable));                  \
+        for (int64_t j = first; j < last; j++)                                                                \
+            for (int64_t i = 0; i < m; i++) {                                                                 \
+                float total = dot(xq + i * k, xs + i * nb, corr + i * (k / 4), q + j * (k / 2), scales + j * nb, \
+                                  lut, nb) * unit;                                                            \
+                out[i * n + j] = bias ? total + bias[j] : total;                                              \
+            }                                                                                                 \
+    }
+
+LINEAR_Q8(linear_q8_avx2, AVX2)
+LINEAR_Q8(linear_q8_vnni, VNNI)
+#endif
+
+struct linear_q8_args {
+    const int8_t *xq;
+    const float *xs;
+    const int32_t *corr;
+    int64_t m, k;
+    const uint8_t *q;
+    const float *scales;
+    const int8_t *itable;
+    float unit;
+    int affine;
+    const float *bias;
+    float *out;
+    int64_t n;
+    int level;
+};
+
+static void linear_q8_range(const void *p, int64_t first, int64_t last) {
+    const struct linear_q8_args *a = p;
+#ifdef P4_X86
+    if (a->level == LEVEL_AVX512 && packed4_cpu_vnni()) {
+        linear_q8_vnni(a->affine ? dot_affine_vnni : dot_table_vnni, a->xq, a->xs, a->corr, a->m, a->k, a->q,
+                       a->scales, a->itable, a->unit, a->bias, a->out, a->n, first, last);
+        return;
+    }
+    if (a->level >= LEVEL_AVX2) {
+        linear_q8_avx2(a->affine ? dot_affine_avx2 : dot_table_avx2, a->xq, a->xs, a->corr, a->m, a->k, a->q,
+                       a->scales, a->itable, a->unit, a->bias, a->out, a->n, first, last);
+        return;
+    }
+#endif
+    int64_t nb = a->k / BLOCK;
+    for (int64_t j = first; j < last; j++)
+        for (int64_t i = 0; i < a->m; i++) {
+            float total = dot_q8_c(a->xq + i * a->k, a->xs + i * nb, a->q + j * (a->k / 2), a->scales + j * nb,
+                                   a->itable, nb) * a->unit;
+            a->out[i * a->n + j] = a->bias ? total + a->bias[j] : total;
+        }
+}
+
+/* out as packed4_linear's, with x quantized to int8 per block (see above) and the weight table given as 16
+ * integers times `unit`. scratch: 2 * m * k bytes (the codes, then m * k / 32 float32 scales and m * k / 4
+ * int32 corrections). */
+void packed4_linear_q8(const float *x, int64_t m, int64_t k, const uint8_t *q, const float *scales,
+                       const int8_t *itable, float unit, const float *bias, float *out, int64_t n, int64_t first,
+                       int64_t last, int level, int threads, void *scratch) {
+    int affine = 1;
+    for (int t = 1; t < 16; t++) affine &= itable[t] == itable[0] + t;
+    int8_t *xq = scratch;
+    float *xs = (float *)((char *)scratch + m * k);
+    int32_t *corr = (int32_t *)(xs + m * k / BLOCK);
+    quantize_x(x, m, k, affine ? itable[0] : 0, xq, xs, corr);
+    struct linear_q8_args a = {xq, xs, corr, m, k, q, scales, itable, unit, affine, bias, out, n, level};
+    split_rows(linear_q8_range, &a, first, last, threads);
 }

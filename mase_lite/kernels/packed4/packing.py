@@ -30,10 +30,12 @@ FORMATS = {
 }
 
 
-def pack_linears(model: nn.Module, fmt: str | dict[str, Any] = "q4_0", skip: tuple[str, ...] = ()) -> int:
+def pack_linears(model: nn.Module, fmt: str | dict[str, Any] = "q4_0", skip: tuple[str, ...] = (),
+                 activations: str = "float") -> int:
     """Replace every ``nn.Linear`` of ``model`` whose name does not start with one of ``skip`` (and whose inputs
     are a multiple of 32) by a :class:`Packed4Linear` of ``fmt`` (``q4_0``, ``mxint4``, ``mxfp4`` or a packable
-    format dict); returns how many were packed."""
+    format dict) with ``activations`` ``float`` or ``int8`` (inference: see the layer); returns how many were
+    packed."""
     from mase_lite.nn.quantized import quantize_module
 
     fmt = FORMATS.get(fmt, fmt) if isinstance(fmt, str) else fmt
@@ -44,6 +46,7 @@ def pack_linears(model: nn.Module, fmt: str | dict[str, Any] = "q4_0", skip: tup
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, Packed4Linear.from_quantized(quantize_module(getattr(parent, child), {"weight": fmt})))
+        layer = quantize_module(getattr(parent, child), {"weight": fmt})
+        setattr(parent, child, Packed4Linear.from_quantized(layer, activations=activations))
     return_free_memory()
     return len(names)

@@ -1,0 +1,144 @@
+"""Packed 4-bit Linears with int8 activations (llama.cpp's way): the activation codes and scales by hand (ties to
+even, saturation at 127, zero and non-finite blocks), every vector level bit for bit the plain C one at any thread
+count, the affine (Q4_0) and looked-up (MXINT4, MXFP4) tables alike, results within float32 accumulation error of
+the exact integer reference, and the layer's inference-only contract."""
+
+import pytest
+import torch
+
+from mase_lite import UserError
+from mase_lite.kernels.packed4 import Packed4Linear, cpu_kernel, pack_linears
+from mase_lite.nn.quantized import quantize_module
+
+FORMATS = {
+    "q4_0": {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "full_range": True,
+             "scale_dtype": "float16"},
+    "mxint4": {"name": "mxint", "element_width": 4},
+    "mxfp4": {"name": "mxfp", "element_format": "e2m1"},
+}
+LEVELS = cpu_kernel.available_levels()
+
+
+def layer(name: str, out_features: int, in_features: int, seed: int = 0) -> Packed4Linear:
+    torch.manual_seed(seed)
+    fake = quantize_module(torch.nn.Linear(in_features, out_features), {"weight": FORMATS[name]})
+    return Packed4Linear.from_quantized(fake, activations="int8")
+
+
+def test_each_formats_table_as_integers():
+    assert cpu_kernel.integer_table(layer("q4_0", 1, 32).table) == (pytest.approx(torch.arange(-8, 8)), 1.0)
+    itable, unit = cpu_kernel.integer_table(layer("mxfp4", 1, 32).table)
+    assert unit == 0.5 and itable.tolist() == [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]
+    itable, unit = cpu_kernel.integer_table(layer("mxint4", 1, 32).table)
+    assert torch.equal(itable.double() * unit, layer("mxint4", 1, 32).table.double())
+    assert cpu_kernel.integer_table(torch.full((16,), 0.3)) is None
+    assert cpu_kernel.integer_table(torch.full((16,), 200.0)) is None
+
+
+def test_activation_codes_by_hand():
+    x = torch.zeros(1, 96)
+    x[0, :6] = torch.tensor([127.0, 63.5, -0.5, 1.5, 2.5, -126.5])  # amax 127: the scale is 1, ties go to even
+    x[0, 64:66] = torch.tensor([254.0, 1.0])  # scale 2: 1 / 2 -> 0 (a tie, to even)
+    codes, scales = cpu_kernel.quantize_activations(x)
+    assert codes[0, :6].tolist() == [127, 64, 0, 2, 2, -126]
+    assert scales.tolist() == [[1.0, 0.0, 2.0]] and codes[0, 32:64].eq(0).all()  # a zero block: codes 0, scale 0
+    assert codes[0, 64:66].tolist() == [127, 0]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_the_kernel_rounds_ties_as_the_reference_exactly(level, monkeypatch):
+    """Unit scales and integer weights make every float step exact: the output is the integer dot product."""
+    monkeypatch.setenv(cpu_kernel.LEVEL_ENV, level)
+    packed = layer("q4_0", 3, 64)
+    packed.scales.fill_(1.0)
+    packed.bias = None
+    x = torch.zeros(1, 64)
+    x[0, :8] = torch.tensor([127.0, 63.5, -0.5, 1.5, 2.5, -126.5, 0.5, -1.5])
+    x[0, 32:36] = torch.tensor([-254.0, 1.0, 3.0, -5.0])  # scale 2: codes -127, 0, 2, -2
+    codes, _ = cpu_kernel.quantize_activations(x)
+    weights = packed.integer_table()[0][torch.stack([packed.nibbles & 15, packed.nibbles >> 4], -1).reshape(3, 64).long()]
+    expected = (weights.long() * codes.long()).reshape(3, 2, 32).sum(-1) @ torch.tensor([1, 2])
+    with torch.no_grad():
+        assert packed(x)[0].tolist() == expected.tolist()
+
+
+def lane_bound(x, packed):
+    """(blocks + 8) 2**-24 times the sum of |lane sum x scales| over the kernel's eight int32 lanes of each block
+    (lane l: the block's elements 8l, 8l+2, 8l+4, 8l+6 for l < 4, then the odd ones): float32 accumulation of
+    exact integer lane sums."""
+    codes, xs = cpu_kernel.quantize_activations(x.reshape(-1, x.shape[-1]).float())
+    itable, unit = packed.integer_table()
+    weights = itable[torch.stack([packed.nibbles & 15, packed.nibbles >> 4], -1).reshape(packed.out_features, -1).long()]
+    order = torch.cat([torch.arange(0, 32, 2), torch.arange(1, 32, 2)])  # the kernel's layout of a block
+    products = codes.reshape(codes.shape[0], 1, -1, 32).long() * weights.reshape(1, weights.shape[0], -1, 32).long()
+    lanes = products[..., order].reshape(*products.shape[:3], 8, 4).sum(-1).abs().sum(-1).double()
+    terms = (lanes * xs.double()[:, None] * packed.scales.double()[None]).sum(-1) * unit
+    return (x.shape[-1] // 32 + 8) * 2.0**-24 * terms.reshape(*x.shape[:-1], -1)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_every_level_and_thread_count_gives_the_c_bits_within_the_references_error(name, monkeypatch):
+    previous = torch.get_num_threads()
+    try:
+        for out_features, in_features, rows in ((1, 32, 1), (7, 96, 3), (33, 224, 5), (600, 512, 2)):
+            packed = layer(name, out_features, in_features, seed=rows)
+            x = torch.randn(rows, in_features) * torch.logspace(-3, 3, in_features)
+            expected = cpu_kernel.reference_int8(x.double(), packed.nibbles, packed.scales, *packed.integer_table(),
+                                                 packed.bias.detach())  # in float64
+            bound = lane_bound(x, packed) + 2.0**-24 * (packed.bias.abs().double() + expected.abs())
+            outputs = []
+            for level in LEVELS:
+                monkeypatch.setenv(cpu_kernel.LEVEL_ENV, level)
+                for threads in (1, 2, 3):
+                    torch.set_num_threads(threads)
+                    with torch.no_grad():
+                        outputs.append(packed(x))
+            assert all(torch.equal(o.view(torch.int32), outputs[0].view(torch.int32)) for o in outputs)
+            assert bool(((outputs[0].double() - expected).abs() <= bound).all())
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_saturation_zero_and_non_finite_blocks(level, monkeypatch):
+    monkeypatch.setenv(cpu_kernel.LEVEL_ENV, level)
+    packed = layer("mxfp4", 4, 128)
+    x = torch.zeros(3, 128)
+    x[0, 0], x[0, 1] = 3e38, 1e-30  # the tiny value's code is 0 beside the huge one
+    x[1, 40] = float("inf")
+    x[2, 100] = float("nan")
+    with torch.no_grad():
+        y = packed(x)
+    expected = cpu_kernel.reference_int8(x, packed.nibbles, packed.scales, *packed.integer_table(), packed.bias)
+    assert torch.isfinite(y[0]).all() and torch.allclose(y[0], expected[0], rtol=1e-6)
+    assert y[1:].isnan().all() and expected[1:].isnan().all()
+    with torch.no_grad():
+        zero = packed(torch.zeros(1, 128))
+    assert torch.equal(zero[0], packed.bias.detach())  # a zero block adds nothing
+
+
+def test_half_precision_inputs_and_shapes():
+    packed = layer("q4_0", 5, 64)
+    x = torch.randn(2, 3, 64)
+    with torch.no_grad():
+        y32, y16 = packed(x), packed(x.to(torch.bfloat16))
+    assert y32.shape == (2, 3, 5) and y16.dtype == torch.bfloat16
+    torch.testing.assert_close(y16.float(), cpu_kernel.reference_int8(x.to(torch.bfloat16).float(), packed.nibbles,
+                               packed.scales, *packed.integer_table(), packed.bias).to(torch.bfloat16).float())
+
+
+def test_inference_only_and_wrong_settings_are_named():
+    packed = layer("q4_0", 2, 32)
+    with pytest.raises(UserError, match="int8 activations runs inference only"):
+        packed(torch.randn(1, 32, requires_grad=True))
+    with pytest.raises(UserError, match=r"activations must be one of float, int8, got 'int4'"):
+        Packed4Linear(32, 2, FORMATS["q4_0"], activations="int4")
+    packed.table.fill_(0.3)
+    with pytest.raises(UserError, match="this scaled_integer table has no int8 form"):
+        packed(torch.randn(1, 32))
+
+
+def test_pack_linears_takes_the_activations():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    assert pack_linears(model, "q4_0", activations="int8") == 2
+    assert model[0].activations == "int8" and "activations=int8" in repr(model[0])
