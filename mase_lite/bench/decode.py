@@ -1,6 +1,6 @@
 """Decoding on the CPU: a Llama from a config (random weights, the same in every column) generating greedily with
 the tool's decoder (:mod:`mase_lite.nn.decoder`, its key/value cache) after a prompt, float32 against every Linear packed (``lm_head`` included): MXINT8 and the
-4-bit kernels (Q4_0-style integers, MXFP4). Where ``llama-cpp-python`` is installed, llama.cpp decodes the same
+4-bit kernels (Q4_0-style integers, MXFP4), and MXINT8 and Q4_0 with int8 activations (``int8-act``). Where ``llama-cpp-python`` is installed, llama.cpp decodes the same
 weights exported to GGUF (:mod:`mase_lite.deploy.gguf`: MXINT8 as Q8_0, 4-bit groups of 32 as Q4_0, every
 Linear quantized) beside them, and the packed MXINT8 model in transformers' own ``generate``. A column's decode time per token is (time for N tokens - time for 1) / (N - 1),
 the median of ``rounds`` runs, the columns timed in turn each round so drifting load hits them alike; speed-ups
@@ -24,7 +24,7 @@ from torch import nn
 from mase_lite.bench.section import Section
 from mase_lite.nn.decoder import Decoder
 
-PACKINGS = ("MXINT8", "Q4_0", "MXFP4")
+PACKINGS = ("MXINT8", "Q4_0", "MXFP4", "MXINT8 int8-act", "Q4_0 int8-act")  # int8-act: int8 activations
 HF_COLUMN = "MXINT8 in transformers' generate"
 LLAMA_CPP = {  # llama.cpp's type: the tool's weight format that it holds exactly
     "Q8_0": {"name": "mxint", "element_width": 8},
@@ -44,10 +44,12 @@ def decoders(config: dict) -> dict[str, nn.Module]:
     out = {"float32": model}
     for name in PACKINGS:
         packed = copy.deepcopy(model)
-        if name == "MXINT8":
-            mxint8.pack_linears(packed)
+        weights, _, act = name.partition(" ")
+        activations = "int8" if act else "float"
+        if weights == "MXINT8":
+            mxint8.pack_linears(packed, activations=activations)
         else:
-            packed4.pack_linears(packed, name.lower())
+            packed4.pack_linears(packed, weights.lower(), activations=activations)
         out[name] = packed
     return out
 
@@ -143,8 +145,8 @@ def bench_decode(config: dict, threads: list[int], prompt_tokens: int, new_token
                 row.update({f"{name} / float32 speed-up": ms["float32"] / ms[name] for name in PACKINGS})
                 row[f"MXINT8 / {HF_COLUMN} speed-up"] = ms[HF_COLUMN] / ms["MXINT8"]
                 for name in files:
-                    ours = "MXINT8" if name == "Q8_0" else name
-                    row[f"{ours} / llama.cpp {name} speed-up"] = ms[f"llama.cpp {name}"] / ms[ours]
+                    for ours in (("MXINT8", "MXINT8 int8-act") if name == "Q8_0" else (name, f"{name} int8-act")):
+                        row[f"{ours} / llama.cpp {name} speed-up"] = ms[f"llama.cpp {name}"] / ms[ours]
                 row["MXINT8 tokens/s"], row["Q4_0 tokens/s"] = 1e3 / ms["MXINT8"], 1e3 / ms["Q4_0"]
                 rows.append(row)
         finally:
@@ -155,6 +157,8 @@ def bench_decode(config: dict, threads: list[int], prompt_tokens: int, new_token
              "environment)")
     notes = [f"LlamaForCausalLM({config}), greedy decoding with the key/value cache after {prompt_tokens} prompt "
              f"tokens, {new_tokens} tokens, median of {rounds} rounds, by the tool's decoder (mase_lite.nn.decoder, "
-             f"what the generate step runs; the same packed model in transformers' generate beside it); {llama}."]
+             f"what the generate step runs; the same packed model in transformers' generate beside it); int8-act: "
+             f"the packed Linears with int8 activations (llama.cpp's way: the input quantized per block of 32, integer "
+             f"dot products); {llama}."]
     return Section("decode", "CPU: decoding with the KV cache, float32 vs packed MXINT8 and 4-bit", list(rows[0]), rows,
                    notes)

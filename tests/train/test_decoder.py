@@ -59,11 +59,11 @@ def test_a_prompt_in_parts_equals_it_at_once():
     assert decoder.length == 5
 
 
-@pytest.mark.parametrize("packing", ["mxint8", "q4_0", "mxfp4", "q4_0 int8", "mxfp4 int8"])
+@pytest.mark.parametrize("packing", ["mxint8", "q4_0", "mxfp4", "mxint8 int8", "q4_0 int8", "mxfp4 int8"])
 def test_a_packed_model_decodes_as_its_own_forward(packing):
     m = model()
-    if packing == "mxint8":
-        mxint8.pack_linears(m)
+    if packing.startswith("mxint8"):
+        mxint8.pack_linears(m, activations="int8" if "int8 int8" in packing else "float")
     else:
         packed4.pack_linears(m, packing.split()[0], activations="int8" if "int8" in packing else "float")
     ids, tokens = torch.tensor([[1, 2, 3]]), [4, 5, 6]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+import mase_lite.kernels.int8_activations.cpu_kernel as int8_kernel
 from mase_lite.errors import UserError
 from mase_lite.kernels.mxint8.codec import DEFAULT_BLOCK_SIZE, quantize
 from mase_lite.kernels.mxint8.ops import dequantize, mxint8_linear
@@ -23,7 +24,10 @@ from mase_lite.kernels.mxint8.ops import dequantize, mxint8_linear
 class MXInt8Linear(nn.Module):
     """``y = x @ W.T + b`` with W held as int8 ``codes`` and uint8 E8M0 ``scales`` buffers.
 
-    The bias stays a float parameter. 1 + 1/32 bytes per weight instead of 4: 74.2 % less.
+    The bias stays a float parameter. 1 + 1/32 bytes per weight instead of 4: 74.2 % less. ``activations``:
+    ``float`` (the exact weights times the float input) or ``int8`` (inference: the input quantized to int8 per
+    block of 32 and integer dot products, :mod:`mase_lite.kernels.int8_activations`, as llama.cpp multiplies its
+    Q8_0 weights; blocks of 32 over inputs a multiple of 32).
     The state dict holds only tensors (``codes``, ``scales``, ``bias``), so it saves as safetensors.
     In a graph its op is ``linear``; its metadata shows the packed weight in the MXINT8 format.
     """
@@ -32,11 +36,18 @@ class MXInt8Linear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  block_size: int = DEFAULT_BLOCK_SIZE, scale_rule: str = "floor",
-                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> None:
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
+                 activations: str = "float") -> None:
         super().__init__()
         if in_features < 1 or out_features < 1 or block_size < 1:
             raise UserError(f"MXInt8Linear needs positive sizes, got in_features={in_features}, "
                             f"out_features={out_features}, block_size={block_size}")
+        if activations not in ("float", "int8"):
+            raise UserError(f"MXInt8Linear activations must be one of float, int8, got {activations!r}")
+        if activations == "int8" and (block_size != 32 or in_features % 32):
+            raise UserError(f"MXInt8Linear with int8 activations needs blocks of 32 over inputs a multiple of 32, got "
+                            f"block_size={block_size}, in_features={in_features}")
+        self.activations = activations
         self.in_features = in_features
         self.out_features = out_features
         self.block_size = block_size
@@ -51,17 +62,20 @@ class MXInt8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, block_size: int = DEFAULT_BLOCK_SIZE,
-                    scale_rule: str = "floor") -> MXInt8Linear:
+                    scale_rule: str = "floor", activations: str = "float") -> MXInt8Linear:
         """Pack ``linear``'s weight on its own device; the bias is copied with its dtype."""
         weight = linear.weight.detach()
         module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                     block_size=block_size, scale_rule=scale_rule, device="meta", dtype=weight.dtype)
+                     block_size=block_size, scale_rule=scale_rule, device="meta", dtype=weight.dtype,
+                     activations=activations)
         module.codes, module.scales = quantize(weight, block_size, scale_rule)  # the encoder's tensors, no copy
         if linear.bias is not None:
             module.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=linear.bias.requires_grad)
         return module
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.activations == "int8":
+            return _linear_int8(x, self.codes, self.scales, self.bias)
         return mxint8_linear(x, self.codes, self.scales, self.bias, self.block_size)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -75,4 +89,17 @@ class MXInt8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, block_size={self.block_size}, scale_rule={self.scale_rule!r}")
+                f"bias={self.bias is not None}, block_size={self.block_size}, scale_rule={self.scale_rule!r}"
+                + (f", activations={self.activations}" if self.activations != "float" else ""))
+
+
+def _linear_int8(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor:
+    """``x @ W.T + bias`` with ``x`` quantized to int8 per block of 32; inference only."""
+    if x.shape[-1] != codes.shape[1] or not x.dtype.is_floating_point:
+        raise UserError(f"MXInt8Linear input of shape {tuple(x.shape)} and dtype {x.dtype} does not fit a weight "
+                        f"with in_features={codes.shape[1]}")
+    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+        raise UserError("an MXInt8Linear with int8 activations runs inference only (its rounding has no gradient); "
+                        "use activations='float' to train through it")
+    native = int8_kernel.linear_codes(x, codes, scales, bias)
+    return native if native is not None else int8_kernel.reference_codes(x, codes, scales, bias)

@@ -26,14 +26,14 @@ from mase_lite.heap import return_free_memory
 
 
 def pack_linears(model: nn.Module, skip: tuple[str, ...] = (), block_size: int = DEFAULT_BLOCK_SIZE,
-                 scale_rule: str = "floor") -> int:
+                 scale_rule: str = "floor", activations: str = "float") -> int:
     """Replace every ``nn.Linear`` of ``model`` whose name does not start with one of ``skip`` by an
-    :class:`MXInt8Linear`; returns how many were packed."""
+    :class:`MXInt8Linear` (``activations``: ``float`` or ``int8``, see the layer); returns how many were packed."""
     names = [name for name, module in model.named_modules()
              if isinstance(module, nn.Linear) and not name.startswith(tuple(skip))]  # names only: no module kept
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, MXInt8Linear.from_linear(getattr(parent, child), block_size, scale_rule))
+        setattr(parent, child, MXInt8Linear.from_linear(getattr(parent, child), block_size, scale_rule, activations))
     return_free_memory()
     return len(names)

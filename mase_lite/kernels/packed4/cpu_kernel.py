@@ -10,10 +10,6 @@ the fused path's sums are float32 in the kernel's own order, never split over th
 float64 reference up to float32 accumulation, the same at any thread count (the panel path's sums are torch's
 GEMM's, whose order may depend on its thread count).
 
-:func:`linear_int8` is the same product with the input quantized to int8 per block of 32 (llama.cpp's way for
-its Q4_0 weights): exact integer block sums (VNNI's ``vpdpbusd`` where the CPU has it, AVX2's ``vpmaddubsw``
-otherwise), the same bits at every level and thread count; :func:`reference_int8` states it in torch.
-
 The vector level is the best this CPU runs (AVX-512, AVX2, plain C); ``MASE_LITE_PACKED4_CPU`` forces
 ``avx512``, ``avx2``, ``c`` or ``torch`` (the reference). Functions return None where the kernel does not
 apply (an input dtype it does not compute, a traced call, no compiled kernel): the caller runs the reference.
@@ -24,7 +20,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import threading
 
 import torch
 from torch import Tensor
@@ -50,9 +45,7 @@ def _library() -> ctypes.CDLL | None:
     lib.packed4_cpu_openmp.argtypes, lib.packed4_cpu_openmp.restype = [], int_
     lib.packed4_linear.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, int_, int_, ptr]
     lib.packed4_dequantize.argtypes = [ptr, ptr, ptr, i64, i64, ptr, int_, int_]
-    lib.packed4_linear_q8.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ctypes.c_float, ptr, ptr, i64, i64, i64, int_, int_,
-                                      ptr]
-    lib.packed4_linear.restype = lib.packed4_dequantize.restype = lib.packed4_linear_q8.restype = None
+    lib.packed4_linear.restype = lib.packed4_dequantize.restype = None
     mask = lib.packed4_cpu_levels()
     lib.levels = tuple(name for bit, name in enumerate(LEVELS) if mask >> bit & 1)
     lib.openmp = bool(lib.packed4_cpu_openmp())
@@ -97,87 +90,6 @@ def linear(x: Tensor, nibbles: Tensor, scales: Tensor, table: Tensor, bias: Tens
         threads.end(probe)
     out = out if x.dtype == torch.float32 else out.to(x.dtype)
     return out.view(*x.shape[:-1], out_features)
-
-
-def integer_table(table: Tensor) -> tuple[Tensor, float] | None:
-    """The 16 table values as int8 integers times a power of two ``unit`` (Q4_0: -8..7 times 1; MXINT4: codes
-    times 1/4; MXFP4: twice the E2M1 values times 1/2), or None where no unit down to 2**-8 makes them integers
-    of at most 127 in magnitude.
-
-    >>> values, unit = integer_table(torch.tensor([0.0, 0.5, 1.5, -6.0] * 4))
-    >>> values[:4].tolist(), unit
-    ([0, 1, 3, -12], 0.5)
-    """
-    for shift in range(9):
-        scaled = table.double() * 2**shift
-        if bool(torch.isfinite(scaled).all()) and torch.equal(scaled, scaled.round()) and float(scaled.abs().max()) <= 127:
-            return scaled.to(torch.int8), 2.0**-shift
-    return None
-
-
-def linear_int8(x: Tensor, nibbles: Tensor, scales: Tensor, itable: Tensor, unit: float,
-                bias: Tensor | None) -> Tensor | None:
-    """``x @ W.T + bias`` with ``x`` quantized to int8 per block of 32 (scale ``amax / 127``, round half to even)
-    and integer dot products (VNNI where the CPU has it), as llama.cpp multiplies its Q4_0 weights; in ``x``'s
-    dtype. None where the kernel does not apply (then the caller runs :func:`reference_int8`)."""
-    out_features, in_features = scales.shape[0], nibbles.shape[1] * 2
-    rows = x.numel() // in_features if in_features else 0
-    if not rows or x.dtype not in INPUT_DTYPES or not plain_cpu(x) or in_features % 32:
-        return None
-    chosen = level()
-    if chosen is None:
-        return None
-    lvl, lib = LEVELS.index(chosen), _library()
-    flat = x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()  # a decoding step's input as it is
-    x32 = x if flat else x.reshape(rows, in_features).to(torch.float32).contiguous()
-    bias32 = None if bias is None else bias.to(torch.float32).contiguous()
-    out = torch.empty(rows, out_features)
-    most = torch.get_num_threads() if rows * out_features * in_features >= PARALLEL_FROM_MACS else 1
-    workers, probe = threads.begin(("packed4_int8", rows, out_features, in_features, lvl), most)
-    lib.packed4_linear_q8(x32.data_ptr(), rows, in_features, nibbles.data_ptr(), scales.data_ptr(), itable.data_ptr(),
-                          unit, None if bias32 is None else bias32.data_ptr(),
-                          out.data_ptr(), out_features, 0, out_features, lvl, workers if lib.openmp else 1,
-                          _scratch(2 * rows * in_features + rows * in_features // 8))
-    threads.end(probe)
-    if flat:
-        return out
-    out = out if x.dtype == torch.float32 else out.to(x.dtype)
-    return out.view(*x.shape[:-1], out_features)
-
-
-_local = threading.local()
-
-
-def _scratch(nbytes: int) -> int:
-    """The address of this thread's scratch buffer of at least ``nbytes`` (kept between calls)."""
-    buffer = getattr(_local, "buffer", None)
-    if buffer is None or buffer.numel() < nbytes:
-        _local.buffer = buffer = torch.empty(max(nbytes, 1 << 16), dtype=torch.uint8)
-    return buffer.data_ptr()
-
-
-def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor]:
-    """``x`` (``[rows, in]``, float32) as the int8 codes (-127..127) and float32 scales of each block of 32, as the
-    kernel forms them: ``amax / 127`` and round-half-even(``x * (127 / amax)``), zero for an all-zero block; a
-    block holding an infinity or a NaN has codes 0 and scale NaN (the outputs it reaches are NaN)."""
-    blocks = x.reshape(x.shape[0], -1, 32)
-    finite = blocks.isfinite().all(-1, keepdim=True)
-    amax = blocks.abs().amax(-1, keepdim=True)
-    inverse = torch.where(finite & (amax > 0), 127 / amax, torch.zeros_like(amax))
-    codes = torch.round(torch.where(finite, blocks, 0) * inverse).to(torch.int8)
-    return codes.reshape(x.shape), torch.where(finite, amax / 127, float("nan")).squeeze(-1)
-
-
-def reference_int8(x: Tensor, nibbles: Tensor, scales: Tensor, itable: Tensor, unit: float, bias: Tensor | None) -> Tensor:
-    """The torch reference of :func:`linear_int8`: exact integer block sums, combined in float64."""
-    rows, in_features = x.numel() // (nibbles.shape[1] * 2), nibbles.shape[1] * 2
-    codes, xs = quantize_activations(x.reshape(rows, in_features).to(torch.float32))
-    weights = itable[torch.stack([nibbles & 15, nibbles >> 4], -1).reshape(nibbles.shape[0], -1).long()]
-    sums = torch.einsum("rbt,obt->rob", codes.reshape(rows, -1, 32).long(), weights.reshape(weights.shape[0], -1, 32).long())
-    out = (sums.double() * xs.double()[:, None, :] * scales.double()[None]).sum(-1) * unit
-    if bias is not None:
-        out = out + bias.double()
-    return out.to(x.dtype).view(*x.shape[:-1], scales.shape[0])
 
 
 def _panels(x: Tensor, nibbles: Tensor, scales: Tensor, table: Tensor, bias: Tensor | None, lvl: int) -> Tensor:

@@ -11,7 +11,7 @@ It packs a fake-quantized Linear of one of three formats, bit for bit its weight
 0.625 bytes per weight instead of 4 (84 % less). With ``activations="int8"`` (an inference mode, as llama.cpp
 multiplies Q4_0 weights) the input is quantized to int8 per block of 32 and the products are integer dot products
 (VNNI where the CPU has it): faster at batch 1, no longer the float product with the exact weights
-(:func:`mase_lite.kernels.packed4.cpu_kernel.reference_int8` states it).
+(:mod:`mase_lite.kernels.int8_activations`).
 
 Example::
 
@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import mase_lite.kernels.int8_activations.cpu_kernel as int8_kernel
 import mase_lite.kernels.packed4.cpu_kernel as cpu_kernel
 from mase_lite.errors import UserError
 
@@ -85,15 +86,15 @@ def packed4_linear(x: Tensor, nibbles: Tensor, scales: Tensor, table: Tensor, bi
 def packed4_linear_int8(x: Tensor, nibbles: Tensor, scales: Tensor, integer: tuple[Tensor, float],
                         bias: Tensor | None = None) -> Tensor:
     """``x @ W.T + bias`` with ``x`` quantized to int8 per block of 32 (``integer``: the table as int8 values and
-    their unit, :func:`cpu_kernel.integer_table`); inference only."""
+    their unit, :func:`int8_kernel.integer_table`); inference only."""
     if x.shape[-1] != nibbles.shape[1] * 2 or not x.dtype.is_floating_point:
         raise UserError(f"packed4_linear input of shape {tuple(x.shape)} and dtype {x.dtype} does not fit a weight "
                         f"with in_features={nibbles.shape[1] * 2}")
     if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
         raise UserError("a Packed4Linear with int8 activations runs inference only (its rounding has no gradient); "
                         "use activations='float' to train through it")
-    native = cpu_kernel.linear_int8(x, nibbles, scales, *integer, bias)
-    return native if native is not None else cpu_kernel.reference_int8(x, nibbles, scales, *integer, bias)
+    native = int8_kernel.linear_nibbles(x, nibbles, scales, *integer, bias)
+    return native if native is not None else int8_kernel.reference_nibbles(x, nibbles, scales, *integer, bias)
 
 
 ACTIVATIONS = ("float", "int8")
@@ -160,7 +161,7 @@ class Packed4Linear(nn.Module):
         """The table as int8 integers and their power-of-two unit (computed once per table)."""
         identity = (self.table.data_ptr(), self.table._version)
         if self._integer is None or self._integer[0] != identity:
-            integer = cpu_kernel.integer_table(self.table)
+            integer = int8_kernel.integer_table(self.table)
             if integer is None:
                 raise UserError(f"this {self.fmt['name']} table has no int8 form: its activations must stay float")
             self._integer = (identity, integer)

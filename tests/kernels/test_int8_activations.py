@@ -1,13 +1,15 @@
-"""Packed 4-bit Linears with int8 activations (llama.cpp's way): the activation codes and scales by hand (ties to
-even, saturation at 127, zero and non-finite blocks), every vector level bit for bit the plain C one at any thread
-count, the affine (Q4_0) and looked-up (MXINT4, MXFP4) tables alike, results within float32 accumulation error of
-the exact integer reference, and the layer's inference-only contract."""
+"""Linears with int8 activations (llama.cpp's way), packed 4-bit and MXINT8: the activation codes and scales by hand
+(ties to even, saturation at 127, zero and non-finite blocks), every vector level bit for bit the plain C one at any
+thread count, the affine (Q4_0) and looked-up (MXINT4, MXFP4) tables and MXINT8 codes alike, results within float32
+accumulation error of the exact integer reference, and the layers' inference-only contract."""
 
 import pytest
 import torch
 
 from mase_lite import UserError
-from mase_lite.kernels.packed4 import Packed4Linear, cpu_kernel, pack_linears
+from mase_lite.kernels import mxint8
+from mase_lite.kernels.int8_activations import cpu_kernel
+from mase_lite.kernels.packed4 import Packed4Linear, pack_linears
 from mase_lite.nn.quantized import quantize_module
 
 FORMATS = {
@@ -56,10 +58,26 @@ def test_the_kernel_rounds_ties_as_the_reference_exactly(level, monkeypatch):
     x[0, :8] = torch.tensor([127.0, 63.5, -0.5, 1.5, 2.5, -126.5, 0.5, -1.5])
     x[0, 32:36] = torch.tensor([-254.0, 1.0, 3.0, -5.0])  # scale 2: codes -127, 0, 2, -2
     codes, _ = cpu_kernel.quantize_activations(x)
-    weights = packed.integer_table()[0][torch.stack([packed.nibbles & 15, packed.nibbles >> 4], -1).reshape(3, 64).long()]
+    weights = cpu_kernel.nibble_integers(packed.nibbles, packed.integer_table()[0])
     expected = (weights.long() * codes.long()).reshape(3, 2, 32).sum(-1) @ torch.tensor([1, 2])
     with torch.no_grad():
         assert packed(x)[0].tolist() == expected.tolist()
+
+
+def integers_and_scales(packed):
+    """The layer's integer weights, its blocks' scales (float64) and the kernel's order of a block's elements."""
+    if isinstance(packed, Packed4Linear):
+        itable, unit = packed.integer_table()
+        order = torch.cat([torch.arange(0, 32, 2), torch.arange(1, 32, 2)])  # evens, then odds
+        return cpu_kernel.nibble_integers(packed.nibbles, itable), packed.scales.double() * unit, order
+    scales = torch.ldexp(torch.ones_like(packed.scales, dtype=torch.float64), packed.scales.long() - 127 - 6)
+    return packed.codes, scales, torch.arange(32)
+
+
+def reference(x, packed):
+    if isinstance(packed, Packed4Linear):
+        return cpu_kernel.reference_nibbles(x, packed.nibbles, packed.scales, *packed.integer_table(), packed.bias.detach())
+    return cpu_kernel.reference_codes(x, packed.codes, packed.scales, packed.bias.detach())
 
 
 def lane_bound(x, packed):
@@ -67,24 +85,26 @@ def lane_bound(x, packed):
     (lane l: the block's elements 8l, 8l+2, 8l+4, 8l+6 for l < 4, then the odd ones): float32 accumulation of
     exact integer lane sums."""
     codes, xs = cpu_kernel.quantize_activations(x.reshape(-1, x.shape[-1]).float())
-    itable, unit = packed.integer_table()
-    weights = itable[torch.stack([packed.nibbles & 15, packed.nibbles >> 4], -1).reshape(packed.out_features, -1).long()]
-    order = torch.cat([torch.arange(0, 32, 2), torch.arange(1, 32, 2)])  # the kernel's layout of a block
+    weights, block_scales, order = integers_and_scales(packed)
     products = codes.reshape(codes.shape[0], 1, -1, 32).long() * weights.reshape(1, weights.shape[0], -1, 32).long()
     lanes = products[..., order].reshape(*products.shape[:3], 8, 4).sum(-1).abs().sum(-1).double()
-    terms = (lanes * xs.double()[:, None] * packed.scales.double()[None]).sum(-1) * unit
+    terms = (lanes * xs.double()[:, None] * block_scales[None]).sum(-1)
     return (x.shape[-1] // 32 + 8) * 2.0**-24 * terms.reshape(*x.shape[:-1], -1)
 
 
-@pytest.mark.parametrize("name", FORMATS)
+def mxint8_layer(out_features: int, in_features: int, seed: int = 0):
+    torch.manual_seed(seed)
+    return mxint8.MXInt8Linear.from_linear(torch.nn.Linear(in_features, out_features), activations="int8")
+
+
+@pytest.mark.parametrize("name", [*FORMATS, "mxint8"])
 def test_every_level_and_thread_count_gives_the_c_bits_within_the_references_error(name, monkeypatch):
     previous = torch.get_num_threads()
     try:
         for out_features, in_features, rows in ((1, 32, 1), (7, 96, 3), (33, 224, 5), (600, 512, 2)):
-            packed = layer(name, out_features, in_features, seed=rows)
+            packed = mxint8_layer(out_features, in_features, rows) if name == "mxint8" else layer(name, out_features, in_features, seed=rows)
             x = torch.randn(rows, in_features) * torch.logspace(-3, 3, in_features)
-            expected = cpu_kernel.reference_int8(x.double(), packed.nibbles, packed.scales, *packed.integer_table(),
-                                                 packed.bias.detach())  # in float64
+            expected = reference(x.double(), packed)  # in float64
             bound = lane_bound(x, packed) + 2.0**-24 * (packed.bias.abs().double() + expected.abs())
             outputs = []
             for level in LEVELS:
@@ -99,17 +119,18 @@ def test_every_level_and_thread_count_gives_the_c_bits_within_the_references_err
         torch.set_num_threads(previous)
 
 
+@pytest.mark.parametrize("kind", ["mxfp4", "mxint8"])
 @pytest.mark.parametrize("level", LEVELS)
-def test_saturation_zero_and_non_finite_blocks(level, monkeypatch):
+def test_saturation_zero_and_non_finite_blocks(level, kind, monkeypatch):
     monkeypatch.setenv(cpu_kernel.LEVEL_ENV, level)
-    packed = layer("mxfp4", 4, 128)
+    packed = layer("mxfp4", 4, 128) if kind == "mxfp4" else mxint8_layer(4, 128)
     x = torch.zeros(3, 128)
-    x[0, 0], x[0, 1] = 3e38, 1e-30  # the tiny value's code is 0 beside the huge one
+    x[0, 0], x[0, 1] = 1e30, 1e-30  # the tiny value's code is 0 beside the huge one
     x[1, 40] = float("inf")
     x[2, 100] = float("nan")
     with torch.no_grad():
         y = packed(x)
-    expected = cpu_kernel.reference_int8(x, packed.nibbles, packed.scales, *packed.integer_table(), packed.bias)
+    expected = reference(x, packed)
     assert torch.isfinite(y[0]).all() and torch.allclose(y[0], expected[0], rtol=1e-6)
     assert y[1:].isnan().all() and expected[1:].isnan().all()
     with torch.no_grad():
@@ -123,8 +144,7 @@ def test_half_precision_inputs_and_shapes():
     with torch.no_grad():
         y32, y16 = packed(x), packed(x.to(torch.bfloat16))
     assert y32.shape == (2, 3, 5) and y16.dtype == torch.bfloat16
-    torch.testing.assert_close(y16.float(), cpu_kernel.reference_int8(x.to(torch.bfloat16).float(), packed.nibbles,
-                               packed.scales, *packed.integer_table(), packed.bias).to(torch.bfloat16).float())
+    torch.testing.assert_close(y16.float(), reference(x.to(torch.bfloat16).float(), packed).to(torch.bfloat16).float())
 
 
 def test_inference_only_and_wrong_settings_are_named():
@@ -142,3 +162,15 @@ def test_pack_linears_takes_the_activations():
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
     assert pack_linears(model, "q4_0", activations="int8") == 2
     assert model[0].activations == "int8" and "activations=int8" in repr(model[0])
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    assert mxint8.pack_linears(model, activations="int8") == 2
+    assert model[2].activations == "int8" and "activations=int8" in repr(model[2])
+
+
+def test_mxint8_int8_activations_need_blocks_of_32_and_inference():
+    with pytest.raises(UserError, match=r"blocks of 32 over inputs a multiple of 32, got block_size=16, in_features=64"):
+        mxint8.MXInt8Linear(64, 8, block_size=16, activations="int8")
+    with pytest.raises(UserError, match=r"activations must be one of float, int8, got 'int4'"):
+        mxint8.MXInt8Linear(64, 8, activations="int4")
+    with pytest.raises(UserError, match="int8 activations runs inference only"):
+        mxint8_layer(8, 64)(torch.randn(1, 64, requires_grad=True))

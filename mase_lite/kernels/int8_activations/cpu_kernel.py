@@ -1,0 +1,191 @@
+"""The native CPU path of Linears with int8 activations (``int8_cpu.c``, built on first use by
+:mod:`mase_lite.numerics.native`, with its cache and its fallback when there is no compiler).
+
+The input is quantized per block of 32 (:func:`quantize_activations`), each block of 32 products summed exactly
+as integers (VNNI's ``vpdpbusd`` where the CPU has it, AVX2's ``vpmaddubsw`` otherwise) and the block sums
+accumulated in float32 in the kernel's own order: the same bits at every level and thread count, within float32
+accumulation of :func:`reference_nibbles` / :func:`reference_codes`, which state the product in torch. Weights:
+packed 4-bit nibbles with a float32 scale per block and an integer table (:func:`linear_nibbles`), or MXINT8
+codes with E8M0 scales (:func:`linear_codes`). At batch 1 it reads the weights from memory faster than the float
+kernels: fewer instructions per weight, none of them a float multiply per weight.
+
+The vector level is the best this CPU runs (AVX-512 with VNNI, AVX2, plain C); ``MASE_LITE_INT8_CPU`` forces
+``avx512``, ``avx2``, ``c`` or ``torch`` (the reference). Functions return None where the kernel does not apply
+(an input dtype it does not compute, a traced call, no compiled kernel): the caller runs the reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+
+import torch
+from torch import Tensor
+
+from mase_lite.numerics.native import library, threads
+from mase_lite.numerics.native.launch import chosen_level, plain_cpu
+
+LEVELS = ("c", "avx2", "avx512")
+LEVEL_ENV = "MASE_LITE_INT8_CPU"
+BLOCK = 32
+PARALLEL_FROM_MACS = 1 << 18
+INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    lib = library("int8_cpu", os.path.dirname(__file__), openmp=True)
+    if lib is None:
+        return None
+    i64, ptr, int_ = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    for name in ("int8_cpu_levels", "int8_cpu_openmp", "int8_cpu_vnni"):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = [], int_
+    lib.int8_linear_nibbles.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ctypes.c_float, ptr, ptr, i64, int_, int_, ptr]
+    lib.int8_linear_codes.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, i64, int_, int_, ptr]
+    lib.int8_linear_nibbles.restype = lib.int8_linear_codes.restype = None
+    mask = lib.int8_cpu_levels()
+    lib.levels = tuple(name for bit, name in enumerate(LEVELS) if mask >> bit & 1)
+    lib.openmp = bool(lib.int8_cpu_openmp())
+    return lib
+
+
+def available_levels() -> tuple[str, ...]:
+    """The vector levels this CPU runs, lowest first (empty where the kernel could not be built)."""
+    lib = _library()
+    return () if lib is None else lib.levels
+
+
+def level() -> str | None:
+    """The level calls take now: ``MASE_LITE_INT8_CPU`` if set, else the best available; None for torch."""
+    return chosen_level(LEVEL_ENV, LEVELS, available_levels())
+
+
+def integer_table(table: Tensor) -> tuple[Tensor, float] | None:
+    """The 16 table values as int8 integers times a power of two ``unit`` (Q4_0: -8..7 times 1; MXINT4: codes
+    times 1/4; MXFP4: twice the E2M1 values times 1/2), or None where no unit down to 2**-8 makes them integers
+    of at most 127 in magnitude.
+
+    >>> values, unit = integer_table(torch.tensor([0.0, 0.5, 1.5, -6.0] * 4))
+    >>> values[:4].tolist(), unit
+    ([0, 1, 3, -12], 0.5)
+    """
+    for shift in range(9):
+        scaled = table.double() * 2**shift
+        if bool(torch.isfinite(scaled).all()) and torch.equal(scaled, scaled.round()) and float(scaled.abs().max()) <= 127:
+            return scaled.to(torch.int8), 2.0**-shift
+    return None
+
+
+def _prepared(x: Tensor, in_features: int) -> tuple[int, int, Tensor] | None:
+    """(level index, rows, x as contiguous float32 rows) where the kernel applies to ``x``; else None."""
+    rows = x.numel() // in_features if in_features else 0
+    if not rows or x.dtype not in INPUT_DTYPES or not plain_cpu(x) or in_features % BLOCK:
+        return None
+    chosen = level()
+    if chosen is None:
+        return None
+    flat = x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()  # a decoding step's input as it is
+    return LEVELS.index(chosen), rows, x if flat else x.reshape(rows, in_features).to(torch.float32).contiguous()
+
+
+def _finished(out: Tensor, x: Tensor) -> Tensor:
+    if x.dim() == 2 and x.dtype == torch.float32:
+        return out
+    return (out if x.dtype == torch.float32 else out.to(x.dtype)).view(*x.shape[:-1], out.shape[1])
+
+
+def _call(kind: str, x: Tensor, in_features: int, out_features: int, bias: Tensor | None, launch) -> Tensor | None:
+    prepared = _prepared(x, in_features)
+    if prepared is None:
+        return None
+    lvl, rows, x32 = prepared
+    lib = _library()
+    bias32 = None if bias is None else bias.to(torch.float32).contiguous()
+    out = torch.empty(rows, out_features)
+    most = torch.get_num_threads() if rows * out_features * in_features >= PARALLEL_FROM_MACS else 1
+    workers, probe = threads.begin((kind, rows, out_features, in_features, lvl), most)
+    launch(lib, x32, rows, None if bias32 is None else bias32.data_ptr(), out, lvl, workers if lib.openmp else 1,
+           _scratch(2 * rows * in_features + rows * in_features // 8))
+    threads.end(probe)
+    return _finished(out, x)
+
+
+def linear_nibbles(x: Tensor, nibbles: Tensor, scales: Tensor, itable: Tensor, unit: float,
+                   bias: Tensor | None) -> Tensor | None:
+    """``x @ W.T + bias`` for packed 4-bit W (``nibbles`` ``[out, in / 2]``, float32 ``scales`` ``[out, in / 32]``,
+    ``itable`` the 16 integers a nibble stands for, times ``unit``), ``x`` quantized to int8; in ``x``'s dtype.
+    None where the kernel does not apply."""
+    def launch(lib, x32, rows, bias, out, lvl, workers, scratch):
+        lib.int8_linear_nibbles(x32.data_ptr(), rows, x32.shape[1], nibbles.data_ptr(), scales.data_ptr(),
+                                itable.data_ptr(), unit, bias, out.data_ptr(), out.shape[1], lvl, workers, scratch)
+    return _call("int8_nibbles", x, nibbles.shape[1] * 2, scales.shape[0], bias, launch)
+
+
+def linear_codes(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor | None:
+    """``x @ W.T + bias`` for MXINT8 W (int8 ``codes`` ``[out, in]`` in -127..127, E8M0 ``scales``
+    ``[out, in / 32]``), ``x`` quantized to int8; in ``x``'s dtype. None where the kernel does not apply."""
+    def launch(lib, x32, rows, bias, out, lvl, workers, scratch):
+        lib.int8_linear_codes(x32.data_ptr(), rows, x32.shape[1], codes.data_ptr(), scales.data_ptr(), bias,
+                              out.data_ptr(), out.shape[1], lvl, workers, scratch)
+    return _call("int8_codes", x, codes.shape[1], codes.shape[0], bias, launch)
+
+
+_local = threading.local()
+
+
+def _scratch(nbytes: int) -> int:
+    """The address of this thread's scratch buffer of at least ``nbytes`` (kept between calls)."""
+    buffer = getattr(_local, "buffer", None)
+    if buffer is None or buffer.numel() < nbytes:
+        _local.buffer = buffer = torch.empty(max(nbytes, 1 << 16), dtype=torch.uint8)
+    return buffer.data_ptr()
+
+
+def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``x`` (``[rows, in]``, float32) as the int8 codes (-127..127) and float32 scales of each block of 32, as the
+    kernel forms them: ``amax / 127`` and round-half-even(``x * (127 / amax)``), zero for an all-zero block; a
+    block holding an infinity or a NaN has codes 0 and scale NaN (the outputs it reaches are NaN).
+
+    >>> codes, scales = quantize_activations(torch.tensor([[127.0, 2.5, -0.5] + [0.0] * 29]))
+    >>> codes[0, :3].tolist(), scales.tolist()
+    ([127, 2, 0], [[1.0]])
+    """
+    blocks = x.reshape(x.shape[0], -1, BLOCK)
+    finite = blocks.isfinite().all(-1, keepdim=True)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    inverse = torch.where(finite & (amax > 0), 127 / amax, torch.zeros_like(amax))
+    codes = torch.round(torch.where(finite, blocks, 0) * inverse).to(torch.int8)
+    return codes.reshape(x.shape), torch.where(finite, amax / 127, float("nan")).squeeze(-1)
+
+
+def _reference(x: Tensor, weights: Tensor, block_scales: Tensor, bias: Tensor | None) -> Tensor:
+    """Exact integer block sums of ``x``'s codes and the integer ``weights``, combined in float64."""
+    out_features, in_features = weights.shape
+    rows = x.numel() // in_features
+    codes, xs = quantize_activations(x.reshape(rows, in_features).to(torch.float32))
+    sums = torch.einsum("rbt,obt->rob", codes.reshape(rows, -1, BLOCK).long(),
+                        weights.reshape(out_features, -1, BLOCK).long())
+    out = (sums.double() * xs.double()[:, None, :] * block_scales[None]).sum(-1)
+    if bias is not None:
+        out = out + bias.double()
+    return out.to(x.dtype).view(*x.shape[:-1], out_features)
+
+
+def nibble_integers(nibbles: Tensor, itable: Tensor) -> Tensor:
+    """The integer weights (``[out, in]``) the nibbles stand for, in element order."""
+    return itable[torch.stack([nibbles & 15, nibbles >> 4], -1).reshape(nibbles.shape[0], -1).long()]
+
+
+def reference_nibbles(x: Tensor, nibbles: Tensor, scales: Tensor, itable: Tensor, unit: float,
+                      bias: Tensor | None) -> Tensor:
+    """The torch reference of :func:`linear_nibbles`, in ``x``'s dtype (float64 for the exact sums)."""
+    return _reference(x, nibble_integers(nibbles, itable), scales.double() * unit, bias)
+
+
+def reference_codes(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor:
+    """The torch reference of :func:`linear_codes`, in ``x``'s dtype."""
+    block_scales = torch.where(scales == 255, float("nan"), torch.ldexp(torch.ones_like(scales, dtype=torch.float64),
+                                                                         scales.to(torch.int64) - 127 - 6))
+    return _reference(x, codes, block_scales, bias)
