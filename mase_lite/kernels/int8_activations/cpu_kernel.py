@@ -83,33 +83,29 @@ def _prepared(x: Tensor, in_features: int) -> tuple[int, int, Tensor] | None:
     rows = x.numel() // in_features if in_features else 0
     if not rows or x.dtype not in INPUT_DTYPES or not plain_cpu(x) or in_features % BLOCK:
         return None
-    chosen = level()
+    chosen = _level()
     if chosen is None:
         return None
     flat = x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()  # a decoding step's input as it is
-    return LEVELS.index(chosen), rows, x if flat else x.reshape(rows, in_features).to(torch.float32).contiguous()
+    return chosen, rows, x if flat else x.reshape(rows, in_features).to(torch.float32).contiguous()
 
 
-def _finished(out: Tensor, x: Tensor) -> Tensor:
+_levels: dict[str, int | None] = {}
+
+
+def _level() -> int | None:
+    """:func:`level`'s index, remembered per value of the environment variable (a call costs microseconds)."""
+    forced = os.environ.get(LEVEL_ENV, "")
+    if forced not in _levels:
+        chosen = level()
+        _levels[forced] = None if chosen is None else LEVELS.index(chosen)
+    return _levels[forced]
+
+
+def _out(out: Tensor, x: Tensor) -> Tensor:
     if x.dim() == 2 and x.dtype == torch.float32:
         return out
     return (out if x.dtype == torch.float32 else out.to(x.dtype)).view(*x.shape[:-1], out.shape[1])
-
-
-def _call(kind: str, x: Tensor, in_features: int, out_features: int, bias: Tensor | None, launch) -> Tensor | None:
-    prepared = _prepared(x, in_features)
-    if prepared is None:
-        return None
-    lvl, rows, x32 = prepared
-    lib = _library()
-    bias32 = None if bias is None else bias.to(torch.float32).contiguous()
-    out = torch.empty(rows, out_features)
-    most = torch.get_num_threads() if rows * out_features * in_features >= PARALLEL_FROM_MACS else 1
-    workers, probe = threads.begin((kind, rows, out_features, in_features, lvl), most)
-    launch(lib, x32, rows, None if bias32 is None else bias32.data_ptr(), out, lvl, workers if lib.openmp else 1,
-           _scratch(2 * rows * in_features + rows * in_features // 8))
-    threads.end(probe)
-    return _finished(out, x)
 
 
 def linear_nibbles(x: Tensor, nibbles: Tensor, scales: Tensor, itable: Tensor, unit: float,
@@ -117,19 +113,41 @@ def linear_nibbles(x: Tensor, nibbles: Tensor, scales: Tensor, itable: Tensor, u
     """``x @ W.T + bias`` for packed 4-bit W (``nibbles`` ``[out, in / 2]``, float32 ``scales`` ``[out, in / 32]``,
     ``itable`` the 16 integers a nibble stands for, times ``unit``), ``x`` quantized to int8; in ``x``'s dtype.
     None where the kernel does not apply."""
-    def launch(lib, x32, rows, bias, out, lvl, workers, scratch):
-        lib.int8_linear_nibbles(x32.data_ptr(), rows, x32.shape[1], nibbles.data_ptr(), scales.data_ptr(),
-                                itable.data_ptr(), unit, bias, out.data_ptr(), out.shape[1], lvl, workers, scratch)
-    return _call("int8_nibbles", x, nibbles.shape[1] * 2, scales.shape[0], bias, launch)
+    in_features, out_features = nibbles.shape[1] * 2, scales.shape[0]
+    prepared = _prepared(x, in_features)
+    if prepared is None:
+        return None
+    lvl, rows, x32 = prepared
+    lib = _library()
+    out = torch.empty(rows, out_features)
+    most = torch.get_num_threads() if rows * out_features * in_features >= PARALLEL_FROM_MACS else 1
+    workers, probe = threads.begin(("int8_nibbles", rows, out_features, in_features, lvl), most)
+    lib.int8_linear_nibbles(x32.data_ptr(), rows, in_features, nibbles.data_ptr(), scales.data_ptr(), itable.data_ptr(),
+                            unit, None if bias is None else bias.to(torch.float32).contiguous().data_ptr(),
+                            out.data_ptr(), out_features, lvl, workers if lib.openmp else 1,
+                            _scratch(2 * rows * in_features + rows * in_features // 8))
+    threads.end(probe)
+    return _out(out, x)
 
 
 def linear_codes(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor | None:
     """``x @ W.T + bias`` for MXINT8 W (int8 ``codes`` ``[out, in]`` in -127..127, E8M0 ``scales``
     ``[out, in / 32]``), ``x`` quantized to int8; in ``x``'s dtype. None where the kernel does not apply."""
-    def launch(lib, x32, rows, bias, out, lvl, workers, scratch):
-        lib.int8_linear_codes(x32.data_ptr(), rows, x32.shape[1], codes.data_ptr(), scales.data_ptr(), bias,
-                              out.data_ptr(), out.shape[1], lvl, workers, scratch)
-    return _call("int8_codes", x, codes.shape[1], codes.shape[0], bias, launch)
+    out_features, in_features = codes.shape
+    prepared = _prepared(x, in_features)
+    if prepared is None:
+        return None
+    lvl, rows, x32 = prepared
+    lib = _library()
+    out = torch.empty(rows, out_features)
+    most = torch.get_num_threads() if rows * out_features * in_features >= PARALLEL_FROM_MACS else 1
+    workers, probe = threads.begin(("int8_codes", rows, out_features, in_features, lvl), most)
+    lib.int8_linear_codes(x32.data_ptr(), rows, in_features, codes.data_ptr(), scales.data_ptr(),
+                          None if bias is None else bias.to(torch.float32).contiguous().data_ptr(), out.data_ptr(),
+                          out_features, lvl, workers if lib.openmp else 1,
+                          _scratch(2 * rows * in_features + rows * in_features // 8))
+    threads.end(probe)
+    return _out(out, x)
 
 
 _local = threading.local()
