@@ -49,11 +49,22 @@ def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
+def _fused(modules: list[nn.Module]) -> Callable[[Tensor], list[Tensor]]:
+    """One call for modules that take the same input: the layers' own ``fused`` where their class offers one (and no
+    hook would be skipped), else each called in turn."""
+    fuse = getattr(type(modules[0]), "fused", None)
+    together = fuse(modules) if fuse is not None and all(_call(m) == m.forward for m in modules) else None
+    if together is not None:
+        return together
+    calls = [_call(m) for m in modules]
+    return lambda x: [call(x) for call in calls]
+
+
 class _Layer:
     def __init__(self, layer: nn.Module) -> None:
         attn, mlp = layer.self_attn, layer.mlp
-        self.q, self.k, self.v, self.o = (_call(getattr(attn, f"{p}_proj")) for p in "qkvo")
-        self.gate, self.up, self.down = _call(mlp.gate_proj), _call(mlp.up_proj), _call(mlp.down_proj)
+        self.qkv, self.o = _fused([attn.q_proj, attn.k_proj, attn.v_proj]), _call(attn.o_proj)
+        self.gate_up, self.down = _fused([mlp.gate_proj, mlp.up_proj]), _call(mlp.down_proj)
         self.norms = [(norm.weight, norm.variance_epsilon) for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
 
 
@@ -124,17 +135,16 @@ class Decoder:
             mask = torch.arange(stop, device=ids.device) <= torch.arange(start, stop, device=ids.device)[:, None]
         x = self.embed(ids)[0]  # [n, hidden]
         for i, layer in enumerate(self.layers):
-            h = _rms_norm(x, *layer.norms[0])
-            q = self._rotate(layer.q(h).view(n, self.heads, self.head_dim).transpose(0, 1), cos, sin)
-            k = self._rotate(layer.k(h).view(n, self.kv_heads, self.head_dim).transpose(0, 1), cos, sin)
-            self.keys[i, :, start:stop] = k
-            self.values[i, :, start:stop] = layer.v(h).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
+            q, k, v = layer.qkv(_rms_norm(x, *layer.norms[0]))
+            q = self._rotate(q.view(n, self.heads, self.head_dim).transpose(0, 1), cos, sin)
+            self.keys[i, :, start:stop] = self._rotate(k.view(n, self.kv_heads, self.head_dim).transpose(0, 1), cos, sin)
+            self.values[i, :, start:stop] = v.view(n, self.kv_heads, self.head_dim).transpose(0, 1)
             attended = F.scaled_dot_product_attention(
                 q[None], self.keys[i, None, :, :stop], self.values[i, None, :, :stop], attn_mask=mask,
                 is_causal=n > 1 and not start, scale=self.scaling, enable_gqa=self.heads != self.kv_heads)
             x = x + layer.o(attended[0].transpose(0, 1).reshape(n, -1))
-            h = _rms_norm(x, *layer.norms[1])
-            x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
+            gate, up = layer.gate_up(_rms_norm(x, *layer.norms[1]))
+            x = x + layer.down(F.silu(gate) * up)
         self.length = stop
         return self.head(_rms_norm(x[-1:], *self.norm))[0]
 

@@ -174,3 +174,29 @@ def test_mxint8_int8_activations_need_blocks_of_32_and_inference():
         mxint8.MXInt8Linear(64, 8, activations="int4")
     with pytest.raises(UserError, match="int8 activations runs inference only"):
         mxint8_layer(8, 64)(torch.randn(1, 64, requires_grad=True))
+
+
+@pytest.mark.parametrize("kind", ["q4_0", "mxint8"])
+def test_layers_sharing_an_input_run_in_one_call_with_each_layers_own_bits(kind, monkeypatch):
+    make = (lambda n, k, seed: mxint8_layer(n, k, seed)) if kind == "mxint8" else (lambda n, k, seed: layer("q4_0", n, k, seed))
+    layers = [make(64, 256, 1), make(16, 256, 2), make(300, 256, 3)]
+    fused = type(layers[0]).fused(layers)
+    x = torch.randn(3, 256)
+    previous = torch.get_num_threads()
+    try:
+        for level in LEVELS:
+            monkeypatch.setenv(cpu_kernel.LEVEL_ENV, level)
+            for threads in (1, 2, 3):
+                torch.set_num_threads(threads)
+                with torch.no_grad():
+                    together, alone = fused(x), [m(x) for m in layers]
+                assert all(torch.equal(a, b) for a, b in zip(together, alone))
+    finally:
+        torch.set_num_threads(previous)
+    other = make(8, 128, 4)
+    assert type(layers[0]).fused([*layers, other]) is None  # other inputs
+    assert type(layers[0]).fused([layers[0]] * 9) is None  # more than 8
+    float_layer = Packed4Linear.from_quantized(quantize_module(torch.nn.Linear(256, 8), {"weight": FORMATS["q4_0"]}))
+    assert Packed4Linear.fused([float_layer]) is None and mxint8.MXInt8Linear.fused([float_layer]) is None
+    if kind == "q4_0":
+        assert Packed4Linear.fused([layers[0], layer("mxfp4", 8, 256)]) is None  # another table

@@ -42,9 +42,9 @@ def _library() -> ctypes.CDLL | None:
     i64, ptr, int_ = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     for name in ("int8_cpu_levels", "int8_cpu_openmp", "int8_cpu_vnni"):
         getattr(lib, name).argtypes, getattr(lib, name).restype = [], int_
-    lib.int8_linear_nibbles.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ctypes.c_float, ptr, ptr, i64, int_, int_, ptr]
-    lib.int8_linear_codes.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, i64, int_, int_, ptr]
-    lib.int8_linear_nibbles.restype = lib.int8_linear_codes.restype = None
+    lib.int8_linear_nibbles.argtypes = [ptr, i64, i64, int_, ptr, ptr, ptr, ptr, ptr, ptr, ctypes.c_float, int_, int_, ptr]
+    lib.int8_linear_codes.argtypes = [ptr, i64, i64, int_, ptr, ptr, ptr, ptr, ptr, int_, int_, ptr]
+    lib.int8_linear_nibbles.restype = lib.int8_linear_codes.restype = int_
     mask = lib.int8_cpu_levels()
     lib.levels = tuple(name for bit, name in enumerate(LEVELS) if mask >> bit & 1)
     lib.openmp = bool(lib.int8_cpu_openmp())
@@ -108,46 +108,70 @@ def _out(out: Tensor, x: Tensor) -> Tensor:
     return (out if x.dtype == torch.float32 else out.to(x.dtype)).view(*x.shape[:-1], out.shape[1])
 
 
+MAX_LAYERS = 8
+_Pointers = ctypes.c_void_p * MAX_LAYERS
+_Rows = ctypes.c_int64 * MAX_LAYERS
+
+
+def _many(kind: str, x: Tensor, in_features: int, layers: list[tuple[Tensor, Tensor, Tensor | None]],
+          launch) -> list[Tensor] | None:
+    """Each layer's ``x @ W.T + bias`` (``layers``: weights, scales, bias; at most 8, all of ``in_features``
+    inputs) from one call: x quantized once, the layers' rows split over the threads together."""
+    prepared = _prepared(x, in_features)
+    if prepared is None or len(layers) > MAX_LAYERS:
+        return None
+    lvl, rows, x32 = prepared
+    lib = _library()
+    sizes = [scales.shape[0] for _, scales, _ in layers]
+    outs = [torch.empty(rows, n) for n in sizes]
+    biases = [None if bias is None else bias.to(torch.float32).contiguous() for _, _, bias in layers]
+    total = sum(sizes)
+    most = torch.get_num_threads() if rows * total * in_features >= PARALLEL_FROM_MACS else 1
+    workers, probe = threads.begin((kind, rows, *sizes, in_features, lvl), most)
+    arrays = getattr(_local, "arrays", None)
+    if arrays is None:  # this thread's argument arrays, filled in place (building them costs microseconds)
+        arrays = _local.arrays = (_Pointers(), _Pointers(), _Pointers(), _Pointers(), _Rows())
+    weights, scale_ptrs, bias_ptrs, out_ptrs, counts = arrays
+    for i, ((w, s, _), b, o) in enumerate(zip(layers, biases, outs)):
+        weights[i], scale_ptrs[i], out_ptrs[i], counts[i] = w.data_ptr(), s.data_ptr(), o.data_ptr(), o.shape[1]
+        bias_ptrs[i] = None if b is None else b.data_ptr()
+    launch(lib, x32.data_ptr(), rows, len(layers), weights, scale_ptrs, bias_ptrs, out_ptrs, counts, lvl,
+           workers if lib.openmp else 1, _scratch(2 * rows * in_features + rows * in_features // 8))
+    threads.end(probe)
+    return [_out(o, x) for o in outs]
+
+
 def linear_nibbles(x: Tensor, nibbles: Tensor, scales: Tensor, itable: Tensor, unit: float,
                    bias: Tensor | None) -> Tensor | None:
     """``x @ W.T + bias`` for packed 4-bit W (``nibbles`` ``[out, in / 2]``, float32 ``scales`` ``[out, in / 32]``,
     ``itable`` the 16 integers a nibble stands for, times ``unit``), ``x`` quantized to int8; in ``x``'s dtype.
     None where the kernel does not apply."""
-    in_features, out_features = nibbles.shape[1] * 2, scales.shape[0]
-    prepared = _prepared(x, in_features)
-    if prepared is None:
-        return None
-    lvl, rows, x32 = prepared
-    lib = _library()
-    out = torch.empty(rows, out_features)
-    most = torch.get_num_threads() if rows * out_features * in_features >= PARALLEL_FROM_MACS else 1
-    workers, probe = threads.begin(("int8_nibbles", rows, out_features, in_features, lvl), most)
-    lib.int8_linear_nibbles(x32.data_ptr(), rows, in_features, nibbles.data_ptr(), scales.data_ptr(), itable.data_ptr(),
-                            unit, None if bias is None else bias.to(torch.float32).contiguous().data_ptr(),
-                            out.data_ptr(), out_features, lvl, workers if lib.openmp else 1,
-                            _scratch(2 * rows * in_features + rows * in_features // 8))
-    threads.end(probe)
-    return _out(out, x)
+    out = linear_nibbles_many(x, [(nibbles, scales, bias)], itable, unit)
+    return None if out is None else out[0]
+
+
+def linear_nibbles_many(x: Tensor, layers: list[tuple[Tensor, Tensor, Tensor | None]], itable: Tensor,
+                        unit: float) -> list[Tensor] | None:
+    """:func:`linear_nibbles` of layers that share ``x`` and their table, in one call (``layers``: nibbles, scales,
+    bias; at most 8)."""
+    def launch(lib, x, rows, count, q, scales, bias, out, n, lvl, workers, scratch):
+        lib.int8_linear_nibbles(x, rows, layers[0][0].shape[1] * 2, count, q, scales, bias, out, n, itable.data_ptr(),
+                                unit, lvl, workers, scratch)
+    return _many("int8_nibbles", x, layers[0][0].shape[1] * 2, layers, launch)
 
 
 def linear_codes(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor | None:
     """``x @ W.T + bias`` for MXINT8 W (int8 ``codes`` ``[out, in]`` in -127..127, E8M0 ``scales``
     ``[out, in / 32]``), ``x`` quantized to int8; in ``x``'s dtype. None where the kernel does not apply."""
-    out_features, in_features = codes.shape
-    prepared = _prepared(x, in_features)
-    if prepared is None:
-        return None
-    lvl, rows, x32 = prepared
-    lib = _library()
-    out = torch.empty(rows, out_features)
-    most = torch.get_num_threads() if rows * out_features * in_features >= PARALLEL_FROM_MACS else 1
-    workers, probe = threads.begin(("int8_codes", rows, out_features, in_features, lvl), most)
-    lib.int8_linear_codes(x32.data_ptr(), rows, in_features, codes.data_ptr(), scales.data_ptr(),
-                          None if bias is None else bias.to(torch.float32).contiguous().data_ptr(), out.data_ptr(),
-                          out_features, lvl, workers if lib.openmp else 1,
-                          _scratch(2 * rows * in_features + rows * in_features // 8))
-    threads.end(probe)
-    return _out(out, x)
+    out = linear_codes_many(x, [(codes, scales, bias)])
+    return None if out is None else out[0]
+
+
+def linear_codes_many(x: Tensor, layers: list[tuple[Tensor, Tensor, Tensor | None]]) -> list[Tensor] | None:
+    """:func:`linear_codes` of layers that share ``x``, in one call (``layers``: codes, scales, bias; at most 8)."""
+    def launch(lib, x, rows, count, q, scales, bias, out, n, lvl, workers, scratch):
+        lib.int8_linear_codes(x, rows, layers[0][0].shape[1], count, q, scales, bias, out, n, lvl, workers, scratch)
+    return _many("int8_codes", x, layers[0][0].shape[1], layers, launch)
 
 
 _local = threading.local()

@@ -218,76 +218,103 @@ static dot_fn vector_dot(const struct weights *w, int level) {
 
 /* ---------------------------------------------------------------- entry points */
 
+enum { MAX_LAYERS = 8 };
+
+/* Layers that share an input (a block's query, key and value projections): x is quantized once, their rows form
+ * one range split over the threads. */
 struct linear_args {
-    struct weights w;
+    int nibbles, affine;
+    const int8_t *itable;
+    float unit;
+    int count;
+    const uint8_t *const *q;
+    const void *const *scales;
+    const float *const *bias;
+    float *const *out;
+    const int64_t *n;
     const int8_t *xq;
     const float *xs;
     const int32_t *corr;
     int64_t m, k;
-    float unit;
-    const float *bias;
-    float *out;
-    int64_t n;
     int level;
 };
 
-static void linear_range(const struct linear_args *a, int64_t first, int64_t last) {
-    int64_t k = a->k, nb = k / BLOCK, row_bytes = a->w.nibbles ? k / 2 : k;
+static void linear_range(const struct linear_args *a, int l, int64_t first, int64_t last) {
+    int64_t k = a->k, nb = k / BLOCK, n = a->n[l];
+    struct weights w = {a->q[l], a->scales[l], a->itable, a->nibbles, a->affine};
+    const float *bias = a->bias[l];
+    float *out = a->out[l];
 #ifdef I8_X86
     if (a->level >= LEVEL_AVX2) {
-        dot_fn dot = vector_dot(&a->w, a->level);
-        const char *scales = a->w.scales;
-        size_t scale_bytes = a->w.nibbles ? sizeof(float) : 1;
+        dot_fn dot = vector_dot(&w, a->level);
+        int64_t row_bytes = w.nibbles ? k / 2 : k;
+        size_t scale_bytes = w.nibbles ? sizeof(float) : 1;
         for (int64_t j = first; j < last; j++)
             for (int64_t i = 0; i < a->m; i++) {
-                float total = dot(a->w.q + j * row_bytes, scales + j * nb * scale_bytes, a->xq + i * k,
-                                  a->xs + i * nb, a->corr + i * (k / 4), a->w.itable, nb) * a->unit;
-                a->out[i * a->n + j] = a->bias ? total + a->bias[j] : total;
+                float total = dot(w.q + j * row_bytes, (const char *)w.scales + j * nb * scale_bytes, a->xq + i * k,
+                                  a->xs + i * nb, a->corr + i * (k / 4), w.itable, nb) * a->unit;
+                out[i * n + j] = bias ? total + bias[j] : total;
             }
         return;
     }
 #endif
     for (int64_t j = first; j < last; j++)
         for (int64_t i = 0; i < a->m; i++) {
-            float total = dot_c(&a->w, j, a->xq + i * k, a->xs + i * nb, k) * a->unit;
-            a->out[i * a->n + j] = a->bias ? total + a->bias[j] : total;
+            float total = dot_c(&w, j, a->xq + i * k, a->xs + i * nb, k) * a->unit;
+            out[i * n + j] = bias ? total + bias[j] : total;
         }
 }
 
+/* The rows [first, last) of all the layers' rows in order. */
+static void rows_range(const struct linear_args *a, int64_t first, int64_t last) {
+    int64_t start = 0;
+    for (int l = 0; l < a->count; start += a->n[l], l++) {
+        int64_t lo = first > start ? first : start, hi = last < start + a->n[l] ? last : start + a->n[l];
+        if (lo < hi) linear_range(a, l, lo - start, hi - start);
+    }
+}
+
 static void run(struct linear_args *a, const float *x, int c, int threads, void *scratch) {
-    int64_t mk = a->m * a->k;
+    int64_t mk = a->m * a->k, rows = 0;
     int8_t *xq = scratch;
     float *xs = (float *)((char *)scratch + mk);
     int32_t *corr = (int32_t *)(xs + mk / BLOCK);
-    quantize_x(x, a->m, a->k, a->w.nibbles, c, xq, xs, corr);
+    quantize_x(x, a->m, a->k, a->nibbles, c, xq, xs, corr);
     a->xq = xq, a->xs = xs, a->corr = corr;
-    int64_t rows = a->n;
+    for (int l = 0; l < a->count; l++) rows += a->n[l];
     int parts = (int)(threads < 1 ? 1 : threads < rows ? threads : rows < 1 ? 1 : rows);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(parts) schedule(static, 1) if (parts > 1)
 #endif
-    for (int t = 0; t < parts; t++) linear_range(a, rows * t / parts, rows * (t + 1) / parts);
+    for (int t = 0; t < parts; t++) rows_range(a, rows * t / parts, rows * (t + 1) / parts);
 }
 
-/* out[i * n + j] = sum_t x[i * k + t] * W[j, t] (+ bias[j]), x quantized as above, for the m rows of x (k a
- * multiple of 32) and the n rows of W, on `threads` threads (OpenMP builds). scratch: 2 * m * k + m * k / 8
- * bytes, 4-byte aligned. Nibbles: q n rows of k / 2 bytes, scales n rows of k / 32 float32, itable 16 int8,
- * unit the power of two they are multiplied by. */
-void int8_linear_nibbles(const float *x, int64_t m, int64_t k, const uint8_t *q, const float *scales,
-                         const int8_t *itable, float unit, const float *bias, float *out, int64_t n, int level,
-                         int threads, void *scratch) {
+/* out[l][i * n[l] + j] = sum_t x[i * k + t] * W_l[j, t] (+ bias[l][j]) for the `count` layers (at most 8) that
+ * share x, x quantized as above: the m rows of x (k a multiple of 32) and the n[l] rows of each W_l, on `threads`
+ * threads (OpenMP builds). scratch: 2 * m * k + m * k / 8 bytes, 4-byte aligned. Nibbles: q[l] n[l] rows of
+ * k / 2 bytes, scales[l] n[l] rows of k / 32 float32, itable the 16 integers of every layer, unit the power of
+ * two they are multiplied by. Returns -1 (nothing done) for more than 8 layers. */
+int int8_linear_nibbles(const float *x, int64_t m, int64_t k, int count, const uint8_t *const *q,
+                        const float *const *scales, const float *const *bias, float *const *out, const int64_t *n,
+                        const int8_t *itable, float unit, int level, int threads, void *scratch) {
+    if (count < 1 || count > MAX_LAYERS) return -1;
     int affine = 1;
     for (int t = 1; t < 16; t++) affine &= itable[t] == itable[0] + t;
-    struct linear_args a = {{q, scales, itable, 1, affine}, 0, 0, 0, m, k, unit, bias, out, n, level};
+    struct linear_args a = {1, affine, itable, unit, count, q, (const void *const *)scales, bias, out, n,
+                            0, 0, 0, m, k, level};
     run(&a, x, affine && level >= LEVEL_AVX2 ? itable[0] : 0, threads, scratch);
+    return 0;
 }
 
-/* The same for MXINT8: codes n rows of k int8 (-127..127), scales n rows of k / 32 E8M0 exponents; a weight is
- * code * 2**-6 * 2**(scale - 127). */
-void int8_linear_codes(const float *x, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales,
-                       const float *bias, float *out, int64_t n, int level, int threads, void *scratch) {
-    struct linear_args a = {{(const uint8_t *)codes, scales, 0, 0, 0}, 0, 0, 0, m, k, 1.0f / 64.0f, bias, out, n,
-                            level};
+/* The same for MXINT8: codes[l] n[l] rows of k int8 (-127..127), scales[l] n[l] rows of k / 32 E8M0 exponents; a
+ * weight is code * 2**-6 * 2**(scale - 127). */
+int int8_linear_codes(const float *x, int64_t m, int64_t k, int count, const int8_t *const *codes,
+                      const uint8_t *const *scales, const float *const *bias, float *const *out, const int64_t *n,
+                      int level, int threads, void *scratch) {
+    if (count < 1 || count > MAX_LAYERS) return -1;
+    struct linear_args a = {0, 0, 0, 1.0f / 64.0f, count, (const uint8_t *const *)codes, (const void *const *)scales,
+                            bias, out, n, 0, 0, 0, m, k, level};
     int flipped = level == LEVEL_AVX512 && int8_cpu_vnni();
     run(&a, x, flipped ? -128 : 0, threads, scratch);
+    return 0;
 }

@@ -12,6 +12,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -77,6 +79,22 @@ class MXInt8Linear(nn.Module):
         if self.activations == "int8":
             return _linear_int8(x, self.codes, self.scales, self.bias)
         return mxint8_linear(x, self.codes, self.scales, self.bias, self.block_size)
+
+    @staticmethod
+    def fused(layers: list[nn.Module]) -> Callable[[Tensor], list[Tensor]] | None:
+        """One call computing each of ``layers`` on the same input (a block's query, key and value projections),
+        where they are MXInt8Linears with int8 activations over the same inputs (at most 8): the input is quantized
+        once and their rows split over the threads together, each output the same bits as the layer's own. None
+        where they cannot be fused."""
+        if (not 1 <= len(layers) <= int8_kernel.MAX_LAYERS or len({getattr(m, "in_features", None) for m in layers}) != 1
+                or any(type(m) is not MXInt8Linear or m.activations != "int8" for m in layers)):
+            return None
+
+        def forward(x: Tensor) -> list[Tensor]:
+            out = None if torch.is_grad_enabled() else int8_kernel.linear_codes_many(
+                x, [(m.codes, m.scales, m.bias) for m in layers])
+            return out if out is not None else [m(x) for m in layers]
+        return forward
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """The weight these codes stand for, ``[out_features, in_features]`` in ``dtype``."""

@@ -25,7 +25,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -156,6 +156,23 @@ class Packed4Linear(nn.Module):
         if self.activations == "int8":
             return packed4_linear_int8(x, self.nibbles, self.scales, self.integer_table(), self.bias)
         return packed4_linear(x, self.nibbles, self.scales, self.table, self.bias)
+
+    @staticmethod
+    def fused(layers: list[nn.Module]) -> Callable[[Tensor], list[Tensor]] | None:
+        """One call computing each of ``layers`` on the same input (a block's query, key and value projections),
+        where they are Packed4Linears with int8 activations over the same inputs and with the same table (at most
+        8): the input is quantized once and their rows split over the threads together, each output the same bits
+        as the layer's own. None where they cannot be fused."""
+        if (not 1 <= len(layers) <= int8_kernel.MAX_LAYERS or len({getattr(m, "in_features", None) for m in layers}) != 1
+                or any(type(m) is not Packed4Linear or m.activations != "int8" for m in layers)
+                or any(not torch.equal(m.table, layers[0].table) for m in layers)):
+            return None
+
+        def forward(x: Tensor) -> list[Tensor]:
+            out = None if torch.is_grad_enabled() else int8_kernel.linear_nibbles_many(
+                x, [(m.nibbles, m.scales, m.bias) for m in layers], *layers[0].integer_table())
+            return out if out is not None else [m(x) for m in layers]
+        return forward
 
     def integer_table(self) -> tuple[Tensor, float]:
         """The table as int8 integers and their power-of-two unit (computed once per table)."""
