@@ -4,9 +4,11 @@ rotary tables computed once, and grouped-query attention by
 ``scaled_dot_product_attention``. Per token, transformers spends several milliseconds outside the Linears
 (cache objects, masks, rotary embedding, module calls): at batch 1 that is as long as the packed Linears.
 
-It applies to ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` and ``MistralForCausalLM`` whose layers are the standard
-ones (RMSNorm, rotary attention without query/key norms, a gated SiLU MLP) and whose sliding window, if any, covers
-the whole context; :meth:`Decoder.of` returns None for any other model, which then runs as it is.
+It applies to ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` and ``MistralForCausalLM`` whose layers are transformers'
+own (RMSNorm, rotary attention without query/key norms, a gated SiLU MLP; the Linears and the embedding may be
+anything: quantized, packed, with adapters) and whose sliding window, if any, covers the whole context;
+:meth:`Decoder.of` returns None for any other model (or one whose attention or MLP a pass replaced), which then runs
+as it is.
 
     >>> import torch
     >>> from transformers import LlamaConfig, LlamaForCausalLM
@@ -101,20 +103,24 @@ class Decoder:
         window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
         if window is not None and window < max_length:
             return None
+        if getattr(config, "hidden_act", None) not in ("silu", "swish"):
+            return None
         body = getattr(model, "model", None)
         try:
             layers = list(body.layers)
-            parts = [body.embed_tokens, body.norm, body.rotary_emb, model.lm_head]
+            parts = [body.embed_tokens, model.lm_head]  # any module: float, quantized, packed, with adapters
+            own = [body, body.norm, body.rotary_emb]  # transformers' own classes: their computation is the one here
             for layer in layers:
                 attn, mlp = layer.self_attn, layer.mlp
                 parts += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-                norms = [layer.input_layernorm, layer.post_attention_layernorm]
-                if (any(hasattr(attn, n) for n in ("q_norm", "k_norm")) or getattr(config, "hidden_act", None) not in ("silu", "swish")
-                        or any(not type(n).__name__.endswith("RMSNorm") or not hasattr(n, "variance_epsilon") for n in norms)):
+                own += [layer, attn, mlp, layer.input_layernorm, layer.post_attention_layernorm]
+                if any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
                     return None
         except AttributeError:
             return None
-        if not layers or any(not isinstance(p, nn.Module) for p in parts) or not type(body.norm).__name__.endswith("RMSNorm"):
+        if (not layers or any(not isinstance(p, nn.Module) for p in parts)
+                or any(not type(m).__module__.startswith("transformers.models.") for m in own)
+                or any(not hasattr(m, "variance_epsilon") for m in own if type(m).__name__.endswith("Norm"))):
             return None
         return cls(model, max_length)
 

@@ -103,6 +103,12 @@ def test_other_models_are_left_to_their_own_forward():
     assert Decoder.of(model("Mistral", sliding_window=4), 8) is None  # a window shorter than the context
     assert Decoder.of(model("Mistral", sliding_window=8), 8) is not None
     assert Decoder.of(model(hidden_act="gelu"), 8) is None
+    replaced = model()
+    replaced.model.layers[1].mlp = torch.nn.Identity()  # a pass swapped a block's MLP: its computation is another
+    assert Decoder.of(replaced, 8) is None
+    custom = model()
+    custom.model.layers[0].self_attn.__class__ = type("MyAttention", (torch.nn.Module,), {"forward": lambda s, *a: a})
+    assert Decoder.of(custom, 8) is None
 
 
 def test_shapes_and_lengths_it_cannot_take_are_named():
