@@ -97,7 +97,7 @@ def _inverse_factor(hessians: list[Tensor], damp: float) -> tuple[Tensor, float]
     if int(info):
         raise UserError(f"gptq: the damped Hessian is not positive definite (damp {damp}); raise damp or the calibration data")
     _invert_lower(factor)
-    _flip(factor)
+    _permute_symmetric(factor, torch.arange(factor.shape[0] - 1, -1, -1))  # the reversal P · P
     return factor, lam
 
 
@@ -145,19 +145,6 @@ def _permute_symmetric(matrix: Tensor, order: Tensor, rows: int = 64) -> None:
     for start in range(0, matrix.shape[0], rows):
         chunk = matrix[start : start + rows]
         chunk.copy_(chunk.index_select(1, order))
-
-
-def _flip(matrix: Tensor, rows: int = 64) -> None:
-    """``matrix.flip(0, 1)`` in its own memory, ``rows`` rows from each end at a time."""
-    n = matrix.shape[0]
-    for i in range(0, n // 2, rows):
-        count = min(rows, n // 2 - i)
-        top, bottom = matrix[i : i + count], matrix[n - i - count : n - i]
-        kept = top.flip(0, 1)
-        top.copy_(bottom.flip(0, 1))
-        bottom.copy_(kept)
-    if n % 2:
-        matrix[n // 2].copy_(matrix[n // 2].flip(0))
 
 
 Quantizer = Callable[[Tensor], Tensor]

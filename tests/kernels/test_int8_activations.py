@@ -58,7 +58,7 @@ def test_the_kernel_rounds_ties_as_the_reference_exactly(level, monkeypatch):
     x[0, :8] = torch.tensor([127.0, 63.5, -0.5, 1.5, 2.5, -126.5, 0.5, -1.5])
     x[0, 32:36] = torch.tensor([-254.0, 1.0, 3.0, -5.0])  # scale 2: codes -127, 0, 2, -2
     codes, _ = cpu_kernel.quantize_activations(x)
-    weights = cpu_kernel.nibble_integers(packed.nibbles, packed.integer_table()[0])
+    weights = cpu_kernel.unpacked(packed.nibbles, packed.integer_table()[0])
     expected = (weights.long() * codes.long()).reshape(3, 2, 32).sum(-1) @ torch.tensor([1, 2])
     with torch.no_grad():
         assert packed(x)[0].tolist() == expected.tolist()
@@ -69,7 +69,7 @@ def integers_and_scales(packed):
     if isinstance(packed, Packed4Linear):
         itable, unit = packed.integer_table()
         order = torch.cat([torch.arange(0, 32, 2), torch.arange(1, 32, 2)])  # evens, then odds
-        return cpu_kernel.nibble_integers(packed.nibbles, itable), packed.scales.double() * unit, order
+        return cpu_kernel.unpacked(packed.nibbles, itable), packed.scales.double() * unit, order
     scales = torch.ldexp(torch.ones_like(packed.scales, dtype=torch.float64), packed.scales.long() - 127 - 6)
     return packed.codes, scales, torch.arange(32)
 

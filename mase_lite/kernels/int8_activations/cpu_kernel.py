@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from mase_lite.numerics.native import library, threads
-from mase_lite.numerics.native.launch import chosen_level, plain_cpu
+from mase_lite.numerics.native.launch import chosen_level, plain_cpu, scratch
 
 LEVELS = ("c", "avx2", "avx512")
 LEVEL_ENV = "MASE_LITE_INT8_CPU"
@@ -111,6 +111,7 @@ def _out(out: Tensor, x: Tensor) -> Tensor:
 MAX_LAYERS = 8
 _Pointers = ctypes.c_void_p * MAX_LAYERS
 _Rows = ctypes.c_int64 * MAX_LAYERS
+_local = threading.local()  # this thread's argument arrays
 
 
 def _many(kind: str, x: Tensor, in_features: int, layers: list[tuple[Tensor, Tensor, Tensor | None]],
@@ -136,7 +137,7 @@ def _many(kind: str, x: Tensor, in_features: int, layers: list[tuple[Tensor, Ten
         weights[i], scale_ptrs[i], out_ptrs[i], counts[i] = w.data_ptr(), s.data_ptr(), o.data_ptr(), o.shape[1]
         bias_ptrs[i] = None if b is None else b.data_ptr()
     launch(lib, x32.data_ptr(), rows, len(layers), weights, scale_ptrs, bias_ptrs, out_ptrs, counts, lvl,
-           workers if lib.openmp else 1, _scratch(2 * rows * in_features + rows * in_features // 8))
+           workers if lib.openmp else 1, scratch(2 * rows * in_features + rows * in_features // 8).data_ptr())
     threads.end(probe)
     return [_out(o, x) for o in outs]
 
@@ -174,17 +175,6 @@ def linear_codes_many(x: Tensor, layers: list[tuple[Tensor, Tensor, Tensor | Non
     return _many("int8_codes", x, layers[0][0].shape[1], layers, launch)
 
 
-_local = threading.local()
-
-
-def _scratch(nbytes: int) -> int:
-    """The address of this thread's scratch buffer of at least ``nbytes`` (kept between calls)."""
-    buffer = getattr(_local, "buffer", None)
-    if buffer is None or buffer.numel() < nbytes:
-        _local.buffer = buffer = torch.empty(max(nbytes, 1 << 16), dtype=torch.uint8)
-    return buffer.data_ptr()
-
-
 def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor]:
     """``x`` (``[rows, in]``, float32) as the int8 codes (-127..127) and float32 scales of each block of 32, as the
     kernel forms them: ``amax / 127`` and round-half-even(``x * (127 / amax)``), zero for an all-zero block; a
@@ -215,15 +205,15 @@ def _reference(x: Tensor, weights: Tensor, block_scales: Tensor, bias: Tensor | 
     return out.to(x.dtype).view(*x.shape[:-1], out_features)
 
 
-def nibble_integers(nibbles: Tensor, itable: Tensor) -> Tensor:
-    """The integer weights (``[out, in]``) the nibbles stand for, in element order."""
-    return itable[torch.stack([nibbles & 15, nibbles >> 4], -1).reshape(nibbles.shape[0], -1).long()]
+def unpacked(nibbles: Tensor, table: Tensor) -> Tensor:
+    """``table[nibble]`` of each weight (``[out, in]``; the low nibble is the even element)."""
+    return table[torch.stack([nibbles & 15, nibbles >> 4], -1).reshape(nibbles.shape[0], -1).long()]
 
 
 def reference_nibbles(x: Tensor, nibbles: Tensor, scales: Tensor, itable: Tensor, unit: float,
                       bias: Tensor | None) -> Tensor:
     """The torch reference of :func:`linear_nibbles`, in ``x``'s dtype (float64 for the exact sums)."""
-    return _reference(x, nibble_integers(nibbles, itable), scales.double() * unit, bias)
+    return _reference(x, unpacked(nibbles, itable), scales.double() * unit, bias)
 
 
 def reference_codes(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor:

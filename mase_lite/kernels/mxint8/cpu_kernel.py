@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import threading
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from mase_lite.numerics.native import library, threads
-from mase_lite.numerics.native.launch import chosen_level, plain_cpu, run_split
+from mase_lite.numerics.native.launch import chosen_level, plain_cpu, run_split, scratch
 
 LEVELS = ("c", "avx2", "avx512")
 LEVEL_ENV = "MASE_LITE_MXINT8_CPU"
@@ -188,14 +187,14 @@ def _gemm(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block_s
     workers, probe = threads.begin(("mxint8_gemm", 1 << (rows - 1).bit_length(), out_features, in_features),
                                    torch.get_num_threads())
     packed_floats = -(-rows // 64) * 64 * in_features  # x^T in tiles of 64 rows, packed by the kernel
-    scratch = _scratch(4 * (packed_floats + workers * lib.mxint8_gemm_buffer(in_features, block_size)))
-    scratch = scratch.view(torch.float32)
+    buffer = scratch(4 * (packed_floats + workers * lib.mxint8_gemm_buffer(in_features, block_size)))
+    buffer = buffer.view(torch.float32)
     x32 = x.to(torch.float32).contiguous()
     bias32 = None if bias is None else bias.to(torch.float32).contiguous()
     out = torch.empty(rows, out_features)
     status = lib.mxint8_gemm(x32.data_ptr(), rows, in_features, codes.data_ptr(), scales.data_ptr(), block_size,
                              None if bias32 is None else bias32.data_ptr(), out.data_ptr(), out_features,
-                             scratch.data_ptr(), scratch[packed_floats:].data_ptr(), workers)
+                             buffer.data_ptr(), buffer[packed_floats:].data_ptr(), workers)
     threads.end(probe)
     return out if status == 0 else None
 
@@ -207,7 +206,7 @@ def _panels(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block
     dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32  # float16 computes in float32
     x = x.to(dtype).contiguous()  # one layout into torch's GEMM: a strided x may take another BLAS path
     panel_rows = min(out_features, max(_ALIGN, PANEL_BYTES // (in_features * x.element_size())))
-    buffer = _scratch(panel_rows * in_features * x.element_size()).view(dtype).view(panel_rows, in_features)
+    buffer = scratch(panel_rows * in_features * x.element_size()).view(dtype).view(panel_rows, in_features)
     out_t = torch.empty(out_features, rows, dtype=dtype)
     bias = None if bias is None else bias.to(dtype)
     for first in range(0, out_features, panel_rows):
@@ -219,18 +218,6 @@ def _panels(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, block
         else:
             torch.addmm(bias[first:last, None], panel, x.t(), out=out_t[first:last])
     return out_t.t().contiguous()  # the strides the fake kernel promises
-
-
-_local = threading.local()
-
-
-def _scratch(nbytes: int) -> Tensor:
-    """This thread's panel buffer, at least ``nbytes`` long: kept between calls, so its pages are not
-    faulted in again on every call (it holds one panel, about ``PANEL_BYTES``)."""
-    buffer = getattr(_local, "buffer", None)
-    if buffer is None or buffer.numel() < nbytes:
-        buffer = _local.buffer = torch.empty(nbytes, dtype=torch.uint8)
-    return buffer[:nbytes]
 
 
 def _dequantize_into(codes: Tensor, scales: Tensor, block_size: int, out: Tensor, lvl: int, workers: int) -> None:

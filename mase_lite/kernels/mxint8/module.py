@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 import mase_lite.kernels.int8_activations.cpu_kernel as int8_kernel
+from mase_lite.kernels.int8_activations.layers import check_activations, check_input, fused
 from mase_lite.errors import UserError
 from mase_lite.kernels.mxint8.codec import DEFAULT_BLOCK_SIZE, quantize
 from mase_lite.kernels.mxint8.ops import dequantize, mxint8_linear
@@ -44,8 +45,7 @@ class MXInt8Linear(nn.Module):
         if in_features < 1 or out_features < 1 or block_size < 1:
             raise UserError(f"MXInt8Linear needs positive sizes, got in_features={in_features}, "
                             f"out_features={out_features}, block_size={block_size}")
-        if activations not in ("float", "int8"):
-            raise UserError(f"MXInt8Linear activations must be one of float, int8, got {activations!r}")
+        check_activations("MXInt8Linear", activations)
         if activations == "int8" and (block_size != 32 or in_features % 32):
             raise UserError(f"MXInt8Linear with int8 activations needs blocks of 32 over inputs a multiple of 32, got "
                             f"block_size={block_size}, in_features={in_features}")
@@ -86,15 +86,8 @@ class MXInt8Linear(nn.Module):
         where they are MXInt8Linears with int8 activations over the same inputs (at most 8): the input is quantized
         once and their rows split over the threads together, each output the same bits as the layer's own. None
         where they cannot be fused."""
-        if (not 1 <= len(layers) <= int8_kernel.MAX_LAYERS or len({getattr(m, "in_features", None) for m in layers}) != 1
-                or any(type(m) is not MXInt8Linear or m.activations != "int8" for m in layers)):
-            return None
-
-        def forward(x: Tensor) -> list[Tensor]:
-            out = None if torch.is_grad_enabled() else int8_kernel.linear_codes_many(
-                x, [(m.codes, m.scales, m.bias) for m in layers])
-            return out if out is not None else [m(x) for m in layers]
-        return forward
+        return fused(layers, MXInt8Linear,
+                     lambda x: int8_kernel.linear_codes_many(x, [(m.codes, m.scales, m.bias) for m in layers]))
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """The weight these codes stand for, ``[out_features, in_features]`` in ``dtype``."""
@@ -113,11 +106,6 @@ class MXInt8Linear(nn.Module):
 
 def _linear_int8(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor:
     """``x @ W.T + bias`` with ``x`` quantized to int8 per block of 32; inference only."""
-    if x.shape[-1] != codes.shape[1] or not x.dtype.is_floating_point:
-        raise UserError(f"MXInt8Linear input of shape {tuple(x.shape)} and dtype {x.dtype} does not fit a weight "
-                        f"with in_features={codes.shape[1]}")
-    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
-        raise UserError("an MXInt8Linear with int8 activations runs inference only (its rounding has no gradient); "
-                        "use activations='float' to train through it")
+    check_input(x, codes.shape[1], bias, "MXInt8Linear", "an MXInt8Linear")
     native = int8_kernel.linear_codes(x, codes, scales, bias)
     return native if native is not None else int8_kernel.reference_codes(x, codes, scales, bias)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import mase_lite.kernels.int8_activations.cpu_kernel as int8_kernel
+from mase_lite.kernels.int8_activations.layers import check_activations, check_input, fused
 import mase_lite.kernels.packed4.cpu_kernel as cpu_kernel
 from mase_lite.errors import UserError
 
@@ -57,8 +58,8 @@ def reference_linear(x: Tensor, nibbles: Tensor, scales: Tensor, table: Tensor, 
 
 def decode(nibbles: Tensor, scales: Tensor, table: Tensor) -> Tensor:
     """``table[nibble] * scale`` in float32 (the low nibble is the even element)."""
-    codes = torch.stack([nibbles & 15, nibbles >> 4], -1).reshape(nibbles.shape[0], -1).long()
-    return (table[codes].reshape(scales.shape[0], -1, BLOCK) * scales.unsqueeze(-1)).reshape(codes.shape)
+    values = int8_kernel.unpacked(nibbles, table)
+    return (values.reshape(scales.shape[0], -1, BLOCK) * scales.unsqueeze(-1)).reshape(values.shape)
 
 
 @torch.library.custom_op("mase_lite::packed4_linear", mutates_args=(), device_types="cpu")
@@ -87,17 +88,9 @@ def packed4_linear_int8(x: Tensor, nibbles: Tensor, scales: Tensor, integer: tup
                         bias: Tensor | None = None) -> Tensor:
     """``x @ W.T + bias`` with ``x`` quantized to int8 per block of 32 (``integer``: the table as int8 values and
     their unit, :func:`int8_kernel.integer_table`); inference only."""
-    if x.shape[-1] != nibbles.shape[1] * 2 or not x.dtype.is_floating_point:
-        raise UserError(f"packed4_linear input of shape {tuple(x.shape)} and dtype {x.dtype} does not fit a weight "
-                        f"with in_features={nibbles.shape[1] * 2}")
-    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
-        raise UserError("a Packed4Linear with int8 activations runs inference only (its rounding has no gradient); "
-                        "use activations='float' to train through it")
+    check_input(x, nibbles.shape[1] * 2, bias, "packed4_linear", "a Packed4Linear")
     native = int8_kernel.linear_nibbles(x, nibbles, scales, *integer, bias)
     return native if native is not None else int8_kernel.reference_nibbles(x, nibbles, scales, *integer, bias)
-
-
-ACTIVATIONS = ("float", "int8")
 
 
 class Packed4Linear(nn.Module):
@@ -110,8 +103,7 @@ class Packed4Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, fmt: dict[str, Any], bias: bool = True,
                  dtype: torch.dtype = torch.float32, activations: str = "float") -> None:
         super().__init__()
-        if activations not in ACTIVATIONS:
-            raise UserError(f"Packed4Linear activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
+        check_activations("Packed4Linear", activations)
         self.activations = activations
         self._integer: tuple | None = None  # (the table's identity, its integer form)
         if in_features < 1 or out_features < 1 or in_features % BLOCK:
@@ -163,16 +155,9 @@ class Packed4Linear(nn.Module):
         where they are Packed4Linears with int8 activations over the same inputs and with the same table (at most
         8): the input is quantized once and their rows split over the threads together, each output the same bits
         as the layer's own. None where they cannot be fused."""
-        if (not 1 <= len(layers) <= int8_kernel.MAX_LAYERS or len({getattr(m, "in_features", None) for m in layers}) != 1
-                or any(type(m) is not Packed4Linear or m.activations != "int8" for m in layers)
-                or any(not torch.equal(m.table, layers[0].table) for m in layers)):
-            return None
-
-        def forward(x: Tensor) -> list[Tensor]:
-            out = None if torch.is_grad_enabled() else int8_kernel.linear_nibbles_many(
-                x, [(m.nibbles, m.scales, m.bias) for m in layers], *layers[0].integer_table())
-            return out if out is not None else [m(x) for m in layers]
-        return forward
+        together = fused(layers, Packed4Linear, lambda x: int8_kernel.linear_nibbles_many(
+            x, [(m.nibbles, m.scales, m.bias) for m in layers], *layers[0].integer_table()))
+        return together if together is not None and all(torch.equal(m.table, layers[0].table) for m in layers) else None
 
     def integer_table(self) -> tuple[Tensor, float]:
         """The table as int8 integers and their power-of-two unit (computed once per table)."""

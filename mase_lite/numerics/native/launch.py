@@ -113,3 +113,19 @@ def _pool(workers: int) -> ThreadPoolExecutor:
         if _executor is None or _executor[:2] != (os.getpid(), workers):
             _executor = (os.getpid(), workers, ThreadPoolExecutor(workers, thread_name_prefix="mase-lite-native"))
         return _executor[2]
+
+
+_local = threading.local()
+
+
+def scratch(nbytes: int) -> Tensor:
+    """This thread's scratch bytes for one kernel call, at least ``nbytes`` long: kept between calls, so their pages
+    are not faulted in again on every call, and shared by the kernels (a call never runs inside another).
+
+    >>> scratch(16).numel(), scratch(8).data_ptr() == scratch(16).data_ptr()
+    (16, True)
+    """
+    buffer = getattr(_local, "buffer", None)
+    if buffer is None or buffer.numel() < nbytes:
+        buffer = _local.buffer = torch.empty(nbytes, dtype=torch.uint8)
+    return buffer[:nbytes]
