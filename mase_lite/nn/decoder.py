@@ -7,6 +7,8 @@ rotary tables computed once, and grouped-query attention by
 It applies to ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` and ``MistralForCausalLM`` whose layers are transformers'
 own (RMSNorm, rotary attention without query/key norms, a gated SiLU MLP; the Linears and the embedding may be
 anything: quantized, packed, with adapters) and whose sliding window, if any, covers the whole context;
+where every Linear of its layers takes int8 activations, one token runs in one native call
+(:class:`~mase_lite.kernels.int8_activations.decoder_step.DecoderStep`);
 :meth:`Decoder.of` returns None for any other model (or one whose attention or MLP a pass replaced), which then runs
 as it is.
 
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mase_lite.errors import UserError
+from mase_lite.kernels.int8_activations.decoder_step import DecoderStep
 
 MODEL_TYPES = ("llama", "qwen2", "mistral")
 
@@ -93,6 +96,11 @@ class Decoder:
         self.keys = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
         self.values = torch.zeros_like(self.keys)
         self.length = 0
+        linears = [model.lm_head] + [m for layer in body.layers for m in (
+            layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+            layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
+        hooked = any(_call(m) != m.forward for m in linears)
+        self.step = None if hooked else DecoderStep.of(model, self.keys, self.values, self.cos, self.sin, self.scaling)
 
     @classmethod
     def of(cls, model: nn.Module, max_length: int) -> Decoder | None:
@@ -140,6 +148,11 @@ class Decoder:
         if n > 1 and start:  # a prompt after earlier tokens: each position sees the cache and itself
             mask = torch.arange(stop, device=ids.device) <= torch.arange(start, stop, device=ids.device)[:, None]
         x = self.embed(ids)[0]  # [n, hidden]
+        if n == 1 and self.step is not None and not x.requires_grad:
+            out = self.step(x[0], start)
+            if out is not None:
+                self.length = stop
+                return out if self.step.head else self.head(out[None])[0]
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(_rms_norm(x, *layer.norms[0]))
             q = self._rotate(q.view(n, self.heads, self.head_dim).transpose(0, 1), cos, sin)

@@ -1,9 +1,9 @@
 """What the Linear layers with int8 activations share (packed 4-bit and MXINT8): the setting, the inference-only
-check of an input, and one call for layers that take the same input."""
+check of an input, one call for layers that take the same input, and the weights as the kernels read them."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -44,3 +44,16 @@ def fused(layers: list[nn.Module], cls: type, run: Callable[[Tensor], list[Tenso
         out = None if torch.is_grad_enabled() else run(x)
         return out if out is not None else [m(x) for m in layers]
     return forward
+
+
+class Int8Weights(NamedTuple):
+    """What the int8 kernels read of a layer: ``data`` (4-bit ``nibbles`` ``[out, in / 2]`` with float32 ``scales``,
+    or MXINT8 codes ``[out, in]`` with E8M0 ``scales``), the bias, and for nibbles the table's 16 integers and the
+    power of two ``unit`` they stand for (MXINT8: 2**-6)."""
+
+    nibbles: bool
+    data: Tensor
+    scales: Tensor
+    bias: Tensor | None
+    itable: Tensor | None
+    unit: float

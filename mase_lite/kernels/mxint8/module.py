@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 import mase_lite.kernels.int8_activations.cpu_kernel as int8_kernel
-from mase_lite.kernels.int8_activations.layers import check_activations, check_input, fused
+from mase_lite.kernels.int8_activations.layers import Int8Weights, check_activations, check_input, fused
 from mase_lite.errors import UserError
 from mase_lite.kernels.mxint8.codec import DEFAULT_BLOCK_SIZE, quantize
 from mase_lite.kernels.mxint8.ops import dequantize, mxint8_linear
@@ -88,6 +88,10 @@ class MXInt8Linear(nn.Module):
         where they cannot be fused."""
         return fused(layers, MXInt8Linear,
                      lambda x: int8_kernel.linear_codes_many(x, [(m.codes, m.scales, m.bias) for m in layers]))
+
+    def int8_weights(self) -> Int8Weights | None:
+        """The weights as the int8 kernels read them (None with float activations)."""
+        return None if self.activations != "int8" else Int8Weights(False, self.codes, self.scales, self.bias, None, 2.0**-6)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """The weight these codes stand for, ``[out_features, in_features]`` in ``dtype``."""

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import mase_lite.kernels.int8_activations.cpu_kernel as int8_kernel
-from mase_lite.kernels.int8_activations.layers import check_activations, check_input, fused
+from mase_lite.kernels.int8_activations.layers import Int8Weights, check_activations, check_input, fused
 import mase_lite.kernels.packed4.cpu_kernel as cpu_kernel
 from mase_lite.errors import UserError
 
@@ -158,6 +158,12 @@ class Packed4Linear(nn.Module):
         together = fused(layers, Packed4Linear, lambda x: int8_kernel.linear_nibbles_many(
             x, [(m.nibbles, m.scales, m.bias) for m in layers], *layers[0].integer_table()))
         return together if together is not None and all(torch.equal(m.table, layers[0].table) for m in layers) else None
+
+    def int8_weights(self) -> Int8Weights | None:
+        """The weights as the int8 kernels read them (None with float activations)."""
+        if self.activations != "int8":
+            return None
+        return Int8Weights(True, self.nibbles, self.scales, self.bias, *self.integer_table())
 
     def integer_table(self) -> tuple[Tensor, float]:
         """The table as int8 integers and their power-of-two unit (computed once per table)."""

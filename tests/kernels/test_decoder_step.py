@@ -1,0 +1,111 @@
+"""The native decoding step (``decoder_cpu.c``) of a Llama-family model whose Linears take int8 activations: its
+logits follow the layer-by-layer decoder within the int8 rounding of float32 differences, the same bits at every
+vector level and thread count, and it steps aside where it does not apply."""
+
+import pytest
+import torch
+import transformers
+
+from mase_lite.kernels import mxint8, packed4
+from mase_lite.kernels.int8_activations import cpu_kernel
+from mase_lite.nn.decoder import Decoder
+
+SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64)
+PROMPT, TOKENS = torch.tensor([[1, 2, 3]]), [4, 5, 6, 7, 8]
+
+pytestmark = pytest.mark.skipif(not cpu_kernel.available_levels(), reason="no C compiler: the kernels are not built")
+
+
+def packed(packing="q4_0", kind="Llama", skip=(), **extra):
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{kind}ForCausalLM")(getattr(transformers, f"{kind}Config")(**{**SIZES, **extra})).eval()
+    if packing == "mxint8":
+        mxint8.pack_linears(model, activations="int8", skip=skip)
+    else:
+        packed4.pack_linears(model, packing, activations="int8", skip=skip)
+    return model
+
+
+def steps(decoder):
+    """The decoder's logits after the prompt and after each token."""
+    decoder.reset()
+    with torch.no_grad():
+        return torch.stack([decoder(PROMPT)] + [decoder(torch.tensor([[t]])) for t in TOKENS])
+
+
+def layer_by_layer(model):
+    decoder = Decoder.of(model, 12)
+    decoder.step = None
+    return steps(decoder)
+
+
+def assert_follows(native, reference):
+    """Equal within float32 rounding, except where a float32 difference moved an activation across an int8
+    rounding boundary: one code step of a block, 1/127 of its largest value, reaches the logits at about 1 %."""
+    difference = (native - reference).abs()
+    assert float(difference.max()) <= 0.01 * float(reference.abs().max())
+    assert float(difference.median()) <= 1e-4 * float(reference.abs().max())
+
+
+@pytest.mark.parametrize("packing", ["mxint8", "q4_0", "mxfp4", "mxint4"])
+@pytest.mark.parametrize("kind,extra", [("Llama", {}), ("Qwen2", {}), ("Mistral", {"sliding_window": None}),
+                                        ("Llama", {"attention_bias": True, "mlp_bias": True})])
+def test_logits_follow_the_layer_by_layer_decoder(packing, kind, extra):
+    model = packed(packing, kind, **extra)
+    decoder = Decoder.of(model, 12)
+    assert decoder.step is not None and decoder.step.head
+    assert_follows(steps(decoder), layer_by_layer(model))
+
+
+def test_a_head_it_does_not_run_is_applied_to_its_normed_state():
+    model = packed("mxint8", skip=("lm_head",))
+    decoder = Decoder.of(model, 12)
+    assert decoder.step is not None and not decoder.step.head
+    assert_follows(steps(decoder), layer_by_layer(model))
+
+
+def test_every_level_and_thread_count_gives_the_same_bits(monkeypatch):
+    model = packed("q4_0", num_attention_heads=8, num_key_value_heads=2)
+    expected = None
+    previous = torch.get_num_threads()
+    try:
+        for level in cpu_kernel.available_levels():
+            monkeypatch.setenv(cpu_kernel.LEVEL_ENV, level)
+            for count in (1, 2, 3):
+                torch.set_num_threads(count)
+                got = steps(Decoder.of(model, 12))
+                expected = got if expected is None else expected
+                assert torch.equal(got, expected), (level, count)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_the_torch_setting_runs_the_layers_themselves(monkeypatch):
+    model = packed("mxint8")
+    monkeypatch.setenv(cpu_kernel.LEVEL_ENV, "torch")
+    decoder = Decoder.of(model, 12)
+    assert torch.equal(steps(decoder), layer_by_layer(model))
+
+
+def test_it_steps_aside_where_it_does_not_apply():
+    model = packed("q4_0")
+    model.model.layers[1].mlp.up_proj.activations = "float"  # one Linear with float activations
+    assert Decoder.of(model, 12).step is None
+    model = packed("q4_0")
+    model.model.layers[0].self_attn.k_proj.register_forward_hook(lambda *args: None)
+    assert Decoder.of(model, 12).step is None
+    mixed = packed("q4_0")
+    mixed.model.layers[0].self_attn.v_proj = packed("mxint8").model.layers[0].self_attn.v_proj  # q/k/v of two kinds
+    assert Decoder.of(mixed, 12).step is None
+
+
+def test_prompts_between_tokens_share_its_cache():
+    model = packed("mxint8")
+    calls = [PROMPT, torch.tensor([[9]]), torch.tensor([[10, 11]]), torch.tensor([[12]])]
+    native, reference = Decoder.of(model, 12), Decoder.of(model, 12)
+    reference.step = None
+    with torch.no_grad():
+        got, expected = [torch.stack([d(ids) for ids in calls]) for d in (native, reference)]
+    assert native.length == 7
+    assert_follows(got, expected)
