@@ -24,7 +24,8 @@ format's own fields), plus ``inputs`` for "every input operand" (data_in, weight
 both inputs of a functional op) — what the flat form means when no key names an operand.
 
 ``{"name": null}`` (or ``None``) means: leave this node alone. ``"storage": "packed"`` with
-``{"name": "mxint", "element_width": 8}`` asks for a packed MXINT8 weight instead of fake quantization.
+``{"name": "mxint", "element_width": 8}`` asks for a packed MXINT8 weight instead of fake quantization;
+``"activations": "int8"`` beside it quantizes the packed layer's input to int8 per block of 32 (inference only).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from mase_lite.numerics.ste import SteKind
 LAYER_OPERANDS: tuple[str, ...] = ("data_in", "weight", "bias", "data_out")
 FUNCTION_OPERANDS: tuple[str, ...] = ("data_in_0", "data_in_1", "data_out")
 STORAGES: tuple[str, ...] = ("fake", "packed")
+ACTIVATIONS: tuple[str, ...] = ("float", "int8")
 
 # Operand names a config may use for a functional op, and the operands each one stands for.
 _FUNCTION_ALIASES = {"data_in": ("data_in_0", "data_in_1"), "weight": ("data_in_1",)}
@@ -77,6 +79,7 @@ class QuantConfig:
 
     operands: Mapping[str, OperandFormat] = field(default_factory=dict)
     storage: str = "fake"
+    activations: str = "float"  # a packed layer's input: float, or int8 per block of 32
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "operands", MappingProxyType(dict(self.operands)))
@@ -190,6 +193,10 @@ class _QuantSpecBase(BaseModel):
     storage: Literal["fake", "packed"] = Field(
         "fake", description="fake: quantize-dequantize in float; packed: MXINT8, or 4-bit, codes + scales (weight only)"
     )
+    activations: Literal["float", "int8"] = Field(
+        "float", description="packed only: float inputs, or int8 (each input quantized per block of 32 and multiplied "
+        "in integers, as llama.cpp does; inference only)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -219,6 +226,7 @@ class _QuantSpecBase(BaseModel):
             "properties": {
                 "name": {"enum": [*format_names(), None], "description": "number format of every operand named"},
                 "storage": {"enum": ["fake", "packed"]},
+                "activations": {"enum": list(ACTIVATIONS)},
             },
             "additionalProperties": {"type": ["number", "string", "boolean", "array", "null"]},
         }
@@ -250,7 +258,7 @@ def _from_flat(config: Mapping[str, Any]) -> dict[str, Any]:
     shared: dict[str, Any] = {}
     per_operand: dict[str, dict[str, Any]] = {}
     for key, value in config.items():
-        if key in ("name", "storage"):
+        if key in ("name", "storage", "activations"):
             continue
         operand = next((p for p in prefixes if key.startswith(p + "_") and key[len(p) + 1 :] in known), None)
         param = key[len(operand) + 1 :] if operand else key
@@ -267,9 +275,10 @@ def _from_flat(config: Mapping[str, Any]) -> dict[str, Any]:
         if value is not None:
             (per_operand.setdefault(operand, {}) if operand else shared)[param] = value
     storage = config.get("storage", "fake")
+    top = {"storage": storage, **({"activations": config["activations"]} if "activations" in config else {})}
     if not per_operand:
-        return {"storage": storage, ("weight" if storage == "packed" else "inputs"): {"name": name, **shared}}
-    nested: dict[str, Any] = {"storage": storage}
+        return {**top, ("weight" if storage == "packed" else "inputs"): {"name": name, **shared}}
+    nested: dict[str, Any] = dict(top)
     for operand, params in per_operand.items():
         merged = dict(shared)
         for alias, targets in _FUNCTION_ALIASES.items():  # data_in_0 also takes what data_in says (flat form)
@@ -358,7 +367,7 @@ def resolve(spec: BaseModel, operands: tuple[str, ...] = LAYER_OPERANDS, where: 
     accepted = ("inputs",) + operands + (tuple(_FUNCTION_ALIASES) if operands == FUNCTION_OPERANDS else ())
     wrong = [o for o in given if o not in accepted]
     if wrong:
-        raise QuantConfigError(f"not an operand here; allowed keys: {', '.join(accepted + ('storage',))}", location=(where, wrong[0]))
+        raise QuantConfigError(f"not an operand here; allowed keys: {', '.join(accepted + ('storage', 'activations'))}", location=(where, wrong[0]))
     chosen: dict[str, OperandFormat | None] = {}
     for operand in sorted(given, key=_precedence):
         value = getattr(spec, operand)
@@ -367,7 +376,7 @@ def resolve(spec: BaseModel, operands: tuple[str, ...] = LAYER_OPERANDS, where: 
     specs = {k: v for k, v in chosen.items() if v is not None}
     if not specs:
         return None
-    return _finish(specs, spec.storage, operands, where)
+    return _finish(specs, spec.storage, operands, where, spec.activations)
 
 
 def _operand(value: BaseModel, operand: str, where: str) -> OperandFormat:
@@ -378,7 +387,11 @@ def _operand(value: BaseModel, operand: str, where: str) -> OperandFormat:
     return OperandFormat(fmt, params, value.ste)
 
 
-def _finish(specs: dict[str, OperandFormat], storage: str, operands: tuple[str, ...], where: str) -> QuantConfig:
+def _finish(specs: dict[str, OperandFormat], storage: str, operands: tuple[str, ...], where: str,
+            activations: str = "float") -> QuantConfig:
+    if activations != "float" and storage != "packed":
+        raise QuantConfigError(f"activations {activations!r} applies to a packed layer; add \"storage\": \"packed\"",
+                               location=(where, "activations"))
     if storage == "packed":
         weight = specs.get("weight")
         from mase_lite.kernels.packed4.module import packable
@@ -394,7 +407,10 @@ def _finish(specs: dict[str, OperandFormat], storage: str, operands: tuple[str, 
             raise QuantConfigError(
                 f"'packed' quantizes the weight only; remove the config of {', '.join(others)}", location=(where, "storage")
             )
-    return QuantConfig(specs, storage)
+        if activations == "int8" and is_mxint8 and weight.params.block_size != 32:
+            raise QuantConfigError(f"activations 'int8' takes MXINT8 in blocks of 32, not {weight.params.block_size}",
+                                   location=(where, "activations"))
+    return QuantConfig(specs, storage, activations)
 
 
 def validate_spec(config: Any, where: str = "config") -> BaseModel | None:

@@ -374,10 +374,11 @@ def quantize_module(module: nn.Module, config: Mapping[str, Any] | QuantConfig) 
             from mase_lite.kernels.packed4 import Packed4Linear
 
             return Packed4Linear.from_quantized(QuantizedLinear.from_float(module, parse_quant_config(
-                {"weight": weight.format.as_dict(weight.params)}, LAYER_OPERANDS)))
+                {"weight": weight.format.as_dict(weight.params)}, LAYER_OPERANDS)), activations=parsed.activations)
         from mase_lite.kernels.mxint8 import MXInt8Linear
 
-        return MXInt8Linear.from_linear(module, block_size=weight.params.block_size, scale_rule=weight.params.scale_rule)
+        return MXInt8Linear.from_linear(module, block_size=weight.params.block_size, scale_rule=weight.params.scale_rule,
+                                        activations=parsed.activations)
     for float_cls, quantized_cls in QUANTIZED_LAYERS:
         if isinstance(module, float_cls):
             return quantized_cls.from_float(module, parsed)

@@ -4,7 +4,8 @@ end-of-text token or a stop string; timed as prefill (the prompt) and decode (on
 The model is a transformers causal LM, float, fake-quantized or packed: its own modules run, so every
 quantized layer computes as in evaluation. A Llama-family model runs through :class:`mase_lite.nn.decoder.Decoder`
 (its layers without transformers' per-token work, a cache of fixed size); any other through its own forward with
-transformers' cache (``Generated.runner`` says which). Greedy decoding picks the highest logit (the lowest id on a tie),
+transformers' cache (``Generated.runner`` says which: ``native decoder`` where the decoder takes each token in one
+native call, its Linears all with int8 activations). Greedy decoding picks the highest logit (the lowest id on a tie),
 as transformers' ``generate`` does. Prompts are encoded without special tokens (a causal LM's documents carry none).
 
 Example::
@@ -85,7 +86,7 @@ def generate(model: torch.nn.Module, tokenizer: Any, prompts: list[str], max_new
     encoded = [tokenizer(p, add_special_tokens=False, return_tensors="pt")["input_ids"].to(device) for p in prompts]
     decoder = Decoder.of(model, max((ids.shape[1] for ids in encoded), default=0) + max_new_tokens)
     forward = _decoder_steps(decoder) if decoder is not None else _model_steps(model)
-    result = Generated(runner="decoder" if decoder is not None else "model")
+    result = Generated(runner="model" if decoder is None else "decoder" if decoder.step is None else "native decoder")
     was_training = model.training
     model.eval()
     try:

@@ -25,7 +25,8 @@ Calibrated PTQ: a format parameter ``"auto"`` (integer ``frac_width``, scaled_in
 ``tensor_amax``) is chosen per node and operand from its values — a weight's own, an activation's from
 the ``calibrate`` pass run before — by ``calibration.method`` (minmax, percentile, mse).
 ``{"name": "mxint", "element_width": 8, "storage": "packed"}`` on a Linear gives a packed
-``MXInt8Linear`` instead of a fake-quantized layer. A ``preset`` (W4A16, W8A16, W8A8, MXINT8, MXFP4, NVFP4;
+``MXInt8Linear`` instead of a fake-quantized layer (``"activations": "int8"`` beside it: the layer's input
+quantized to int8 per block of 32, integer dot products, for inference). A ``preset`` (W4A16, W8A16, W8A8, MXINT8, MXFP4, NVFP4;
 :mod:`mase_lite.nn.presets`) is the rules a user would write for every Linear; ``ignore`` leaves nodes alone by
 name, module path or ``re:`` regex::
 
@@ -35,6 +36,7 @@ name, module path or ``re:`` regex::
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import logging
 import re
@@ -383,7 +385,7 @@ def _calibrated(mg, node: fx.Node, modules: dict[str, nn.Module], config: QuantC
         chosen = choose(fmt["name"], fmt, values, how.method, how.percentile, how.grid)
         params = spec.format.validate({**{k: v for k, v in fmt.items() if k != "name"}, keys[0]: chosen})
         operands[operand] = OperandFormat(spec.format, params, spec.ste)
-    return config if operands == dict(config.operands) else QuantConfig(operands, config.storage)
+    return config if operands == dict(config.operands) else dataclasses.replace(config, operands=operands)
 
 
 def _check_weight_unshared(mg, node: fx.Node, where: str) -> None:
@@ -413,7 +415,7 @@ def _float_operands(node: fx.Node, config: QuantConfig) -> tuple[QuantConfig | N
     kept = {k: v for k, v in config.operands.items() if k in floats or k == "data_out"}
     if not set(kept) - {"data_out"}:
         return None, left
-    return QuantConfig(kept, config.storage), left
+    return dataclasses.replace(config, operands=kept), left
 
 
 def _check_only_integers(mg, integers: list[dict[str, str]], quantizing: set[str]) -> None:
@@ -543,4 +545,5 @@ def quantize(mg, params: QuantizeParams):
 def _spec_of(config: QuantConfig) -> dict[str, Any]:
     """The nested spec that gives ``config`` back."""
     operands = {name: {**spec.as_dict(), "ste": spec.ste} for name, spec in config.operands.items()}
-    return {"storage": config.storage, **operands}
+    activations = {"activations": config.activations} if config.activations != "float" else {}
+    return {"storage": config.storage, **activations, **operands}

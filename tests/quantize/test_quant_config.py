@@ -101,7 +101,7 @@ ERRORS = [
     ({"name": "mxint", "element_width": 6, "storage": "packed"}, r"'packed' needs a layer weight in format mxint with element_width 8, or 4-bit"),
     ({"name": "mxint", "element_width": 8, "data_in_element_width": 8, "weight_element_width": 8, "storage": "packed"}, r"'packed' quantizes the weight only; remove the config of data_in"),
     ({"name": "block_fp", "weight_width": 8, "weight_block_size": [4, 16]}, r"block_size=\[4, 16\] is not supported; blocks run along the last dimension"),
-    ({"weights": {"name": "integer", "width": 8, "frac_width": 4}}, r"config\.weights: unknown key; allowed keys: bias, data_in, data_in_0, data_in_1, data_out, inputs, storage, weight"),
+    ({"weights": {"name": "integer", "width": 8, "frac_width": 4}}, r"config\.weights: unknown key; allowed keys: activations, bias, data_in, data_in_0, data_in_1, data_out, inputs, storage, weight"),
     ({"weight": {"width": 8}}, r"config\.weight: give the format's name as 'name' \(or 'format'\); known formats: binary, "),
     ({"weight": 8}, r"config\.weight: Input should be a valid dictionary or object to extract fields from \(got 8\)"),
     ("integer", r"config: a quantization config must be an object, got str"),
@@ -133,3 +133,21 @@ def test_a_flat_rule_of_the_quantize_pass_is_named_by_the_key_written():
         ml.passes.quantize(mg, {"by": "type", "rules": {"linear": {"name": "integer", "weight_width": 0, "frac_width": 0}}})
     assert str(caught.value) == ("pass 'quantize' params.rules.linear.weight_width: Input should be greater than or "
                                  "equal to 1 (got 0)")
+
+
+def test_int8_activations_are_a_packed_layers_setting():
+    from mase_lite.kernels.packed4 import Packed4Linear
+    from mase_lite.nn.quantized import quantize_module
+
+    mx8 = {"name": "mxint", "element_width": 8}
+    flat = quantize_module(torch.nn.Linear(64, 8), {**mx8, "storage": "packed", "activations": "int8"})
+    q4 = {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32}
+    nested = quantize_module(torch.nn.Linear(64, 8), {"weight": q4, "storage": "packed", "activations": "int8"})
+    assert flat.activations == "int8" and isinstance(nested, Packed4Linear) and nested.activations == "int8"
+    assert quantize_module(torch.nn.Linear(64, 8), {**mx8, "storage": "packed"}).activations == "float"
+    with pytest.raises(QuantConfigError, match=r"config\.activations: activations 'int8' applies to a packed layer"):
+        parse_quant_config({"weight": mx8, "activations": "int8"})
+    with pytest.raises(QuantConfigError, match=r"config\.activations: activations 'int8' takes MXINT8 in blocks of 32, not 16"):
+        parse_quant_config({"weight": {**mx8, "block_size": 16}, "storage": "packed", "activations": "int8"})
+    with pytest.raises(QuantConfigError, match=r"activations"):
+        parse_quant_config({"weight": mx8, "storage": "packed", "activations": "int4"})

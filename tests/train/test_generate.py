@@ -100,3 +100,24 @@ def test_the_step_in_a_pipeline_reports_completions_and_speed(tmp_path):
 def test_prompts_are_required():
     with pytest.raises(UserError, match="give prompts or a prompts_file"):
         ml.passes.generate(llama(), {}, data=object())
+
+
+def test_int8_activations_from_a_spec_decode_natively_and_reload(tmp_path):
+    from mase_lite.kernels.mxint8 import MXInt8Linear
+    from mase_lite.passes.replay import load_graph
+
+    packed = {"name": "mxint", "element_width": 8, "storage": "packed", "activations": "int8"}
+    result = ml.run_pipeline({
+        "model": {"task": "causal-lm", "hf_config": {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1,
+                                                     "num_attention_heads": 2, "num_key_value_heads": 1,
+                                                     "intermediate_size": 64, "max_position_embeddings": 64}},
+        "data": {"block_size": 16, "n_train": 16, "n_test": 8},
+        "steps": [{"pass": "quantize", "params": {"by": "type", "rules": {"linear": packed}}},
+                  {"pass": "generate", "params": {"prompts": ["the dog"], "max_new_tokens": 4}}],
+        "output_dir": str(tmp_path / "run")})
+    assert result.report["steps"][1]["info"]["runner"] == "native decoder"
+    layers = [m for m in result.mg.model.modules() if isinstance(m, MXInt8Linear)]
+    assert len(layers) == 8 and {m.activations for m in layers} == {"int8"}
+    result.mg.save(tmp_path / "saved")
+    loaded = load_graph(tmp_path / "saved")
+    assert [m.activations for m in loaded.model.modules() if isinstance(m, MXInt8Linear)] == ["int8"] * 8
