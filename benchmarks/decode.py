@@ -5,13 +5,16 @@ turn each round, ratios from the same row). The same section runs in `mase-lite 
 
     python benchmarks/decode.py                          # 1 and 2 threads, 3 rounds
     python benchmarks/decode.py --layers 2 --rounds 1    # a quick look
+    python benchmarks/decode.py --busy 2                 # beside two busy processes this script starts
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 
+from busy import busy_processes  # beside this script
 from mase_lite.bench.decode import bench_decode
 
 
@@ -22,11 +25,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--busy", type=int, default=0, help="busy processes (while True: pass) during the run")
     args = parser.parse_args()
     config = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=args.layers, num_attention_heads=16,
                   num_key_value_heads=4, vocab_size=32000, max_position_embeddings=512)
     load = os.getloadavg()[0]
-    section = bench_decode(config, args.threads, args.prompt, args.tokens, args.rounds)
+    with busy_processes(args.busy) if args.busy else contextlib.nullcontext():
+        section = bench_decode(config, args.threads, args.prompt, args.tokens, args.rounds)
     print(f"load average before: {load:.2f}, after: {os.getloadavg()[0]:.2f}\n")
     print(section.markdown())
 

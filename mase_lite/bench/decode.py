@@ -2,9 +2,10 @@
 the tool's decoder (:mod:`mase_lite.nn.decoder`, its key/value cache) after a prompt, float32 against every Linear packed (``lm_head`` included): MXINT8 and the
 4-bit kernels (Q4_0-style integers, MXFP4), and MXINT8 and Q4_0 with int8 activations (``int8-act``). Where ``llama-cpp-python`` is installed, llama.cpp decodes the same
 weights exported to GGUF (:mod:`mase_lite.deploy.gguf`: MXINT8 as Q8_0, 4-bit groups of 32 as Q4_0, every
-Linear quantized) beside them, and the packed MXINT8 model in transformers' own ``generate``. A column's decode time per token is (time for N tokens - time for 1) / (N - 1),
-the median of ``rounds`` runs, the columns timed in turn each round so drifting load hits them alike; speed-ups
-are computed from the columns of the same row.
+Linear quantized) beside them, and the packed MXINT8 model in transformers' own ``generate``. A column's decode time
+per token is the time from its first generated token to its last over the N - 1 tokens between (the prompt's prefill
+is not in it), the median of ``rounds`` runs, the columns timed in turn each round so drifting load hits them alike;
+speed-ups are computed from the columns of the same row.
 """
 
 from __future__ import annotations
@@ -55,23 +56,32 @@ def decoders(config: dict) -> dict[str, nn.Module]:
 
 
 def _seconds(model: nn.Module, prompt: torch.Tensor, tokens: int) -> float:
-    """transformers' ``generate``, greedy."""
-    start = time.perf_counter()
+    """transformers' ``generate``, greedy: seconds per token after the first (a streamer stamps each token)."""
+    stamps: list[float] = []
+
+    class Stamps:
+        def put(self, value: torch.Tensor) -> None:
+            stamps.append(time.perf_counter())  # the prompt first, then each new token
+
+        def end(self) -> None:
+            pass
+
     with torch.no_grad():
-        model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0)
-    return time.perf_counter() - start
+        model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0,
+                       streamer=Stamps())
+    return (stamps[-1] - stamps[1]) / (tokens - 1)
 
 
 def _decoder_seconds(decoder: Decoder, prompt: torch.Tensor, tokens: int) -> float:
-    """The tool's decoder (what the ``generate`` step runs), greedy."""
-    start = time.perf_counter()
+    """The tool's decoder (what the ``generate`` step runs), greedy: seconds per token after the first."""
     with torch.no_grad():
         decoder.reset()
         logits = decoder(prompt)
+        token = torch.argmax(logits).view(1, 1)
+        start = time.perf_counter()
         for _ in range(tokens - 1):
-            logits = decoder(torch.argmax(logits).view(1, 1))
-        int(torch.argmax(logits))
-    return time.perf_counter() - start
+            token = torch.argmax(decoder(token)).view(1, 1)
+        return (time.perf_counter() - start) / (tokens - 1)
 
 
 def _gguf_files(model: nn.Module, directory: Path) -> dict[str, Path]:
@@ -98,11 +108,12 @@ def _llama_cpp_timer(path: Path, threads: int, context: int) -> tuple[Callable[[
 
     def seconds(prompt: torch.Tensor, tokens: int) -> float:
         llm.reset()
-        start = time.perf_counter()
-        for count, _ in enumerate(llm.generate(prompt[0].tolist(), top_k=1, temp=0.0, reset=True), 1):
-            if count == tokens:
+        stamps = []
+        for _ in llm.generate(prompt[0].tolist(), top_k=1, temp=0.0, reset=True):
+            stamps.append(time.perf_counter())
+            if len(stamps) == tokens:
                 break
-        return time.perf_counter() - start
+        return (stamps[-1] - stamps[0]) / (tokens - 1)
 
     return seconds, llm.close
 
@@ -130,17 +141,14 @@ def bench_decode(config: dict, threads: list[int], prompt_tokens: int, new_token
                     timers[f"llama.cpp {name}"], close = _llama_cpp_timer(path, count, prompt_tokens + new_tokens + 8)
                     closers.append(close)
                 for timer in timers.values():
-                    timer(prompt, 2)  # warm-up: kernels built, caches filled
-                first = {name: [] for name in timers}
-                whole = {name: [] for name in timers}
+                    timer(prompt, 3)  # warm-up: kernels built, caches filled
+                seconds = {name: [] for name in timers}
                 for _ in range(rounds):
                     for name, timer in timers.items():
-                        first[name].append(timer(prompt, 1))
-                        whole[name].append(timer(prompt, new_tokens))
+                        seconds[name].append(timer(prompt, new_tokens))
                 for close in closers:
                     close()
-                ms = {name: (statistics.median(whole[name]) - statistics.median(first[name])) / (new_tokens - 1) * 1e3
-                      for name in timers}
+                ms = {name: statistics.median(seconds[name]) * 1e3 for name in timers}
                 row = {"threads": count, **{f"{name} ms/token": ms[name] for name in timers}}
                 row.update({f"{name} / float32 speed-up": ms["float32"] / ms[name] for name in PACKINGS})
                 row[f"MXINT8 / {HF_COLUMN} speed-up"] = ms[HF_COLUMN] / ms["MXINT8"]
@@ -156,7 +164,7 @@ def bench_decode(config: dict, threads: list[int], prompt_tokens: int, new_token
              "llama.cpp is not timed here (llama-cpp-python is not installed: it builds from source, in its own "
              "environment)")
     notes = [f"LlamaForCausalLM({config}), greedy decoding with the key/value cache after {prompt_tokens} prompt "
-             f"tokens, {new_tokens} tokens, median of {rounds} rounds, by the tool's decoder (mase_lite.nn.decoder, "
+             f"tokens, {new_tokens} tokens (ms per token from the first to the last), median of {rounds} rounds, by the tool's decoder (mase_lite.nn.decoder, "
              f"what the generate step runs; the same packed model in transformers' generate beside it); int8-act: "
              f"the packed Linears with int8 activations (llama.cpp's way: the input quantized per block of 32, integer "
              f"dot products); {llama}."]
