@@ -17,9 +17,14 @@ PROMPT, TOKENS = torch.tensor([[1, 2, 3]]), [4, 5, 6, 7, 8]
 pytestmark = pytest.mark.skipif(not cpu_kernel.available_levels(), reason="no C compiler: the kernels are not built")
 
 
-def packed(packing="q4_0", kind="Llama", skip=(), **extra):
+def packed(packing="q4_0", kind="Llama", skip=(), mlp_width=None, **extra):
+    """A small model with every Linear packed with int8 activations (``mlp_width``: layer 1's MLP that wide)."""
     torch.manual_seed(0)
     model = getattr(transformers, f"{kind}ForCausalLM")(getattr(transformers, f"{kind}Config")(**{**SIZES, **extra})).eval()
+    if mlp_width:
+        mlp, hidden = model.model.layers[1].mlp, SIZES["hidden_size"]
+        mlp.gate_proj, mlp.up_proj = torch.nn.Linear(hidden, mlp_width, bias=False), torch.nn.Linear(hidden, mlp_width, bias=False)
+        mlp.down_proj = torch.nn.Linear(mlp_width, hidden, bias=False)
     if packing == "mxint8":
         mxint8.pack_linears(model, activations="int8", skip=skip)
     else:
@@ -55,6 +60,14 @@ def test_logits_follow_the_layer_by_layer_decoder(packing, kind, extra):
     model = packed(packing, kind, **extra)
     decoder = Decoder.of(model, 12)
     assert decoder.step is not None and decoder.step.head
+    assert_follows(steps(decoder), layer_by_layer(model))
+
+
+@pytest.mark.parametrize("width", [32, 160])  # narrower, as structured pruning leaves an MLP, and wider than the config
+def test_layers_of_different_widths_each_run_their_own(width):
+    model = packed("q4_0", mlp_width=width)
+    decoder = Decoder.of(model, 12)
+    assert decoder.step is not None
     assert_follows(steps(decoder), layer_by_layer(model))
 
 

@@ -38,7 +38,7 @@ struct layer {
 };
 
 struct model {
-    int64_t layers, hidden, heads, kv_heads, head_dim, inter, max_length;
+    int64_t layers, hidden, heads, kv_heads, head_dim, inter /* the widest MLP */, max_length;
     float scaling;
     const float *cos, *sin; /* [max_length, head_dim]; sin negated where rotate_half negates */
     const struct layer *layer;
@@ -206,7 +206,7 @@ int int8_decoder_step(const struct model *m, const float *embedded, int64_t posi
             share(&a, thread, count);
             BARRIER
             SINGLE {
-                for (int64_t i = 0; i < m->inter; i++) b.gate[i] = b.gate[i] / (1.0f + expf(-b.gate[i])) * b.up[i];
+                for (int64_t i = 0; i < L->gate_up.n[0]; i++) b.gate[i] = b.gate[i] / (1.0f + expf(-b.gate[i])) * b.up[i];
                 prepare(&a, &L->down, down_out, b.gate, &b, m->level);
             }
             share(&a, thread, count);

@@ -86,6 +86,7 @@ class DecoderStep:
         head_dim = keys.shape[-1]
         if head_dim > MAX_HEAD_DIM or head_dim % 2 or heads % kv_heads:
             return None
+        hidden = config.hidden_size
         tensors: list[Tensor] = [keys, values, cos, sin]
         layers = (_Layer * len(body.layers))()
         for target, layer in zip(layers, body.layers):
@@ -93,7 +94,8 @@ class DecoderStep:
             groups = [_group([attn.q_proj, attn.k_proj, attn.v_proj], tensors), _group([attn.o_proj], tensors),
                       _group([mlp.gate_proj, mlp.up_proj], tensors), _group([mlp.down_proj], tensors)]
             norms = [layer.input_layernorm, layer.post_attention_layernorm]
-            if any(g is None for g in groups) or not all(_float32(n.weight.data) for n in norms):
+            if (any(g is None for g in groups) or not all(_float32(n.weight.data) for n in norms)
+                    or not _shapes_fit(attn, mlp, hidden, heads * head_dim, kv_heads * head_dim)):
                 return None
             target.qkv, target.o, target.gate_up, target.down = groups
             target.norm[:] = [n.weight.data_ptr() for n in norms]
@@ -102,15 +104,16 @@ class DecoderStep:
         for i, target in enumerate(layers):
             target.keys, target.values = keys[i].data_ptr(), values[i].data_ptr()
         head = _group([model.lm_head], tensors)
-        if not _float32(body.norm.weight.data):
+        if not _float32(body.norm.weight.data) or (head is not None and model.lm_head.in_features != hidden):
             return None
         tensors.append(body.norm.weight)
-        sizes = dict(layers=len(body.layers), hidden=config.hidden_size, heads=heads, kv_heads=kv_heads,
-                     head_dim=head_dim, inter=config.intermediate_size, max_length=keys.shape[2])
+        inter = max(layer.mlp.gate_proj.out_features for layer in body.layers)
+        sizes = dict(layers=len(body.layers), hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                     inter=inter, max_length=keys.shape[2])
         described = _Model(**sizes, scaling=scaling, cos=cos.data_ptr(), sin=sin.data_ptr(), layer=layers,
                            norm=body.norm.weight.data_ptr(), eps=body.norm.variance_epsilon,
                            head=head if head is not None else _Group(), level=0)
-        vocab = model.lm_head.out_features if head is not None else config.hidden_size
+        vocab = model.lm_head.out_features if head is not None else hidden
         return cls(described, layers, tensors, head is not None, vocab)
 
     def __call__(self, embedded: Tensor, position: int) -> Tensor | None:
@@ -131,6 +134,16 @@ class DecoderStep:
         if status:  # the caller checks the position against its cache
             raise RuntimeError(f"int8_decoder_step refused position {position} of {self._model.max_length}")
         return out
+
+
+def _shapes_fit(attn: nn.Module, mlp: nn.Module, hidden: int, queries: int, kv: int) -> bool:
+    """Whether a layer's Linears have the sizes the step's buffers are laid out for (a pass may have changed them:
+    structured pruning narrows an MLP)."""
+    sizes = [(m.in_features, m.out_features) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
+                                                       mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
+    inter = sizes[4][1]
+    return sizes == [(hidden, queries), (hidden, kv), (hidden, kv), (queries, hidden), (hidden, inter),
+                     (hidden, inter), (inter, hidden)]
 
 
 def _group(modules: list[nn.Module], tensors: list[Tensor]) -> _Group | None:
