@@ -9,7 +9,7 @@ from pydantic import Field
 
 import mase_lite as ml
 from mase_lite import UserError
-from mase_lite.numerics import FormatParams, register_format
+from mase_lite.numerics import FormatParams, register_format, registry
 from mase_lite.passes.registry import get_pass
 from mase_lite.pipeline.spec import pipeline_schema
 
@@ -18,9 +18,17 @@ class HalfStepParams(FormatParams):
     step: float = Field(0.5, gt=0, description="the grid's step")
 
 
-def test_a_format_registered_after_the_pass_is_imported_quantizes():
-    get_pass("quantize")  # the pass, its params model and the format union exist before the plug-in registers
+@pytest.fixture
+def forgotten():
+    """The test's format name, dropped from the registry afterwards (other tests list every registered format)."""
     name = "test_half_step"
+    yield name
+    registry._FORMATS.pop(name, None)
+
+
+def test_a_format_registered_after_the_pass_is_imported_quantizes(forgotten):
+    get_pass("quantize")  # the pass, its params model and the format union exist before the plug-in registers
+    name = forgotten
 
     @register_format(name, params=HalfStepParams, bits=lambda p, shape: 8.0, bounds=lambda x, p: (-1e9, 1e9))
     def half_step(x, p):
