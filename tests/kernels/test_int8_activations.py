@@ -200,3 +200,18 @@ def test_layers_sharing_an_input_run_in_one_call_with_each_layers_own_bits(kind,
     assert Packed4Linear.fused([float_layer]) is None and mxint8.MXInt8Linear.fused([float_layer]) is None
     if kind == "q4_0":
         assert Packed4Linear.fused([layers[0], layer("mxfp4", 8, 256)]) is None  # another table
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_float16_scales_compute_the_bits_of_their_float32_values(level, monkeypatch):
+    """Q4_0 holds its scales in float16: every finite float16 (subnormals, the largest, negative ones) as a block's
+    scale gives the bits the same scale in float32 gives."""
+    monkeypatch.setenv(cpu_kernel.LEVEL_ENV, level)
+    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    scales = bits[bits.isfinite()][: 240 * 128].reshape(240, 128)
+    torch.manual_seed(0)
+    nibbles = torch.randint(0, 256, (240, 128 * 16), dtype=torch.uint8)
+    itable, unit = cpu_kernel.integer_table(torch.arange(16, dtype=torch.float32) - 8)
+    x = torch.randn(3, 128 * 32)
+    half = cpu_kernel.linear_nibbles(x, nibbles, scales, itable, unit, None)
+    assert torch.equal(half.view(torch.int32), cpu_kernel.linear_nibbles(x, nibbles, scales.float(), itable, unit, None).view(torch.int32))

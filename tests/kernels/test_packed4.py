@@ -157,3 +157,28 @@ def test_formats_that_do_not_pack_are_refused_in_one_line():
     fake = quantize_module(torch.nn.Linear(48, 8), {"weight": FORMATS["mxfp4"]})
     with pytest.raises(UserError, match=r"over 48 inputs"):
         Packed4Linear.from_quantized(fake)
+
+
+def test_q4_0_holds_its_scales_in_float16_as_gguf_does():
+    _, q4_0 = packed(FORMATS["q4_0"], 64, 256)
+    _, float32_scales = packed(FORMATS["w4_float32_scale"], 64, 256)
+    assert q4_0.scales.dtype == torch.float16 and float32_scales.scales.dtype == torch.float32
+    stored = sum(t.numel() * t.element_size() for t in (q4_0.nibbles, q4_0.scales))
+    assert stored / (64 * 256) == 0.5 + 2 / 32  # bytes per weight: GGUF's Q4_0
+
+
+@pytest.mark.parametrize("level", cpu_kernel.available_levels())
+def test_every_float16_scale_converts_exactly(level, monkeypatch):
+    """Every float16 bit pattern as a block's scale (subnormals, infinities, NaNs included), each kernel converting
+    it: the weights are the float32 value of that float16, and a float16 scale computes the bits of its float32 value."""
+    monkeypatch.setenv(cpu_kernel.LEVEL_ENV, level)
+    scales = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.float16).reshape(256, 256)
+    nibbles = torch.full((256, 256 * 16), 0x99, dtype=torch.uint8)  # every nibble 9: the value 1 of Q4_0's table
+    table = torch.arange(16, dtype=torch.float32) - 8
+    weights = cpu_kernel.dequantize(nibbles, scales, table)
+    expected = scales.to(torch.float32).repeat_interleave(32, 1)
+    assert torch.equal(weights.isnan(), expected.isnan()) and torch.equal(weights.nan_to_num(), expected.nan_to_num())
+    x = torch.randn(2, 256 * 32)
+    finite = scales.isfinite().all(1)  # rows without an infinity or a NaN
+    half = cpu_kernel.linear(x, nibbles[finite], scales[finite], table, None)
+    assert torch.equal(half, cpu_kernel.linear(x, nibbles[finite], scales[finite].float(), table, None))

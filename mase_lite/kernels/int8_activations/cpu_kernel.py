@@ -5,7 +5,7 @@ The input is quantized per block of 32 (:func:`quantize_activations`), each bloc
 as integers (VNNI's ``vpdpbusd`` where the CPU has it, AVX2's ``vpmaddubsw`` otherwise) and the block sums
 accumulated in float32 in the kernel's own order: the same bits at every level and thread count, within float32
 accumulation of :func:`reference_nibbles` / :func:`reference_codes`, which state the product in torch. Weights:
-packed 4-bit nibbles with a float32 scale per block and an integer table (:func:`linear_nibbles`), or MXINT8
+packed 4-bit nibbles with a float32 or float16 scale per block and an integer table (:func:`linear_nibbles`), or MXINT8
 codes with E8M0 scales (:func:`linear_codes`). At batch 1 it reads the weights from memory faster than the float
 kernels: fewer instructions per weight, none of them a float multiply per weight.
 
@@ -42,7 +42,8 @@ def _library() -> ctypes.CDLL | None:
     i64, ptr, int_ = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     for name in ("int8_cpu_levels", "int8_cpu_openmp", "int8_cpu_vnni"):
         getattr(lib, name).argtypes, getattr(lib, name).restype = [], int_
-    lib.int8_linear_nibbles.argtypes = [ptr, i64, i64, int_, ptr, ptr, ptr, ptr, ptr, ptr, ctypes.c_float, int_, int_, ptr]
+    lib.int8_linear_nibbles.argtypes = [ptr, i64, i64, int_, ptr, ptr, int_, ptr, ptr, ptr, ptr, ctypes.c_float, int_,
+                                        int_, ptr]
     lib.int8_linear_codes.argtypes = [ptr, i64, i64, int_, ptr, ptr, ptr, ptr, ptr, int_, int_, ptr]
     lib.int8_linear_nibbles.restype = lib.int8_linear_codes.restype = int_
     mask = lib.int8_cpu_levels()
@@ -144,9 +145,9 @@ def _many(kind: str, x: Tensor, in_features: int, layers: list[tuple[Tensor, Ten
 
 def linear_nibbles(x: Tensor, nibbles: Tensor, scales: Tensor, itable: Tensor, unit: float,
                    bias: Tensor | None) -> Tensor | None:
-    """``x @ W.T + bias`` for packed 4-bit W (``nibbles`` ``[out, in / 2]``, float32 ``scales`` ``[out, in / 32]``,
-    ``itable`` the 16 integers a nibble stands for, times ``unit``), ``x`` quantized to int8; in ``x``'s dtype.
-    None where the kernel does not apply."""
+    """``x @ W.T + bias`` for packed 4-bit W (``nibbles`` ``[out, in / 2]``, float32 or float16 ``scales``
+    ``[out, in / 32]``, ``itable`` the 16 integers a nibble stands for, times ``unit``), ``x`` quantized to int8; in
+    ``x``'s dtype. None where the kernel does not apply."""
     out = linear_nibbles_many(x, [(nibbles, scales, bias)], itable, unit)
     return None if out is None else out[0]
 
@@ -155,9 +156,13 @@ def linear_nibbles_many(x: Tensor, layers: list[tuple[Tensor, Tensor, Tensor | N
                         unit: float) -> list[Tensor] | None:
     """:func:`linear_nibbles` of layers that share ``x`` and their table, in one call (``layers``: nibbles, scales,
     bias; at most 8)."""
+    half = layers[0][1].dtype == torch.float16
+    if any(scales.dtype != layers[0][1].dtype for _, scales, _ in layers):
+        return None
+
     def launch(lib, x, rows, count, q, scales, bias, out, n, lvl, workers, scratch):
-        lib.int8_linear_nibbles(x, rows, layers[0][0].shape[1] * 2, count, q, scales, bias, out, n, itable.data_ptr(),
-                                unit, lvl, workers, scratch)
+        lib.int8_linear_nibbles(x, rows, layers[0][0].shape[1] * 2, count, q, scales, int(half), bias, out, n,
+                                itable.data_ptr(), unit, lvl, workers, scratch)
     return _many("int8_nibbles", x, layers[0][0].shape[1] * 2, layers, launch)
 
 

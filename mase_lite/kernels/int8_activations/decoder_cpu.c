@@ -20,7 +20,7 @@ enum { GROUP_LAYERS = 3, MAX_HEAD_DIM = 512 };
 
 /* Linears that share an input and a weight kind: count 1..3 (q/k/v, gate/up, one), or 0 for none. */
 struct group {
-    int nibbles, count;
+    int nibbles, half, count; /* half: nibbles' scales are float16 */
     const int8_t *itable; /* nibbles: the table's 16 integers */
     float unit;           /* the power of two they stand for (MXINT8: 2**-6) */
     int64_t k;            /* inputs */
@@ -84,8 +84,10 @@ size_t int8_decoder_scratch(const struct model *m) { return layout(m, NULL, NULL
 /* *a set for g's Linears over x (one row), their outputs out[0..count), x quantized into b's buffers. */
 static void prepare(struct linear_args *a, const struct group *g, float *const *out, const float *x,
                     const struct buffers *b, int level) {
-    struct linear_args args = {g->nibbles, g->nibbles ? affine_table(g->itable) : 0, g->itable, g->unit, g->count,
-                               g->q, g->scales, g->bias, out, g->n, 0, 0, 0, 1, g->k, level};
+    struct linear_args args = {.nibbles = g->nibbles, .affine = g->nibbles && affine_table(g->itable),
+                               .half = g->half, .itable = g->itable, .unit = g->unit, .count = g->count, .q = g->q,
+                               .scales = g->scales, .bias = g->bias, .out = out, .n = g->n, .m = 1, .k = g->k,
+                               .level = level};
     *a = args;
     quantize_for(a, x, b->xq, b->xs, b->corr);
 }

@@ -1,7 +1,7 @@
 /* Linear layers with int8 activations on the CPU (llama.cpp's way of multiplying its Q4_0 and Q8_0 weights):
  * y = x . W^T + b with x quantized per block of 32 and W one of
  *
- *   - nibbles: two 4-bit codes a byte (the even element in the low nibble), a float32 scale per block of 32 and
+ *   - nibbles: two 4-bit codes a byte (the even element in the low nibble), a float32 or float16 scale per block of 32 and
  *     the 16 integers a code stands for (itable, the caller's table divided by a power of two it folds back in);
  *   - codes: MXINT8, int8 codes in -127..127 with an E8M0 scale (a uint8 exponent) per block of 32.
  *
@@ -29,8 +29,9 @@ int int8_cpu_levels(void) {
     int levels = 1 << LEVEL_C;
 #ifdef I8_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) levels |= 1 << LEVEL_AVX2;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        levels |= 1 << LEVEL_AVX2;
+    if ((levels >> LEVEL_AVX2 & 1) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl"))
         levels |= 1 << LEVEL_AVX512;
 #endif
@@ -61,14 +62,15 @@ static void run(struct linear_args *a, const float *x, int threads, void *scratc
 /* out[l][i * n[l] + j] = sum_t x[i * k + t] * W_l[j, t] (+ bias[l][j]) for the `count` layers (at most 8) that
  * share x, x quantized as above: the m rows of x (k a multiple of 32) and the n[l] rows of each W_l, on `threads`
  * threads (OpenMP builds). scratch: 2 * m * k + m * k / 8 bytes, 4-byte aligned. Nibbles: q[l] n[l] rows of
- * k / 2 bytes, scales[l] n[l] rows of k / 32 float32, itable the 16 integers of every layer, unit the power of
- * two they are multiplied by. Returns -1 (nothing done) for more than 8 layers. */
+ * k / 2 bytes, scales[l] n[l] rows of k / 32 float32 (float16 where `half`), itable the 16 integers of every
+ * layer, unit the power of two they are multiplied by. Returns -1 (nothing done) for more than 8 layers. */
 int int8_linear_nibbles(const float *x, int64_t m, int64_t k, int count, const uint8_t *const *q,
-                        const float *const *scales, const float *const *bias, float *const *out, const int64_t *n,
-                        const int8_t *itable, float unit, int level, int threads, void *scratch) {
+                        const void *const *scales, int half, const float *const *bias, float *const *out,
+                        const int64_t *n, const int8_t *itable, float unit, int level, int threads, void *scratch) {
     if (count < 1 || count > MAX_LAYERS) return -1;
-    struct linear_args a = {1, affine_table(itable), itable, unit, count, q, (const void *const *)scales, bias, out, n,
-                            0, 0, 0, m, k, level};
+    struct linear_args a = {.nibbles = 1, .affine = affine_table(itable), .half = half, .itable = itable, .unit = unit,
+                            .count = count, .q = q, .scales = scales, .bias = bias, .out = out, .n = n, .m = m, .k = k,
+                            .level = level};
     run(&a, x, threads, scratch);
     return 0;
 }
@@ -79,8 +81,9 @@ int int8_linear_codes(const float *x, int64_t m, int64_t k, int count, const int
                       const uint8_t *const *scales, const float *const *bias, float *const *out, const int64_t *n,
                       int level, int threads, void *scratch) {
     if (count < 1 || count > MAX_LAYERS) return -1;
-    struct linear_args a = {0, 0, 0, 1.0f / 64.0f, count, (const uint8_t *const *)codes, (const void *const *)scales,
-                            bias, out, n, 0, 0, 0, m, k, level};
+    struct linear_args a = {.unit = 1.0f / 64.0f, .count = count, .q = (const uint8_t *const *)codes,
+                            .scales = (const void *const *)scales, .bias = bias, .out = out, .n = n, .m = m, .k = k,
+                            .level = level};
     run(&a, x, threads, scratch);
     return 0;
 }

@@ -7,11 +7,13 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../../numerics/native/float_bits.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define I8_X86 1
-#define AVX2 __attribute__((target("avx2,fma")))
-#define VNNI __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 #endif
 
 enum { LEVEL_C = 0, LEVEL_AVX2 = 1, LEVEL_AVX512 = 2 };
@@ -64,11 +66,12 @@ struct weights {
     const uint8_t *q; /* a row: k / 2 bytes of nibbles or k bytes of codes */
     const void *scales; /* float32 (nibbles) or uint8 E8M0 (codes), k / 32 a row */
     const int8_t *itable; /* nibbles: the 16 integers */
-    int nibbles, affine;
+    int nibbles, affine, half; /* half: nibbles' scales are float16 */
 };
 
 static inline float block_scale(const struct weights *w, const int64_t j, int64_t nb, int64_t b) {
-    return w->nibbles ? ((const float *)w->scales)[j * nb + b] : e8m0(((const uint8_t *)w->scales)[j * nb + b]);
+    if (!w->nibbles) return e8m0(((const uint8_t *)w->scales)[j * nb + b]);
+    return w->half ? half_to_float(((const uint16_t *)w->scales)[j * nb + b]) : ((const float *)w->scales)[j * nb + b];
 }
 
 static inline float sum_lanes(const float l[8]) {
@@ -132,6 +135,7 @@ VNNI static inline __m256i madd_vnni(__m256i acc, __m256i u, __m256i v) { return
 #define STEP(LANES, MADD, SCALE, chain, b) \
     chain = _mm256_fmadd_ps(_mm256_cvtepi32_ps(LANES(MADD, b)), _mm256_set1_ps(xs[b] * SCALE(b)), chain)
 #define FLOAT_SCALE(b) ((const float *)s)[b]
+#define HALF_SCALE(b) _cvtsh_ss(((const uint16_t *)s)[b])
 #define E8M0_SCALE(b) e8m0(((const uint8_t *)s)[b])
 
 #define DOT(NAME, TARGET, LANES, MADD, SCALE, BYTES)                                                       \
@@ -163,6 +167,10 @@ DOT(codes_avx2, AVX2, LANES_CODES, madd_avx2, E8M0_SCALE, BLOCK)
 DOT(affine_vnni, VNNI, LANES_AFFINE, madd_vnni, FLOAT_SCALE, NIBBLE_BYTES)
 DOT(table_vnni, VNNI, LANES_TABLE, madd_vnni, FLOAT_SCALE, NIBBLE_BYTES)
 DOT(codes_vnni, VNNI, LANES_FLIPPED, madd_vnni, E8M0_SCALE, BLOCK)
+DOT(affine_half_avx2, AVX2, LANES_AFFINE, madd_avx2, HALF_SCALE, NIBBLE_BYTES)
+DOT(table_half_avx2, AVX2, LANES_TABLE, madd_avx2, HALF_SCALE, NIBBLE_BYTES)
+DOT(affine_half_vnni, VNNI, LANES_AFFINE, madd_vnni, HALF_SCALE, NIBBLE_BYTES)
+DOT(table_half_vnni, VNNI, LANES_TABLE, madd_vnni, HALF_SCALE, NIBBLE_BYTES)
 
 /* Vectors never cross into code built without AVX: the table goes in as bytes, the result out as a float. */
 typedef float (*dot_fn)(const uint8_t *, const void *, const int8_t *, const float *, const int32_t *,
@@ -171,6 +179,8 @@ typedef float (*dot_fn)(const uint8_t *, const void *, const int8_t *, const flo
 static dot_fn vector_dot(const struct weights *w, int level) {
     int vnni = level == LEVEL_AVX512 && cpu_vnni();
     if (!w->nibbles) return vnni ? codes_vnni : codes_avx2;
+    if (w->half && w->affine) return vnni ? affine_half_vnni : affine_half_avx2;
+    if (w->half) return vnni ? table_half_vnni : table_half_avx2;
     if (w->affine) return vnni ? affine_vnni : affine_avx2;
     return vnni ? table_vnni : table_avx2;
 }
@@ -183,7 +193,7 @@ enum { MAX_LAYERS = 8 };
 /* Layers that share an input (a block's query, key and value projections): x is quantized once, their rows form
  * one range split over the threads. */
 struct linear_args {
-    int nibbles, affine;
+    int nibbles, affine, half;
     const int8_t *itable;
     float unit;
     int count;
@@ -201,14 +211,14 @@ struct linear_args {
 
 static void linear_range(const struct linear_args *a, int l, int64_t first, int64_t last) {
     int64_t k = a->k, nb = k / BLOCK, n = a->n[l];
-    struct weights w = {a->q[l], a->scales[l], a->itable, a->nibbles, a->affine};
+    struct weights w = {a->q[l], a->scales[l], a->itable, a->nibbles, a->affine, a->half};
     const float *bias = a->bias[l];
     float *out = a->out[l];
 #ifdef I8_X86
     if (a->level >= LEVEL_AVX2) {
         dot_fn dot = vector_dot(&w, a->level);
         int64_t row_bytes = w.nibbles ? k / 2 : k;
-        size_t scale_bytes = w.nibbles ? sizeof(float) : 1;
+        size_t scale_bytes = !w.nibbles ? 1 : w.half ? 2 : sizeof(float);
         for (int64_t j = first; j < last; j++)
             for (int64_t i = 0; i < a->m; i++) {
                 float total = dot(w.q + j * row_bytes, (const char *)w.scales + j * nb * scale_bytes, a->xq + i * k,

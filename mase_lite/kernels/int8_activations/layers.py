@@ -47,9 +47,9 @@ def fused(layers: list[nn.Module], cls: type, run: Callable[[Tensor], list[Tenso
 
 
 class Int8Weights(NamedTuple):
-    """What the int8 kernels read of a layer: ``data`` (4-bit ``nibbles`` ``[out, in / 2]`` with float32 ``scales``,
-    or MXINT8 codes ``[out, in]`` with E8M0 ``scales``), the bias, and for nibbles the table's 16 integers and the
-    power of two ``unit`` they stand for (MXINT8: 2**-6)."""
+    """What the int8 kernels read of a layer: ``data`` (4-bit ``nibbles`` ``[out, in / 2]`` with float32 or float16
+    ``scales``, or MXINT8 codes ``[out, in]`` with E8M0 ``scales``), the bias, and for nibbles the table's 16
+    integers and the power of two ``unit`` they stand for (MXINT8: 2**-6)."""
 
     nibbles: bool
     data: Tensor

@@ -43,8 +43,8 @@ def _library() -> ctypes.CDLL | None:
     i64, ptr, int_ = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.packed4_cpu_levels.argtypes, lib.packed4_cpu_levels.restype = [], int_
     lib.packed4_cpu_openmp.argtypes, lib.packed4_cpu_openmp.restype = [], int_
-    lib.packed4_linear.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, int_, int_, ptr]
-    lib.packed4_dequantize.argtypes = [ptr, ptr, ptr, i64, i64, ptr, int_, int_]
+    lib.packed4_linear.argtypes = [ptr, i64, i64, ptr, ptr, int_, ptr, ptr, ptr, i64, i64, i64, int_, int_, ptr]
+    lib.packed4_dequantize.argtypes = [ptr, ptr, int_, ptr, i64, i64, ptr, int_, int_]
     lib.packed4_linear.restype = lib.packed4_dequantize.restype = None
     mask = lib.packed4_cpu_levels()
     lib.levels = tuple(name for bit, name in enumerate(LEVELS) if mask >> bit & 1)
@@ -79,9 +79,9 @@ def linear(x: Tensor, nibbles: Tensor, scales: Tensor, table: Tensor, bias: Tens
         out, scratch = torch.empty(rows, out_features), torch.empty(rows, in_features)
         most = torch.get_num_threads() if rows * out_features * in_features >= PARALLEL_FROM_MACS else 1
         workers, probe = threads.begin(("packed4_fused", rows, out_features, in_features, lvl), most)
-        lib.packed4_linear(x32.data_ptr(), rows, in_features, nibbles.data_ptr(), scales.data_ptr(), table.data_ptr(),
-                           None if bias32 is None else bias32.data_ptr(), out.data_ptr(), out_features, 0,
-                           out_features, lvl, workers if lib.openmp else 1, scratch.data_ptr())
+        lib.packed4_linear(x32.data_ptr(), rows, in_features, nibbles.data_ptr(), scales.data_ptr(), _half(scales),
+                           table.data_ptr(), None if bias32 is None else bias32.data_ptr(), out.data_ptr(),
+                           out_features, 0, out_features, lvl, workers if lib.openmp else 1, scratch.data_ptr())
         threads.end(probe)
     else:
         workers, probe = threads.begin(("packed4_panels", rows, out_features, in_features, lvl), torch.get_num_threads())
@@ -122,5 +122,10 @@ def dequantize(nibbles: Tensor, scales: Tensor, table: Tensor) -> Tensor | None:
 def _dequantize_into(nibbles: Tensor, scales: Tensor, table: Tensor, out: Tensor, lvl: int) -> None:
     lib = _library()
     workers = torch.get_num_threads() if out.numel() >= PARALLEL_FROM_MACS and lib.openmp else 1
-    lib.packed4_dequantize(nibbles.data_ptr(), scales.data_ptr(), table.data_ptr(), out.shape[1], out.shape[0],
-                           out.data_ptr(), lvl, workers)
+    lib.packed4_dequantize(nibbles.data_ptr(), scales.data_ptr(), _half(scales), table.data_ptr(), out.shape[1],
+                           out.shape[0], out.data_ptr(), lvl, workers)
+
+
+def _half(scales: Tensor) -> int:
+    """The kernels' flag for float16 scales (else float32)."""
+    return int(scales.dtype == torch.float16)

@@ -1,5 +1,6 @@
-"""``Packed4Linear``: a Linear layer whose weight is stored as 4-bit codes, two per byte, with a float32 scale per
-block of 32 inputs and the table of the 16 values a code stands for, run by ``mase_lite::packed4_linear``.
+"""``Packed4Linear``: a Linear layer whose weight is stored as 4-bit codes, two per byte, with a scale per block of 32
+inputs (float16 where the format rounds its scales to float16, as GGUF's Q4_0 does; float32 otherwise) and the table
+of the 16 values a code stands for, run by ``mase_lite::packed4_linear``.
 
 It packs a fake-quantized Linear of one of three formats, bit for bit its weight:
 
@@ -8,7 +9,8 @@ It packs a fake-quantized Linear of one of three formats, bit for bit its weight
 - ``mxint`` with ``element_width`` 4 in blocks of 32: codes ±7 of a quarter, times the block's power of two;
 - ``mxfp`` E2M1 in blocks of 32 (MXFP4): E2M1 values times the block's power of two.
 
-0.625 bytes per weight instead of 4 (84 % less). With ``activations="int8"`` (an inference mode, as llama.cpp
+0.5625 bytes per weight with float16 scales (GGUF's Q4_0 layout), 0.625 with float32 ones, instead of 4 (86 % or
+84 % less). With ``activations="int8"`` (an inference mode, as llama.cpp
 multiplies Q4_0 weights) the input is quantized to int8 per block of 32 and the products are integer dot products
 (VNNI where the CPU has it): faster at batch 1, no longer the float product with the exact weights
 (:mod:`mase_lite.kernels.int8_activations`).
@@ -59,7 +61,7 @@ def reference_linear(x: Tensor, nibbles: Tensor, scales: Tensor, table: Tensor, 
 def decode(nibbles: Tensor, scales: Tensor, table: Tensor) -> Tensor:
     """``table[nibble] * scale`` in float32 (the low nibble is the even element)."""
     values = int8_kernel.unpacked(nibbles, table)
-    return (values.reshape(scales.shape[0], -1, BLOCK) * scales.unsqueeze(-1)).reshape(values.shape)
+    return (values.reshape(scales.shape[0], -1, BLOCK) * scales.to(torch.float32).unsqueeze(-1)).reshape(values.shape)
 
 
 @torch.library.custom_op("mase_lite::packed4_linear", mutates_args=(), device_types="cpu")
@@ -94,9 +96,10 @@ def packed4_linear_int8(x: Tensor, nibbles: Tensor, scales: Tensor, integer: tup
 
 
 class Packed4Linear(nn.Module):
-    """``y = x @ W.T + b`` with W held as ``nibbles`` (uint8, ``[out, in / 2]``), ``scales`` (float32,
-    ``[out, in / 32]``) and ``table`` (16 float32 values); the bias stays a float parameter. ``fmt``: the weight's
-    format, for graph metadata and reports."""
+    """``y = x @ W.T + b`` with W held as ``nibbles`` (uint8, ``[out, in / 2]``), ``scales`` (``[out, in / 32]``:
+    float16 where the format's scales are float16, as GGUF's Q4_0 holds them; else float32) and ``table`` (16
+    float32 values); the bias stays a float parameter. ``fmt``: the weight's format, for graph metadata and
+    reports."""
 
     mase_op = "linear"
 
@@ -111,7 +114,7 @@ class Packed4Linear(nn.Module):
                             f"got in_features={in_features}, out_features={out_features}")
         self.in_features, self.out_features, self.fmt = in_features, out_features, dict(fmt)
         self.register_buffer("nibbles", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
-        self.register_buffer("scales", torch.zeros(out_features, in_features // BLOCK))
+        self.register_buffer("scales", torch.zeros(out_features, in_features // BLOCK, dtype=scale_dtype(fmt)))
         self.register_buffer("table", torch.zeros(16))
         if bias:
             self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype))
@@ -134,7 +137,7 @@ class Packed4Linear(nn.Module):
         module = cls(layer.in_features, layer.out_features, fmt, bias=layer.bias is not None,
                      dtype=layer.weight.dtype, activations=activations)
         module.nibbles = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
-        module.scales, module.table = scales.contiguous(), table
+        module.scales, module.table = scales.to(scale_dtype(fmt)).contiguous(), table  # float16: exact
         expected = layer._operand("weight", layer.weight).detach().float()
         if not _same_bits(decode(module.nibbles, module.scales, module.table), expected):
             raise UserError(f"packing this {fmt['name']} weight in 4 bits would change it; it stays fake-quantized")
@@ -189,7 +192,7 @@ class Packed4Linear(nn.Module):
 
 
 def _table_and_scales(encoded) -> tuple[Tensor, Tensor]:
-    """The 16 values a stored code stands for and the float32 scale of each block of 32."""
+    """The 16 values a stored code stands for and the scale of each block of 32 (float32, exact)."""
     from mase_lite.numerics.codes import Encoded, decode as decode_codes, pack_bits
 
     fmt, side = encoded.format, encoded.side
@@ -206,6 +209,16 @@ def _table_and_scales(encoded) -> tuple[Tensor, Tensor]:
     scales = torch.where(scale == 255, float("nan"), torch.ldexp(torch.ones_like(scale, dtype=torch.float64),
                                                                  (scale - 127).double())).float()
     return table, scales.reshape(-1, side_blocks(encoded))
+
+
+def scale_dtype(fmt: dict[str, Any]) -> torch.dtype:
+    """The dtype a packed format's scales are held in: float16 where the format rounds its scales to float16 (Q4_0),
+    float32 otherwise (E8M0 scales span 2**-127..2**127).
+
+    >>> scale_dtype({"name": "scaled_integer", "scale_dtype": "float16"}), scale_dtype({"name": "mxfp"})
+    (torch.float16, torch.float32)
+    """
+    return torch.float16 if fmt.get("scale_dtype") == "float16" else torch.float32
 
 
 def side_blocks(encoded) -> int:

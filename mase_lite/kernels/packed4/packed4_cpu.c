@@ -1,5 +1,6 @@
 /* Packed 4-bit weights on the CPU: the linear layer y = x . W^T + b with W held as nibbles (two per byte,
- * the even element of a pair in the low nibble), one float32 scale per block of 32 elements of a row, and
+ * the even element of a pair in the low nibble), one float32 or float16 scale per block of 32 elements of a row
+ * (float16 scales are converted to float32, exactly, a run of rows at a time), and
  * a table of the 16 values a nibble stands for: two's complement integers -8..7 for 4-bit integers in
  * blocks of 32 with a float16 scale (GGUF's Q4_0) and for MXINT4 codes, E2M1 values for MXFP4.
  *
@@ -15,7 +16,10 @@
  * weights). Compiled without -ffast-math and with C11 (no contraction of a * b + c into an FMA in plain C).
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "../../numerics/native/float_bits.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -260,11 +264,31 @@ static void split_rows(rows_fn fn, const void *args, int64_t first, int64_t last
     for (int t = 0; t < parts; t++) fn(args, first + rows * t / parts, first + rows * (t + 1) / parts);
 }
 
+enum { CONVERTED = 4096 }; /* float16 scales converted to float32 at a time (at least a row's) */
+
+/* Rows [first, last) of the scales as float32: `scales` itself (float32), or those rows converted from float16 into
+ * `buffer` (CONVERTED floats, or a row's if more: *owned is then a malloc'd one, NULL if that failed). */
+static const float *float_scales(const void *scales, int half, int64_t nb, int64_t first, int64_t last,
+                                 float *buffer, float **owned) {
+    *owned = NULL;
+    if (!half) return (const float *)scales + first * nb;
+    int64_t count = (last - first) * nb;
+    float *out = count <= CONVERTED ? buffer : (*owned = malloc((size_t)count * sizeof(float)));
+    if (out)
+        for (int64_t i = 0; i < count; i++) out[i] = half_to_float(((const uint16_t *)scales)[first * nb + i]);
+    return out;
+}
+
+/* The rows of a range taken a run at a time: the runs whose float16 scales fit CONVERTED floats (one row at least). */
+static int64_t run_rows(int half, int64_t nb) { return !half ? INT64_MAX : nb >= CONVERTED ? 1 : CONVERTED / nb; }
+
 struct linear_args {
     const float *x;
     int64_t m, k;
     const uint8_t *q;
-    const float *scales, *table, *bias;
+    const void *scales;
+    int half; /* scales are float16 */
+    const float *table, *bias;
     float *out;
     int64_t n;
     int level;
@@ -272,23 +296,33 @@ struct linear_args {
 
 static void linear_range(const void *p, int64_t first, int64_t last) {
     const struct linear_args *a = p;
+    int64_t nb = a->k / BLOCK, step = run_rows(a->half, nb);
+    float buffer[CONVERTED], *owned;
+    for (int64_t lo = first; lo < last; lo += min64(step, last - lo)) {
+        int64_t hi = lo + min64(step, last - lo);
+        const float *scales = float_scales(a->scales, a->half, nb, lo, hi, buffer, &owned);
+        if (!scales) return;
+        /* the kernels index rows from 0 here: W, its bias and the output columns start at row lo */
+        const uint8_t *q = a->q + lo * (a->k / 2);
+        const float *bias = a->bias ? a->bias + lo : NULL;
+        float *out = a->out + lo;
 #ifdef P4_X86
-    if (a->level == LEVEL_AVX512) {
-        linear_avx512(a->x, a->m, a->k, a->q, a->scales, a->table, a->bias, a->out, a->n, first, last);
-        return;
-    }
-    if (a->level == LEVEL_AVX2) {
-        linear_avx2(a->x, a->m, a->k, a->q, a->scales, a->table, a->bias, a->out, a->n, first, last);
-        return;
-    }
+        if (a->level == LEVEL_AVX512)
+            linear_avx512(a->x, a->m, a->k, q, scales, a->table, bias, out, a->n, 0, hi - lo);
+        else if (a->level == LEVEL_AVX2)
+            linear_avx2(a->x, a->m, a->k, q, scales, a->table, bias, out, a->n, 0, hi - lo);
+        else
 #endif
-    linear_c(a->x, a->m, a->k, a->q, a->scales, a->table, a->bias, a->out, a->n, first, last);
+            linear_c(a->x, a->m, a->k, q, scales, a->table, bias, out, a->n, 0, hi - lo);
+        free(owned);
+    }
 }
 
 /* out[i * n + j] = sum_t x[i * k + t] * W[j, t] (+ bias[j]) for rows i < m of x and first <= j < last, on
  * `threads` threads (OpenMP builds). x: m rows of k float32 (k a multiple of 32); q: n rows of k / 2 bytes;
- * scales: n rows of k / 32 float32; table: 16 float32; bias: n or NULL; scratch: m * k float32 (x reordered). */
-void packed4_linear(const float *x, int64_t m, int64_t k, const uint8_t *q, const float *scales,
+ * scales: n rows of k / 32 float32 (float16 where `half`); table: 16 float32; bias: n or NULL; scratch: m * k
+ * float32 (x reordered). */
+void packed4_linear(const float *x, int64_t m, int64_t k, const uint8_t *q, const void *scales, int half,
                     const float *table, const float *bias, float *out, int64_t n, int64_t first, int64_t last,
                     int level, int threads, float *scratch) {
     if (level != LEVEL_C) { /* the vector levels read x per block as its even elements, then its odd ones */
@@ -299,13 +333,15 @@ void packed4_linear(const float *x, int64_t m, int64_t k, const uint8_t *q, cons
             }
         x = scratch;
     }
-    struct linear_args a = {x, m, k, q, scales, table, bias, out, n, level};
+    struct linear_args a = {x, m, k, q, scales, half, table, bias, out, n, level};
     split_rows(linear_range, &a, first, last, threads);
 }
 
 struct dequantize_args {
     const uint8_t *q;
-    const float *scales, *table;
+    const void *scales;
+    int half;
+    const float *table;
     int64_t k;
     float *out;
     int level;
@@ -313,25 +349,29 @@ struct dequantize_args {
 
 static void dequantize_range(const void *p, int64_t first, int64_t last) {
     const struct dequantize_args *a = p;
-    const uint8_t *q = a->q + first * (a->k / 2);
-    const float *scales = a->scales + first * (a->k / BLOCK);
-    float *out = a->out + first * a->k;
+    int64_t nb = a->k / BLOCK, step = run_rows(a->half, nb);
+    float buffer[CONVERTED], *owned;
+    for (int64_t lo = first; lo < last; lo += min64(step, last - lo)) {
+        int64_t rows = min64(step, last - lo);
+        const float *scales = float_scales(a->scales, a->half, nb, lo, lo + rows, buffer, &owned);
+        if (!scales) return;
+        const uint8_t *q = a->q + lo * (a->k / 2);
+        float *out = a->out + lo * a->k;
 #ifdef P4_X86
-    if (a->level == LEVEL_AVX512) {
-        dequantize_avx512(q, scales, a->table, a->k, last - first, out);
-        return;
-    }
-    if (a->level == LEVEL_AVX2) {
-        dequantize_avx2(q, scales, a->table, a->k, last - first, out);
-        return;
-    }
+        if (a->level == LEVEL_AVX512)
+            dequantize_avx512(q, scales, a->table, a->k, rows, out);
+        else if (a->level == LEVEL_AVX2)
+            dequantize_avx2(q, scales, a->table, a->k, rows, out);
+        else
 #endif
-    dequantize_c(q, scales, a->table, a->k, last - first, out);
+            dequantize_c(q, scales, a->table, a->k, rows, out);
+        free(owned);
+    }
 }
 
-/* rows x k weights decoded into float32 out, on `threads` threads (OpenMP builds). */
-void packed4_dequantize(const uint8_t *q, const float *scales, const float *table, int64_t k, int64_t rows,
+/* rows x k weights decoded into float32 out, on `threads` threads (OpenMP builds); scales float16 where `half`. */
+void packed4_dequantize(const uint8_t *q, const void *scales, int half, const float *table, int64_t k, int64_t rows,
                         float *out, int level, int threads) {
-    struct dequantize_args a = {q, scales, table, k, out, level};
+    struct dequantize_args a = {q, scales, half, table, k, out, level};
     split_rows(dequantize_range, &a, 0, rows, threads);
 }

@@ -25,6 +25,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -124,11 +125,27 @@ def library(name: str, directory: Path = SOURCES, openmp: bool = False) -> ctype
 
 
 def cached_name(source: Path, extra: tuple[str, ...] = ()) -> str:
-    """The file name of ``source``'s library built with ``extra`` flags: a digest of the source, the headers beside
-    it, the flags, the compiler's version and the machine."""
-    texts = [p.read_text() for p in (source, *sorted(source.parent.glob("*.h")))]  # the headers it may include
+    """The file name of ``source``'s library built with ``extra`` flags: a digest of the source, the headers it
+    includes (``#include "..."``, through other headers too), the flags, the compiler's version and the machine."""
+    texts = [p.read_text() for p in _included(Path(source))]
     key = hashlib.sha256("\0".join([*texts, *FLAGS, *extra, _compiler()[1], platform.machine()]).encode())
     return f"{source.stem}-{key.hexdigest()[:16]}.so"
+
+
+def _included(source: Path) -> list[Path]:
+    """``source`` and the files its quoted includes name, each once, found as the compiler finds them (beside the
+    file that includes them)."""
+    found, pending = [], [source.resolve()]
+    while pending:
+        path = pending.pop(0)
+        if path in found or not path.is_file():
+            continue
+        found.append(path)
+        pending += [(path.parent / m.group(1)).resolve() for m in _INCLUDE.finditer(path.read_text())]
+    return found
+
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 
 
 def _load(compiler: str, source: Path, extra: tuple[str, ...]) -> ctypes.CDLL:

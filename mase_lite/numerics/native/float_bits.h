@@ -1,4 +1,5 @@
-/* Exact powers of two and binades from the bits of IEEE floats, shared by the quantizer kernels. */
+/* Exact powers of two, binades and float16 values from the bits of IEEE floats, shared by the quantizer kernels and
+   the packed-weight kernels. */
 #ifndef MASE_LITE_FLOAT_BITS_H
 #define MASE_LITE_FLOAT_BITS_H
 
@@ -39,6 +40,23 @@ static inline int binade_f(float x) { /* floor(log2(|x|)) of a normal float; -12
     uint32_t bits;
     memcpy(&bits, &x, sizeof bits);
     return (int)((bits >> 23) & 0xFF) - 127;
+}
+
+/* The float32 value of float16 bits, exactly (every float16 is a float32); a NaN comes out quiet, as the F16C
+   instruction makes it. */
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu, bits;
+    if (exponent == 0x1F)
+        bits = sign | 0x7F800000u | (mantissa ? 0x400000u | mantissa << 13 : 0u);
+    else if (exponent)
+        bits = sign | (exponent + 112) << 23 | mantissa << 13;
+    else { /* zero or subnormal: mantissa * 2**-24, exact in float32 */
+        float magnitude = (float)mantissa * 0x1p-24f;
+        return sign ? -magnitude : magnitude;
+    }
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
 }
 
 #endif
