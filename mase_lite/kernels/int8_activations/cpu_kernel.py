@@ -156,14 +156,15 @@ def linear_nibbles_many(x: Tensor, layers: list[tuple[Tensor, Tensor, Tensor | N
                         unit: float) -> list[Tensor] | None:
     """:func:`linear_nibbles` of layers that share ``x`` and their table, in one call (``layers``: nibbles, scales,
     bias; at most 8)."""
+    in_features = layers[0][0].shape[1] * 2
     half = layers[0][1].dtype == torch.float16
     if any(scales.dtype != layers[0][1].dtype for _, scales, _ in layers):
         return None
 
     def launch(lib, x, rows, count, q, scales, bias, out, n, lvl, workers, scratch):
-        lib.int8_linear_nibbles(x, rows, layers[0][0].shape[1] * 2, count, q, scales, int(half), bias, out, n,
-                                itable.data_ptr(), unit, lvl, workers, scratch)
-    return _many("int8_nibbles", x, layers[0][0].shape[1] * 2, layers, launch)
+        lib.int8_linear_nibbles(x, rows, in_features, count, q, scales, int(half), bias, out, n, itable.data_ptr(),
+                                unit, lvl, workers, scratch)
+    return _many("int8_nibbles", x, in_features, layers, launch)
 
 
 def linear_codes(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor | None:

@@ -67,7 +67,7 @@ def linear(x: Tensor, nibbles: Tensor, scales: Tensor, table: Tensor, bias: Tens
     """``x @ W.T + bias`` in ``x``'s dtype for packed 4-bit W; None where the kernel does not apply."""
     out_features, in_features = scales.shape[0], nibbles.shape[1] * 2
     rows = x.numel() // in_features if in_features else 0
-    if not rows or x.dtype not in INPUT_DTYPES or not plain_cpu(x) or in_features % 32:
+    if not rows or x.dtype not in INPUT_DTYPES or not plain_cpu(x) or in_features % 32 or not _fits(scales):
         return None
     chosen = level()
     if chosen is None:
@@ -112,7 +112,7 @@ def _panels(x: Tensor, nibbles: Tensor, scales: Tensor, table: Tensor, bias: Ten
 def dequantize(nibbles: Tensor, scales: Tensor, table: Tensor) -> Tensor | None:
     """The float32 weights, bit for bit ``table[nibble] * scale``; None where the kernel does not apply."""
     chosen = level()
-    if chosen is None or not plain_cpu(nibbles):
+    if chosen is None or not plain_cpu(nibbles) or not _fits(scales):
         return None
     out = torch.empty(scales.shape[0], nibbles.shape[1] * 2)
     _dequantize_into(nibbles, scales, table, out, LEVELS.index(chosen))
@@ -124,6 +124,12 @@ def _dequantize_into(nibbles: Tensor, scales: Tensor, table: Tensor, out: Tensor
     workers = torch.get_num_threads() if out.numel() >= PARALLEL_FROM_MACS and lib.openmp else 1
     lib.packed4_dequantize(nibbles.data_ptr(), scales.data_ptr(), _half(scales), table.data_ptr(), out.shape[1],
                            out.shape[0], out.data_ptr(), lvl, workers)
+
+
+def _fits(scales: Tensor) -> bool:
+    """Whether the kernel takes these scales: float32, or float16 over at most 131072 inputs (a run of rows' float16
+    scales is widened on its stack)."""
+    return scales.dtype == torch.float32 or (scales.dtype == torch.float16 and scales.shape[1] * 32 <= 131072)
 
 
 def _half(scales: Tensor) -> int:

@@ -16,7 +16,6 @@
  * weights). Compiled without -ffast-math and with C11 (no contraction of a * b + c into an FMA in plain C).
  */
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "../../numerics/native/float_bits.h"
@@ -264,23 +263,19 @@ static void split_rows(rows_fn fn, const void *args, int64_t first, int64_t last
     for (int t = 0; t < parts; t++) fn(args, first + rows * t / parts, first + rows * (t + 1) / parts);
 }
 
-enum { CONVERTED = 4096 }; /* float16 scales converted to float32 at a time (at least a row's) */
+enum { CONVERTED = 4096 }; /* float16 scales converted to float32 at a time: at least a row's (k <= 131072) */
 
 /* Rows [first, last) of the scales as float32: `scales` itself (float32), or those rows converted from float16 into
- * `buffer` (CONVERTED floats, or a row's if more: *owned is then a malloc'd one, NULL if that failed). */
+ * `buffer` (CONVERTED floats). */
 static const float *float_scales(const void *scales, int half, int64_t nb, int64_t first, int64_t last,
-                                 float *buffer, float **owned) {
-    *owned = NULL;
+                                 float *buffer) {
     if (!half) return (const float *)scales + first * nb;
-    int64_t count = (last - first) * nb;
-    float *out = count <= CONVERTED ? buffer : (*owned = malloc((size_t)count * sizeof(float)));
-    if (out)
-        for (int64_t i = 0; i < count; i++) out[i] = half_to_float(((const uint16_t *)scales)[first * nb + i]);
-    return out;
+    for (int64_t i = 0; i < (last - first) * nb; i++) buffer[i] = half_to_float(((const uint16_t *)scales)[first * nb + i]);
+    return buffer;
 }
 
-/* The rows of a range taken a run at a time: the runs whose float16 scales fit CONVERTED floats (one row at least). */
-static int64_t run_rows(int half, int64_t nb) { return !half ? INT64_MAX : nb >= CONVERTED ? 1 : CONVERTED / nb; }
+/* The rows of a range taken a run at a time: as many as CONVERTED float16 scales hold. */
+static int64_t run_rows(int half, int64_t nb) { return half ? CONVERTED / nb : INT64_MAX; }
 
 struct linear_args {
     const float *x;
@@ -297,11 +292,10 @@ struct linear_args {
 static void linear_range(const void *p, int64_t first, int64_t last) {
     const struct linear_args *a = p;
     int64_t nb = a->k / BLOCK, step = run_rows(a->half, nb);
-    float buffer[CONVERTED], *owned;
+    float buffer[CONVERTED];
     for (int64_t lo = first; lo < last; lo += min64(step, last - lo)) {
         int64_t hi = lo + min64(step, last - lo);
-        const float *scales = float_scales(a->scales, a->half, nb, lo, hi, buffer, &owned);
-        if (!scales) return;
+        const float *scales = float_scales(a->scales, a->half, nb, lo, hi, buffer);
         /* the kernels index rows from 0 here: W, its bias and the output columns start at row lo */
         const uint8_t *q = a->q + lo * (a->k / 2);
         const float *bias = a->bias ? a->bias + lo : NULL;
@@ -314,14 +308,13 @@ static void linear_range(const void *p, int64_t first, int64_t last) {
         else
 #endif
             linear_c(a->x, a->m, a->k, q, scales, a->table, bias, out, a->n, 0, hi - lo);
-        free(owned);
     }
 }
 
 /* out[i * n + j] = sum_t x[i * k + t] * W[j, t] (+ bias[j]) for rows i < m of x and first <= j < last, on
  * `threads` threads (OpenMP builds). x: m rows of k float32 (k a multiple of 32); q: n rows of k / 2 bytes;
- * scales: n rows of k / 32 float32 (float16 where `half`); table: 16 float32; bias: n or NULL; scratch: m * k
- * float32 (x reordered). */
+ * scales: n rows of k / 32 float32 (float16 where `half`, k then at most 131072); table: 16 float32; bias: n or
+ * NULL; scratch: m * k float32 (x reordered). */
 void packed4_linear(const float *x, int64_t m, int64_t k, const uint8_t *q, const void *scales, int half,
                     const float *table, const float *bias, float *out, int64_t n, int64_t first, int64_t last,
                     int level, int threads, float *scratch) {
@@ -350,11 +343,10 @@ struct dequantize_args {
 static void dequantize_range(const void *p, int64_t first, int64_t last) {
     const struct dequantize_args *a = p;
     int64_t nb = a->k / BLOCK, step = run_rows(a->half, nb);
-    float buffer[CONVERTED], *owned;
+    float buffer[CONVERTED];
     for (int64_t lo = first; lo < last; lo += min64(step, last - lo)) {
         int64_t rows = min64(step, last - lo);
-        const float *scales = float_scales(a->scales, a->half, nb, lo, lo + rows, buffer, &owned);
-        if (!scales) return;
+        const float *scales = float_scales(a->scales, a->half, nb, lo, lo + rows, buffer);
         const uint8_t *q = a->q + lo * (a->k / 2);
         float *out = a->out + lo * a->k;
 #ifdef P4_X86
@@ -365,11 +357,11 @@ static void dequantize_range(const void *p, int64_t first, int64_t last) {
         else
 #endif
             dequantize_c(q, scales, a->table, a->k, rows, out);
-        free(owned);
     }
 }
 
-/* rows x k weights decoded into float32 out, on `threads` threads (OpenMP builds); scales float16 where `half`. */
+/* rows x k weights decoded into float32 out, on `threads` threads (OpenMP builds); scales float16 where `half` (k
+ * then at most 131072). */
 void packed4_dequantize(const uint8_t *q, const void *scales, int half, const float *table, int64_t k, int64_t rows,
                         float *out, int level, int threads) {
     struct dequantize_args a = {q, scales, half, table, k, out, level};
