@@ -1,6 +1,7 @@
 /* Packed 4-bit weights on the CPU: the linear layer y = x . W^T + b with W held as nibbles (two per byte,
  * the even element of a pair in the low nibble), one float32 or float16 scale per block of 32 elements of a row
- * (float16 scales are converted to float32, exactly, a run of rows at a time), and
+ * (float16 ones converted to float32 exactly: by F16C per block in the vector levels' products, a run of rows at
+ * a time otherwise), and
  * a table of the 16 values a nibble stands for: two's complement integers -8..7 for 4-bit integers in
  * blocks of 32 with a float16 scale (GGUF's Q4_0) and for MXINT4 codes, E2M1 values for MXFP4.
  *
@@ -23,8 +24,11 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define P4_X86 1
-#define AVX2 __attribute__((target("avx2,fma")))
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
+/* Scale i of a row as float32: float16 ones by F16C (exact). */
+#define SCALE_AT(scales, half, i) \
+    ((half) ? _cvtsh_ss(((const uint16_t *)(scales))[i]) : ((const float *)(scales))[i])
 #endif
 
 enum { LEVEL_C = 0, LEVEL_AVX2 = 1, LEVEL_AVX512 = 2 };
@@ -38,8 +42,9 @@ int packed4_cpu_levels(void) {
     int levels = 1 << LEVEL_C;
 #ifdef P4_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) levels |= 1 << LEVEL_AVX2;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        levels |= 1 << LEVEL_AVX2;
+    if ((levels >> LEVEL_AVX2 & 1) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl"))
         levels |= 1 << LEVEL_AVX512;
 #endif
@@ -132,7 +137,7 @@ AVX2 static inline void decode_half_avx2(__m128i nibbles, __m256 s, __m256 low, 
 
 /* x in blocks of 32 as the 16 even elements, then the 16 odd ones: each nibble's weight meets its input
  * without interleaving the nibbles. */
-AVX2 static void linear_avx2(const float *xd, int64_t m, int64_t k, const uint8_t *q, const float *scales,
+AVX2 static void linear_avx2(const float *xd, int64_t m, int64_t k, const uint8_t *q, const void *scales, int half,
                              const float *table, const float *bias, float *out, int64_t n, int64_t first,
                              int64_t last) {
     int64_t nb = k / BLOCK;
@@ -145,7 +150,7 @@ AVX2 static void linear_avx2(const float *xd, int64_t m, int64_t k, const uint8_
             for (int r = 0; r < X_ROWS; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
             for (int64_t b = 0; b < nb; b++) {
                 __m128i packed = _mm_loadu_si128((const __m128i *)(q + j * (k / 2) + b * BLOCK_BYTES));
-                __m256 s = _mm256_set1_ps(scales[j * nb + b]), even[2], odd[2];
+                __m256 s = _mm256_set1_ps(SCALE_AT(scales, half, j * nb + b)), even[2], odd[2];
                 decode_half_avx2(_mm_and_si128(packed, mask), s, low, high, even);
                 decode_half_avx2(_mm_and_si128(_mm_srli_epi16(packed, 4), mask), s, low, high, odd);
                 for (int64_t r = 0; r < rows; r++) {
@@ -177,6 +182,13 @@ AVX2 static void dequantize_avx2(const uint8_t *q, const float *scales, const fl
         }
 }
 
+/* float16 to float32, eight at a time: how many it converted (a multiple of 8). */
+AVX2 static int64_t widen_avx2(const uint16_t *h, int64_t count, float *out) {
+    int64_t i = 0;
+    for (; i + 8 <= count; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    return i;
+}
+
 /* ---------------------------------------------------------------- AVX-512 */
 
 /* The 32 weights of one block: two vectors of 16, in element order (the table is one register). */
@@ -195,7 +207,8 @@ AVX512 static inline __m512 weights_avx512(__m128i nibbles, __m512 lut, float sc
 }
 
 /* One row of W against one row of x (deinterleaved): two blocks a step into four accumulators. */
-AVX512 static inline float dot_avx512(const float *xd, const uint8_t *row, const float *scales, int64_t nb, __m512 lut) {
+AVX512 static inline float dot_avx512(const float *xd, const uint8_t *row, const void *scales, int half, int64_t nb,
+                                      __m512 lut) {
     __m128i mask = _mm_set1_epi8(15);
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
     int64_t b = 0;
@@ -204,31 +217,32 @@ AVX512 static inline float dot_avx512(const float *xd, const uint8_t *row, const
         __m128i p0 = _mm_loadu_si128((const __m128i *)(row + b * BLOCK_BYTES));
         __m128i p1 = _mm_loadu_si128((const __m128i *)(row + (b + 1) * BLOCK_BYTES));
         const float *x0 = xd + b * BLOCK;
-        a0 = _mm512_fmadd_ps(weights_avx512(_mm_and_si128(p0, mask), lut, scales[b]), _mm512_loadu_ps(x0), a0);
-        a1 = _mm512_fmadd_ps(weights_avx512(_mm_and_si128(_mm_srli_epi16(p0, 4), mask), lut, scales[b]),
+        a0 = _mm512_fmadd_ps(weights_avx512(_mm_and_si128(p0, mask), lut, SCALE_AT(scales, half, b)), _mm512_loadu_ps(x0), a0);
+        a1 = _mm512_fmadd_ps(weights_avx512(_mm_and_si128(_mm_srli_epi16(p0, 4), mask), lut, SCALE_AT(scales, half, b)),
                              _mm512_loadu_ps(x0 + 16), a1);
-        a2 = _mm512_fmadd_ps(weights_avx512(_mm_and_si128(p1, mask), lut, scales[b + 1]), _mm512_loadu_ps(x0 + 32), a2);
-        a3 = _mm512_fmadd_ps(weights_avx512(_mm_and_si128(_mm_srli_epi16(p1, 4), mask), lut, scales[b + 1]),
+        a2 = _mm512_fmadd_ps(weights_avx512(_mm_and_si128(p1, mask), lut, SCALE_AT(scales, half, b + 1)), _mm512_loadu_ps(x0 + 32), a2);
+        a3 = _mm512_fmadd_ps(weights_avx512(_mm_and_si128(_mm_srli_epi16(p1, 4), mask), lut, SCALE_AT(scales, half, b + 1)),
                              _mm512_loadu_ps(x0 + 48), a3);
     }
     if (b < nb) {
         __m128i p0 = _mm_loadu_si128((const __m128i *)(row + b * BLOCK_BYTES));
-        a0 = _mm512_fmadd_ps(weights_avx512(_mm_and_si128(p0, mask), lut, scales[b]), _mm512_loadu_ps(xd + b * BLOCK), a0);
-        a1 = _mm512_fmadd_ps(weights_avx512(_mm_and_si128(_mm_srli_epi16(p0, 4), mask), lut, scales[b]),
+        a0 = _mm512_fmadd_ps(weights_avx512(_mm_and_si128(p0, mask), lut, SCALE_AT(scales, half, b)), _mm512_loadu_ps(xd + b * BLOCK), a0);
+        a1 = _mm512_fmadd_ps(weights_avx512(_mm_and_si128(_mm_srli_epi16(p0, 4), mask), lut, SCALE_AT(scales, half, b)),
                              _mm512_loadu_ps(xd + b * BLOCK + 16), a1);
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
 /* x deinterleaved per block (see linear_avx2); each row of x against each row of W by dot_avx512. */
-AVX512 static void linear_avx512(const float *xd, int64_t m, int64_t k, const uint8_t *q, const float *scales,
-                                 const float *table, const float *bias, float *out, int64_t n, int64_t first,
-                                 int64_t last) {
+AVX512 static void linear_avx512(const float *xd, int64_t m, int64_t k, const uint8_t *q, const void *scales,
+                                 int half, const float *table, const float *bias, float *out, int64_t n,
+                                 int64_t first, int64_t last) {
     int64_t nb = k / BLOCK;
     __m512 lut = _mm512_loadu_ps(table);
     for (int64_t j = first; j < last; j++)
         for (int64_t i = 0; i < m; i++) {
-            float sum = dot_avx512(xd + i * k, q + j * (k / 2), scales + j * nb, nb, lut);
+            float sum = dot_avx512(xd + i * k, q + j * (k / 2), (const char *)scales + j * nb * (half ? 2 : 4), half,
+                                   nb, lut);
             out[i * n + j] = bias ? sum + bias[j] : sum;
         }
 }
@@ -266,11 +280,16 @@ static void split_rows(rows_fn fn, const void *args, int64_t first, int64_t last
 enum { CONVERTED = 4096 }; /* float16 scales converted to float32 at a time: at least a row's (k <= 131072) */
 
 /* Rows [first, last) of the scales as float32: `scales` itself (float32), or those rows converted from float16 into
- * `buffer` (CONVERTED floats). */
+ * `buffer` (CONVERTED floats; F16C eight at a time from AVX2 on, the same values). */
 static const float *float_scales(const void *scales, int half, int64_t nb, int64_t first, int64_t last,
-                                 float *buffer) {
+                                 float *buffer, int level) {
     if (!half) return (const float *)scales + first * nb;
-    for (int64_t i = 0; i < (last - first) * nb; i++) buffer[i] = half_to_float(((const uint16_t *)scales)[first * nb + i]);
+    const uint16_t *h = (const uint16_t *)scales + first * nb;
+    int64_t i = 0, count = (last - first) * nb;
+#ifdef P4_X86
+    if (level >= LEVEL_AVX2) i = widen_avx2(h, count, buffer);
+#endif
+    for (; i < count; i++) buffer[i] = half_to_float(h[i]);
     return buffer;
 }
 
@@ -291,23 +310,23 @@ struct linear_args {
 
 static void linear_range(const void *p, int64_t first, int64_t last) {
     const struct linear_args *a = p;
+#ifdef P4_X86
+    if (a->level == LEVEL_AVX512) {
+        linear_avx512(a->x, a->m, a->k, a->q, a->scales, a->half, a->table, a->bias, a->out, a->n, first, last);
+        return;
+    }
+    if (a->level == LEVEL_AVX2) {
+        linear_avx2(a->x, a->m, a->k, a->q, a->scales, a->half, a->table, a->bias, a->out, a->n, first, last);
+        return;
+    }
+#endif
     int64_t nb = a->k / BLOCK, step = run_rows(a->half, nb);
     float buffer[CONVERTED];
-    for (int64_t lo = first; lo < last; lo += min64(step, last - lo)) {
+    for (int64_t lo = first; lo < last; lo += min64(step, last - lo)) { /* float16 scales a run of rows at a time */
         int64_t hi = lo + min64(step, last - lo);
-        const float *scales = float_scales(a->scales, a->half, nb, lo, hi, buffer);
-        /* the kernels index rows from 0 here: W, its bias and the output columns start at row lo */
-        const uint8_t *q = a->q + lo * (a->k / 2);
-        const float *bias = a->bias ? a->bias + lo : NULL;
-        float *out = a->out + lo;
-#ifdef P4_X86
-        if (a->level == LEVEL_AVX512)
-            linear_avx512(a->x, a->m, a->k, q, scales, a->table, bias, out, a->n, 0, hi - lo);
-        else if (a->level == LEVEL_AVX2)
-            linear_avx2(a->x, a->m, a->k, q, scales, a->table, bias, out, a->n, 0, hi - lo);
-        else
-#endif
-            linear_c(a->x, a->m, a->k, q, scales, a->table, bias, out, a->n, 0, hi - lo);
+        const float *bias = a->bias ? a->bias + lo : NULL; /* rows from lo: W, its bias and the output columns */
+        linear_c(a->x, a->m, a->k, a->q + lo * (a->k / 2), float_scales(a->scales, a->half, nb, lo, hi, buffer, a->level),
+                 a->table, bias, a->out + lo, a->n, 0, hi - lo);
     }
 }
 
@@ -346,7 +365,7 @@ static void dequantize_range(const void *p, int64_t first, int64_t last) {
     float buffer[CONVERTED];
     for (int64_t lo = first; lo < last; lo += min64(step, last - lo)) {
         int64_t rows = min64(step, last - lo);
-        const float *scales = float_scales(a->scales, a->half, nb, lo, lo + rows, buffer);
+        const float *scales = float_scales(a->scales, a->half, nb, lo, lo + rows, buffer, a->level);
         const uint8_t *q = a->q + lo * (a->k / 2);
         float *out = a->out + lo * a->k;
 #ifdef P4_X86
