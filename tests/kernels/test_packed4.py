@@ -182,3 +182,20 @@ def test_every_float16_scale_converts_exactly(level, monkeypatch):
     finite = scales.isfinite().all(1)  # rows without an infinity or a NaN
     half = cpu_kernel.linear(x, nibbles[finite], scales[finite], table, None)
     assert torch.equal(half, cpu_kernel.linear(x, nibbles[finite], scales[finite].float(), table, None))
+
+
+def test_a_saved_q4_0_graph_loads_with_its_float16_scales(tmp_path):
+    from mase_lite.passes.replay import load_graph
+
+    torch.manual_seed(0)
+    make = lambda: torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    model, x = make(), torch.randn(3, 64)
+    mg = ml.MaseGraph(model, example_inputs={"input": x})
+    mg, _ = ml.passes.quantize(mg, {"by": "type", "rules": {"linear": {"weight": FORMATS["q4_0"], "storage": "packed",
+                                                                       "activations": "int8"}}})
+    mg.save(tmp_path / "q4_0")
+    loaded = load_graph(tmp_path / "q4_0", model=make())
+    layers = [m for m in loaded.model.modules() if isinstance(m, Packed4Linear)]
+    assert [(m.scales.dtype, m.activations) for m in layers] == [(torch.float16, "int8")] * 2
+    with torch.no_grad():
+        assert torch.equal(loaded.model(x), mg.model(x))
