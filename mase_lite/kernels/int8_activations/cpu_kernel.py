@@ -25,9 +25,9 @@ import torch
 from torch import Tensor
 
 from mase_lite.numerics.native import library, threads
-from mase_lite.numerics.native.launch import chosen_level, plain_cpu, scratch
+from mase_lite.numerics.native.launch import VECTOR_LEVELS, chosen_level, declare_levels, plain_cpu, scratch
 
-LEVELS = ("c", "avx2", "avx512")
+LEVELS = VECTOR_LEVELS
 LEVEL_ENV = "MASE_LITE_INT8_CPU"
 BLOCK = 32
 PARALLEL_FROM_MACS = 1 << 18
@@ -40,15 +40,12 @@ def _library() -> ctypes.CDLL | None:
     if lib is None:
         return None
     i64, ptr, int_ = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    for name in ("int8_cpu_levels", "int8_cpu_openmp", "int8_cpu_vnni"):
-        getattr(lib, name).argtypes, getattr(lib, name).restype = [], int_
+    lib.int8_cpu_vnni.argtypes, lib.int8_cpu_vnni.restype = [], int_
     lib.int8_linear_nibbles.argtypes = [ptr, i64, i64, int_, ptr, ptr, int_, ptr, ptr, ptr, ptr, ctypes.c_float, int_,
                                         int_, ptr]
     lib.int8_linear_codes.argtypes = [ptr, i64, i64, int_, ptr, ptr, ptr, ptr, ptr, int_, int_, ptr]
     lib.int8_linear_nibbles.restype = lib.int8_linear_codes.restype = int_
-    mask = lib.int8_cpu_levels()
-    lib.levels = tuple(name for bit, name in enumerate(LEVELS) if mask >> bit & 1)
-    lib.openmp = bool(lib.int8_cpu_openmp())
+    declare_levels(lib, "int8_cpu")
     return lib
 
 

@@ -166,9 +166,11 @@ int int8_decoder_step(const struct model *m, const float *embedded, int64_t posi
     float *qkv_out[3] = {b.q, b.k, b.v}, *o_out[1] = {b.o}, *gate_up_out[2] = {b.gate, b.up}, *down_out[1] = {b.o};
     float *head_out[1] = {out};
     struct linear_args a; /* the projection now being computed: set by one thread, read by all after a barrier */
-    int parts = threads < 1 ? 1 : threads;
 #ifdef _OPENMP
+    int parts = threads < 1 ? 1 : threads;
 #pragma omp parallel num_threads(parts) if (parts > 1)
+#else
+    (void)threads;
 #endif
     {
 #ifdef _OPENMP
@@ -226,10 +228,4 @@ int int8_decoder_step(const struct model *m, const float *embedded, int64_t posi
     return 0;
 }
 
-int int8_decoder_openmp(void) {
-#ifdef _OPENMP
-    return 1;
-#else
-    return 0;
-#endif
-}
+int int8_decoder_openmp(void) { return built_with_openmp(); }

@@ -25,28 +25,11 @@
  */
 #include "int8_dot.h"
 
-int int8_cpu_levels(void) {
-    int levels = 1 << LEVEL_C;
-#ifdef I8_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-        levels |= 1 << LEVEL_AVX2;
-    if ((levels >> LEVEL_AVX2 & 1) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl"))
-        levels |= 1 << LEVEL_AVX512;
-#endif
-    return levels;
-}
+int int8_cpu_levels(void) { return cpu_levels(); }
 
 int int8_cpu_vnni(void) { return cpu_vnni(); }
 
-int int8_cpu_openmp(void) {
-#ifdef _OPENMP
-    return 1;
-#else
-    return 0;
-#endif
-}
+int int8_cpu_openmp(void) { return built_with_openmp(); }
 
 static void run(struct linear_args *a, const float *x, int threads, void *scratch) {
     int64_t mk = a->m * a->k, rows = total_rows(a);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../../numerics/native/cpu_levels.h"
 #include "../../numerics/native/float_bits.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -16,7 +17,6 @@
 #define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 #endif
 
-enum { LEVEL_C = 0, LEVEL_AVX2 = 1, LEVEL_AVX512 = 2 };
 enum { BLOCK = 32, NIBBLE_BYTES = 16, CHAINS = 4, PREFETCH = 4096 };
 
 /* Whether the CPU has AVX-512 VNNI on 256-bit vectors. */

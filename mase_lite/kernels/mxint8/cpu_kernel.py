@@ -39,9 +39,9 @@ import torch
 from torch import Tensor
 
 from mase_lite.numerics.native import library, threads
-from mase_lite.numerics.native.launch import chosen_level, plain_cpu, run_split, scratch
+from mase_lite.numerics.native.launch import VECTOR_LEVELS, chosen_level, declare_levels, plain_cpu, run_split, scratch
 
-LEVELS = ("c", "avx2", "avx512")
+LEVELS = VECTOR_LEVELS
 LEVEL_ENV = "MASE_LITE_MXINT8_CPU"
 FUSED_MAX_ROWS = 32
 """Input rows up to which the fused kernel runs; above, dequantized panels go to torch's GEMM."""
@@ -70,17 +70,13 @@ def _declared(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
     if lib is None:
         return None
     i64, ptr, int_ = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.mxint8_cpu_levels.argtypes, lib.mxint8_cpu_levels.restype = [], int_
-    lib.mxint8_cpu_openmp.argtypes, lib.mxint8_cpu_openmp.restype = [], int_
     lib.mxint8_linear_rows.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, i64, i64, int_, int_]
     lib.mxint8_dequantize_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, int_, int_, int_]
     lib.mxint8_quantize_rows.argtypes = [ptr, i64, i64, i64, ptr, ptr]
     lib.mxint8_gemm.argtypes, lib.mxint8_gemm.restype = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, int_], int_
     lib.mxint8_gemm_buffer.argtypes, lib.mxint8_gemm_buffer.restype = [i64, i64], i64
     lib.mxint8_linear_rows.restype = lib.mxint8_dequantize_rows.restype = lib.mxint8_quantize_rows.restype = None
-    mask = lib.mxint8_cpu_levels()
-    lib.levels = tuple(name for bit, name in enumerate(LEVELS) if mask >> bit & 1)  # asked once: hot path
-    lib.openmp = bool(lib.mxint8_cpu_openmp())
+    declare_levels(lib, "mxint8_cpu")
     return lib
 
 

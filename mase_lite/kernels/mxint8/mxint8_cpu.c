@@ -13,6 +13,7 @@
  * of operations whatever range of rows a call covers, so splitting rows over threads changes no bit.
  * Compiled without -ffast-math and with C11 (no contraction of a * b + c into an FMA in plain C).
  */
+#include "../../numerics/native/cpu_levels.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -26,7 +27,6 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-enum { LEVEL_C = 0, LEVEL_AVX2 = 1, LEVEL_AVX512 = 2 };
 /* Bytes ahead in each row of W that the regular kernel asks the cache for: weights come from memory
  * faster than the hardware prefetcher alone fetches rows of a few KiB (a 0.85 B Llama's one-token forward). */
 enum { PREFETCH_AHEAD = 512 };
@@ -40,17 +40,7 @@ __attribute__((constructor)) static void fill_steps(void) {
 }
 
 /* Bit i set where level i runs on this CPU (the OS saving the vector registers included). */
-int mxint8_cpu_levels(void) {
-    int levels = 1 << LEVEL_C;
-#ifdef MX_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) levels |= 1 << LEVEL_AVX2;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl"))
-        levels |= 1 << LEVEL_AVX512;
-#endif
-    return levels;
-}
+int mxint8_cpu_levels(void) { return cpu_levels(); }
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -535,13 +525,7 @@ void mxint8_quantize_rows(const float *w, int64_t k, int64_t bs, int64_t rows, i
 /* Whether this build runs its threads on OpenMP (built with -fopenmp). The library then shares the
  * OpenMP runtime torch has loaded (same soname), so its threads are torch's own team: no second
  * set of threads competes for the cores with torch's spinning ones. */
-int mxint8_cpu_openmp(void) {
-#ifdef _OPENMP
-    return 1;
-#else
-    return 0;
-#endif
-}
+int mxint8_cpu_openmp(void) { return built_with_openmp(); }
 
 typedef void (*rows_fn)(const void *args, int part, int64_t first, int64_t last);
 

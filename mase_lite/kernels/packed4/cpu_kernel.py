@@ -25,9 +25,9 @@ import torch
 from torch import Tensor
 
 from mase_lite.numerics.native import library, threads
-from mase_lite.numerics.native.launch import chosen_level, plain_cpu
+from mase_lite.numerics.native.launch import VECTOR_LEVELS, chosen_level, declare_levels, plain_cpu
 
-LEVELS = ("c", "avx2", "avx512")
+LEVELS = VECTOR_LEVELS
 LEVEL_ENV = "MASE_LITE_PACKED4_CPU"
 FUSED_MAX_ROWS = 32
 PANEL_BYTES = 8 << 20
@@ -41,14 +41,10 @@ def _library() -> ctypes.CDLL | None:
     if lib is None:
         return None
     i64, ptr, int_ = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.packed4_cpu_levels.argtypes, lib.packed4_cpu_levels.restype = [], int_
-    lib.packed4_cpu_openmp.argtypes, lib.packed4_cpu_openmp.restype = [], int_
     lib.packed4_linear.argtypes = [ptr, i64, i64, ptr, ptr, int_, ptr, ptr, ptr, i64, i64, i64, int_, int_, ptr]
     lib.packed4_dequantize.argtypes = [ptr, ptr, int_, ptr, i64, i64, ptr, int_, int_]
     lib.packed4_linear.restype = lib.packed4_dequantize.restype = None
-    mask = lib.packed4_cpu_levels()
-    lib.levels = tuple(name for bit, name in enumerate(LEVELS) if mask >> bit & 1)
-    lib.openmp = bool(lib.packed4_cpu_openmp())
+    declare_levels(lib, "packed4_cpu")
     return lib
 
 

@@ -16,6 +16,7 @@
  * looked up by two permutes and a blend), AVX-512 (16 lanes; the table is one register, one permute per 16
  * weights). Compiled without -ffast-math and with C11 (no contraction of a * b + c into an FMA in plain C).
  */
+#include "../../numerics/native/cpu_levels.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -31,33 +32,15 @@
     ((half) ? _cvtsh_ss(((const uint16_t *)(scales))[i]) : ((const float *)(scales))[i])
 #endif
 
-enum { LEVEL_C = 0, LEVEL_AVX2 = 1, LEVEL_AVX512 = 2 };
 enum { BLOCK = 32, BLOCK_BYTES = 16 };
 enum { X_ROWS = 4 }; /* rows of x computed together: each decoded block of W is used for up to 4 rows */
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* Bit i set where level i runs on this CPU (the OS saving the vector registers included). */
-int packed4_cpu_levels(void) {
-    int levels = 1 << LEVEL_C;
-#ifdef P4_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-        levels |= 1 << LEVEL_AVX2;
-    if ((levels >> LEVEL_AVX2 & 1) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl"))
-        levels |= 1 << LEVEL_AVX512;
-#endif
-    return levels;
-}
+int packed4_cpu_levels(void) { return cpu_levels(); }
 
-int packed4_cpu_openmp(void) {
-#ifdef _OPENMP
-    return 1;
-#else
-    return 0;
-#endif
-}
+int packed4_cpu_openmp(void) { return built_with_openmp(); }
 
 /* ---------------------------------------------------------------- plain C */
 

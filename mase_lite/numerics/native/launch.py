@@ -48,6 +48,21 @@ def plain_cpu(x: Tensor) -> bool:
             and not torch._C._len_torch_function_stack() and not torch._C._len_torch_dispatch_stack())
 
 
+VECTOR_LEVELS = ("c", "avx2", "avx512")
+"""The packed-weight kernels' levels, lowest first (``cpu_levels.h``)."""
+
+
+def declare_levels(lib: ctypes.CDLL, prefix: str) -> None:
+    """What a packed-weight kernel's library runs here, asked once (a hot path reads them): ``lib.levels``, the names
+    of its vector levels on this CPU lowest first (``<prefix>_levels()``), and ``lib.openmp``, whether it runs its
+    threads on OpenMP (``<prefix>_openmp()``)."""
+    levels, openmp = getattr(lib, f"{prefix}_levels"), getattr(lib, f"{prefix}_openmp")
+    levels.argtypes, levels.restype, openmp.argtypes, openmp.restype = [], ctypes.c_int, [], ctypes.c_int
+    mask = levels()
+    lib.levels = tuple(name for bit, name in enumerate(VECTOR_LEVELS) if mask >> bit & 1)
+    lib.openmp = bool(openmp())
+
+
 def chosen_level(env: str, levels: tuple[str, ...], available: tuple[str, ...]) -> str | None:
     """The vector level a kernel's calls take now: the environment variable ``env`` if set (one of ``levels``, or
     ``torch`` for the reference: None), else the best ``available`` one (None where none is)."""
