@@ -11,7 +11,6 @@
  * and with C11 (no contraction). Builds without OpenMP too (one thread).
  */
 #include "int8_dot.h"
-#include <stdlib.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif

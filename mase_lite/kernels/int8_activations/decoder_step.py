@@ -64,12 +64,12 @@ class DecoderStep:
     its keys and values written into the cache at its position. Holds the tensors it points to: the weights as they
     were when it was made."""
 
-    def __init__(self, model: _Model, layers: ctypes.Array, tensors: list[Tensor], head: bool, vocab: int) -> None:
+    def __init__(self, model: _Model, layers: ctypes.Array, tensors: list[Tensor], head: bool, out: int) -> None:
         self._model, self._layers, self._tensors = model, layers, tensors
-        self.head, self._out = head, vocab if head else model.hidden
+        self.head, self._out = head, out  # out: the size of what a call returns
         lib = _library()
         self._scratch = torch.empty(lib.int8_decoder_scratch(ctypes.byref(model)), dtype=torch.uint8)
-        self._key = ("int8_decoder", model.layers, model.hidden, model.inter, vocab)
+        self._key = ("int8_decoder", model.layers, model.hidden, model.inter, out)
 
     @classmethod
     def of(cls, model: nn.Module, keys: Tensor, values: Tensor, cos: Tensor, sin: Tensor,
@@ -113,8 +113,8 @@ class DecoderStep:
         described = _Model(**sizes, scaling=scaling, cos=cos.data_ptr(), sin=sin.data_ptr(), layer=layers,
                            norm=body.norm.weight.data_ptr(), eps=body.norm.variance_epsilon,
                            head=head if head is not None else _Group(), level=0)
-        vocab = model.lm_head.out_features if head is not None else hidden
-        return cls(described, layers, tensors, head is not None, vocab)
+        out = model.lm_head.out_features if head is not None else hidden
+        return cls(described, layers, tensors, head is not None, out)
 
     def __call__(self, embedded: Tensor, position: int) -> Tensor | None:
         """``[vocab]`` logits (``[hidden]`` normed state where :attr:`head` is False) of the token whose embedding is
