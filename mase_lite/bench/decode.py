@@ -1,7 +1,8 @@
 """Decoding on the CPU: a Llama from a config (random weights, the same in every column) generating greedily with
-the tool's decoder (:mod:`mase_lite.nn.decoder`, its key/value cache) after a prompt, float32 against every Linear packed (``lm_head`` included): MXINT8 and the
-4-bit kernels (Q4_0-style integers, MXFP4), and MXINT8 and Q4_0 with int8 activations (``int8-act``). Where ``llama-cpp-python`` is installed, llama.cpp decodes the same
-weights exported to GGUF (:mod:`mase_lite.deploy.gguf`: MXINT8 as Q8_0, 4-bit groups of 32 as Q4_0, every
+the tool's decoder (:mod:`mase_lite.nn.decoder`, its key/value cache) after a prompt, float32 against every Linear
+packed (``lm_head`` included): MXINT8 and the 4-bit kernels (Q4_0-style integers, MXFP4), and MXINT8 and Q4_0 with
+int8 activations (``int8-act``). Where ``llama-cpp-python`` is installed, llama.cpp decodes the same weights exported
+to GGUF (:mod:`mase_lite.deploy.gguf`: MXINT8 as Q8_0, 4-bit groups of 32 as Q4_0, every
 Linear quantized) beside them, and the packed MXINT8 model in transformers' own ``generate``. A column's decode time
 per token is the time from its first generated token to its last over the N - 1 tokens between (the prompt's prefill
 is not in it), the median of ``rounds`` runs, the columns timed in turn each round so drifting load hits them alike;
@@ -164,8 +165,9 @@ def bench_decode(config: dict, threads: list[int], prompt_tokens: int, new_token
              "llama.cpp is not timed here (llama-cpp-python is not installed: it builds from source, in its own "
              "environment)")
     notes = [f"LlamaForCausalLM({config}), greedy decoding with the key/value cache after {prompt_tokens} prompt "
-             f"tokens, {new_tokens} tokens (ms per token from the first to the last), median of {rounds} rounds, by the tool's decoder (mase_lite.nn.decoder, "
-             f"what the generate step runs; the same packed model in transformers' generate beside it); int8-act: "
+             f"tokens, {new_tokens} tokens (ms per token from the first to the last), median of {rounds} rounds, by "
+             f"the tool's decoder (mase_lite.nn.decoder, what the generate step runs; the same packed model in "
+             f"transformers' generate beside it); int8-act: "
              f"the packed Linears with int8 activations (llama.cpp's way: the input quantized per block of 32, integer "
              f"dot products); {llama}."]
     return Section("decode", "CPU: decoding with the KV cache, float32 vs packed MXINT8 and 4-bit", list(rows[0]), rows,

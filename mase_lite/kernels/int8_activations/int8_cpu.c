@@ -1,8 +1,8 @@
 /* Linear layers with int8 activations on the CPU (llama.cpp's way of multiplying its Q4_0 and Q8_0 weights):
  * y = x . W^T + b with x quantized per block of 32 and W one of
  *
- *   - nibbles: two 4-bit codes a byte (the even element in the low nibble), a float32 or float16 scale per block of 32 and
- *     the 16 integers a code stands for (itable, the caller's table divided by a power of two it folds back in);
+ *   - nibbles: two 4-bit codes a byte (the even element in the low nibble), a float32 or float16 scale per block of
+ *     32 and the 16 integers a code stands for (itable, the caller's table divided by a power of two it folds back in);
  *   - codes: MXINT8, int8 codes in -127..127 with an E8M0 scale (a uint8 exponent) per block of 32.
  *
  * x's block: scale amax / 127, codes round-half-even(x * (127 / amax)) in -127..127 (a block holding an infinity
