@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from pathlib import Path
 
 REASON = "torch's default"
 """What chose the thread count: ``--threads``, an environment variable, the load, or torch's default."""
@@ -33,18 +32,35 @@ def spare_cores(cores: int, others: int) -> int:
     return max(1, min(cores, cores - others))
 
 
+def running_elsewhere(proc: str = "/proc") -> int | None:
+    """Threads running now outside this process: Linux's count of runnable tasks (``/proc/loadavg``) less this
+    process's own (its threads in state R, the caller at least); None where the system does not say."""
+    try:
+        with open(f"{proc}/loadavg") as f:
+            runnable = int(f.read().split()[3].split("/")[0])
+        own = 0
+        for task in os.listdir(f"{proc}/self/task"):
+            try:
+                with open(f"{proc}/self/task/{task}/stat") as f:
+                    stat = f.read()
+            except OSError:  # the thread ended
+                continue
+            own += stat[stat.rindex(")") + 2] == "R"
+    except (OSError, IndexError, ValueError):
+        return None
+    return max(0, runnable - max(own, 1))
+
+
 def running_others(looks: int = 5, interval: float = 0.01) -> int | None:
-    """Processes running now besides this one (``/proc/loadavg``'s runnable count, the median of ``looks``);
-    None where the system does not say."""
-    path = Path("/proc/loadavg")
+    """Threads running now outside this process, the median of ``looks``; None where the system does not say."""
     counts = []
     for _ in range(looks):
-        try:
-            counts.append(int(path.read_text().split()[3].split("/")[0]) - 1)
-        except (OSError, IndexError, ValueError):
+        count = running_elsewhere()
+        if count is None:
             return None
+        counts.append(count)
         time.sleep(interval)
-    return max(0, round(statistics.median(counts)))
+    return round(statistics.median(counts))
 
 
 def choose_threads(requested: int | None, source: str) -> int | None:

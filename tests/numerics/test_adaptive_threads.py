@@ -1,19 +1,23 @@
-"""The thread count of a native kernel call is chosen by timing: the first PROBE_CALLS calls of a kind run on the
-most threads and then on one, later calls on the count with the lower mean, re-probed every PROBE_EVERY
-calls; results never depend on it."""
+"""The thread count of a native kernel call: no more than the cores the threads running elsewhere leave, then chosen
+by timing: the first PROBE_CALLS calls of a kind run on the most threads and then on one, later calls on the count
+with the lower mean, re-probed every PROBE_EVERY calls; results never depend on it."""
 
 import time
 
 import pytest
 import torch
 
+from mase_lite import cores
 from mase_lite.kernels.mxint8 import cpu_kernel, quantize
 from mase_lite.numerics.native import threads
 
 
 @pytest.fixture
 def adaptive(monkeypatch):
+    """The timing choice on a machine of many cores with nothing running elsewhere, whatever runs beside the test."""
     monkeypatch.setattr(threads, "ADAPTIVE", True)
+    monkeypatch.setattr(cores, "running_elsewhere", lambda: 0)
+    monkeypatch.setattr(cores, "usable_cores", lambda: 64)
     threads.forget()
     yield
     threads.forget()
@@ -44,6 +48,62 @@ def test_the_faster_count_wins_and_is_probed_again(adaptive, monkeypatch):
 
 def test_one_thread_most_means_one(adaptive):
     assert threads.begin(("doc",), 1) == (1, None)
+
+
+def test_no_more_threads_than_the_cores_the_threads_running_elsewhere_leave(adaptive, monkeypatch):
+    now, elsewhere, looks = [0.0], [2], []
+
+    def look():
+        looks.append(now[0])
+        return elsewhere[0]
+
+    monkeypatch.setattr(threads.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(cores, "running_elsewhere", look)
+    monkeypatch.setattr(cores, "usable_cores", lambda: 2)
+    assert threads.begin(("doc",), 2) == (1, None)  # two cores, two threads busy elsewhere: one thread, not timed
+    now[0] = threads.LOOK_EVERY / 2
+    assert threads.begin(("doc",), 2) == (1, None) and looks == [0.0]  # no look before LOOK_EVERY
+    elsewhere[0] = 0  # the load is gone: the median of the looks follows within a few
+    counts = []
+    for step in (1, 2, 3):
+        now[0] = step * threads.LOOK_EVERY
+        count, probe = threads.begin(("doc",), 2)
+        threads.end(probe)
+        counts.append((count, probe is not None))
+    assert counts == [(1, False), (2, True), (2, True)]  # looks 2,0 (median 1); 2,0,0; 2,0,0,0: probing two again
+    assert looks == [0.0] + [step * threads.LOOK_EVERY for step in (1, 2, 3)]
+    assert threads.begin(("wide",), 4)[0] == 2  # torch's four threads, the two cores: a probe on two
+
+
+def test_a_slow_look_waits_a_hundred_times_as_long_for_the_next(adaptive, monkeypatch):
+    now, looks = [0.0], []
+
+    def look():  # reading many threads' files: 20 ms
+        looks.append(now[0])
+        now[0] += 0.02
+        return 0
+
+    monkeypatch.setattr(threads.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(cores, "running_elsewhere", look)
+    threads.begin(("doc",), 2)
+    now[0] = 1.9
+    threads.begin(("doc",), 2)
+    now[0] = 2.0
+    threads.begin(("doc",), 2)
+    assert looks == [0.0, 2.0]
+
+
+def test_the_threads_running_elsewhere_are_the_runnable_less_this_processs_own(tmp_path):
+    (tmp_path / "loadavg").write_text("1.50 1.20 0.90 5/312 4242\n")
+    tasks = tmp_path / "self" / "task"
+    for tid, name, state in [(10, "python", "R"), (11, "a (thread) R", "S"), (12, "omp", "R")]:
+        (tasks / str(tid)).mkdir(parents=True)
+        (tasks / str(tid) / "stat").write_text(f"{tid} ({name}) {state} 1 10 10 0 -1\n")
+    assert cores.running_elsewhere(str(tmp_path)) == 3  # 5 runnable, 2 of them this process's
+    (tmp_path / "loadavg").write_text("garbled\n")
+    assert cores.running_elsewhere(str(tmp_path)) is None
+    assert cores.running_elsewhere(str(tmp_path / "absent")) is None
+    assert 0 <= cores.running_elsewhere() < 100_000  # this machine's
 
 
 def test_the_kernel_gives_the_same_bits_whatever_count_it_chose(adaptive, monkeypatch):

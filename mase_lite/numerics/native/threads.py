@@ -1,10 +1,14 @@
-"""How many threads a native kernel call runs on: chosen by timing, per kind of call.
+"""How many threads a native kernel call runs on: no more than the cores other processes leave, then chosen by timing,
+per kind of call.
 
 ``torch.get_num_threads()`` is the most a call uses. On a busy machine, a thread that waits at a join for one the
 scheduler preempted makes more threads slower than one (measured: a 4096 x 4096 MXINT8 layer at batch 1 took 2.9x
-longer on two threads than on one beside two busy processes on two cores, and 2x faster on a quiet machine). So
-each kind of call (its ``key``: the kernel and the sizes that set its cost) is timed on the most threads, then on one,
-on its first :data:`PROBE_CALLS` calls and again on that many in every :data:`PROBE_EVERY`, and runs on
+longer on two threads than on one beside two busy processes on two cores, and 2x faster on a quiet machine). So a
+call first takes no more threads than the cores this process may use less the threads running elsewhere
+(:func:`mase_lite.cores.running_elsewhere`, looked at every :data:`LOOK_EVERY` seconds, the median of the latest
+:data:`LOOKS`): what the CLI chooses at its start, kept up to date as the load changes. Where that leaves more than
+one, each kind of call (its ``key``: the kernel and the sizes that set its cost) is timed on the most threads, then on
+one, on its first :data:`PROBE_CALLS` calls and again on that many in every :data:`PROBE_EVERY`, and runs on
 whichever count's mean time over its latest probe was lower (one timing alone is the scheduler's noise on a busy
 machine). The kernels split rows, never a sum, so the count changes no result.
 ``MASE_LITE_ADAPTIVE_THREADS=0`` (or :data:`ADAPTIVE` set false) runs every call on the most.
@@ -16,7 +20,9 @@ machine). The kernels split rows, never a sum, so the count changes no result.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import math
 import os
 import statistics
 import threading
@@ -26,6 +32,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mase_lite import cores
+
+LOOK_EVERY = 0.1
+"""Seconds between looks at the threads running elsewhere (at least)."""
+LOOKS = 5
+"""Looks whose median sets the cores a call may use."""
 PROBE_EVERY = 128
 """Calls from the start of one probe of a kind of call to the start of the next."""
 PROBE_CALLS = 6
@@ -61,6 +73,24 @@ class Probe:
 
 _kinds: dict[tuple, _Kind] = {}
 _lock = threading.Lock()
+_looks: collections.deque[int] = collections.deque(maxlen=LOOKS)
+_next_look = -math.inf  # time.monotonic() from which a call looks again
+
+
+def _spare(most: int) -> int:
+    """``most``, or fewer: the cores this process may use less the threads running elsewhere (held: _lock). A look
+    reads a file per thread of this process; the next waits :data:`LOOK_EVERY` seconds, or 100 times as long as
+    this one took where that is longer (at most 1 % of the time, however many threads)."""
+    global _next_look
+    started = time.monotonic()
+    if started >= _next_look:
+        count = cores.running_elsewhere()
+        if count is not None:
+            _looks.append(count)
+        _next_look = started + max(LOOK_EVERY, 100 * (time.monotonic() - started))
+    if not _looks:
+        return most
+    return min(most, cores.spare_cores(cores.usable_cores(), round(statistics.median(_looks))))
 
 
 def begin(key: tuple, most: int) -> tuple[int, Probe | None]:
@@ -68,6 +98,9 @@ def begin(key: tuple, most: int) -> tuple[int, Probe | None]:
     if most <= 1 or not ADAPTIVE:
         return max(most, 1), None
     with _lock:
+        most = _spare(most)
+        if most == 1:
+            return 1, None
         kind = _kinds.setdefault((*key, most), _Kind(most))
         phase = kind.calls % PROBE_EVERY
         kind.calls += 1
@@ -108,6 +141,9 @@ def torch_threads(count: int) -> Iterator[None]:
 
 
 def forget() -> None:
-    """Drop every timing (a test, or a machine whose load changed for good)."""
+    """Drop every timing and look (a test, or a machine whose load changed for good)."""
+    global _next_look
     with _lock:
         _kinds.clear()
+        _looks.clear()
+        _next_look = -math.inf
