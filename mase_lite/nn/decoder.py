@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from mase_lite.errors import UserError
 from mase_lite.kernels.int8_activations.decoder_step import DecoderStep
+from mase_lite.numerics.native.threads import spare_threads
 
 MODEL_TYPES = ("llama", "qwen2", "mistral")
 
@@ -136,12 +137,17 @@ class Decoder:
         self.length = 0
 
     def __call__(self, ids: Tensor) -> Tensor:
-        """Logits (``[vocab]``) after the ``[1, n]`` ids, appended to those given since the last reset."""
+        """Logits (``[vocab]``) after the ``[1, n]`` ids, appended to those given since the last reset; on no more
+        threads than the cores other processes leave (:func:`~mase_lite.numerics.native.threads.spare_threads`)."""
         n, start = ids.shape[-1], self.length
         if ids.dim() != 2 or ids.shape[0] != 1 or n < 1:
             raise UserError(f"Decoder takes token ids of shape [1, n], got {tuple(ids.shape)}")
         if start + n > self.max_length:
             raise UserError(f"Decoder: {start + n} positions exceed its max_length {self.max_length}")
+        with spare_threads():
+            return self._forward(ids, n, start)
+
+    def _forward(self, ids: Tensor, n: int, start: int) -> Tensor:
         stop = start + n
         cos, sin = self.cos[start:stop], self.sin[start:stop]
         mask = None

@@ -96,6 +96,29 @@ def test_a_hooked_layer_is_called_as_a_module():
     assert seen == [1]
 
 
+@pytest.mark.parametrize("elsewhere, during", [(2, 1), (0, 2)])
+def test_a_busy_machine_decodes_on_the_cores_other_processes_leave(monkeypatch, elsewhere, during):
+    """Two cores that two threads elsewhere keep busy: torch's ops of a token run on one thread (their joins made
+    two threads 2.9x slower than one for a float32 token there), and torch's count is restored after."""
+    from mase_lite import cores
+    from mase_lite.numerics.native import threads
+
+    monkeypatch.setattr(threads, "ADAPTIVE", True)
+    monkeypatch.setattr(cores, "running_elsewhere", lambda: elsewhere)
+    monkeypatch.setattr(cores, "usable_cores", lambda: 2)
+    threads.forget()
+    m, seen, count = model(), [], torch.get_num_threads()
+    m.model.layers[0].mlp.down_proj.register_forward_hook(lambda *args: seen.append(torch.get_num_threads()))
+    torch.set_num_threads(2)
+    try:
+        with torch.no_grad():
+            Decoder.of(m, 8)(torch.tensor([[1, 2]]))
+        assert seen == [during] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(count)
+        threads.forget()
+
+
 def test_other_models_are_left_to_their_own_forward():
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=1, n_head=2, n_positions=32))
     assert Decoder.of(gpt2, 8) is None

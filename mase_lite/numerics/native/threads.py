@@ -93,6 +93,15 @@ def _spare(most: int) -> int:
     return min(most, cores.spare_cores(cores.usable_cores(), round(statistics.median(_looks))))
 
 
+def available(most: int) -> int:
+    """The threads a call may take now: ``most``, or fewer where the threads running elsewhere take the cores
+    (``most`` itself where :data:`ADAPTIVE` is false)."""
+    if most <= 1 or not ADAPTIVE:
+        return max(most, 1)
+    with _lock:
+        return _spare(most)
+
+
 def begin(key: tuple, most: int) -> tuple[int, Probe | None]:
     """The threads this call runs on (at most ``most``), and the probe to :func:`end` when it is timed."""
     if most <= 1 or not ADAPTIVE:
@@ -138,6 +147,20 @@ def torch_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+@contextlib.contextmanager
+def spare_threads() -> Iterator[None]:
+    """Run torch's own ops on the threads :func:`available` leaves of torch's count, then restore (a loop of small ops,
+    e.g. a decoder's token: on a busy machine their joins make two threads slower than one, as the kernels').
+
+    >>> count = torch.get_num_threads()
+    >>> with spare_threads():
+    ...     1 <= torch.get_num_threads() <= count
+    True
+    """
+    with torch_threads(available(torch.get_num_threads())):
+        yield
 
 
 def forget() -> None:
