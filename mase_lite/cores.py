@@ -5,8 +5,9 @@ torch's default is one thread per core. On a machine other work keeps busy, thre
 oversubscribed cores make a run several times slower than one thread (``mase-lite run pipelines/tasks/llm.json``
 beside two busy processes on two cores: 450 s on two threads, 156 s on one; benchmarks/RESULTS.md). So, unless
 ``--threads``, ``MASE_LITE_THREADS`` or ``OMP_NUM_THREADS`` says otherwise, a command starts on the cores it may use
-less the processes running besides itself (Linux's count of runnable tasks, the median of a few looks), at least
-one. :data:`REASON` says which rule chose; a run's report records it.
+less the threads other processes are running (Linux's count of runnable tasks less this process's own, the median
+of a few looks), at least one; the native kernels keep to the same count as the load changes
+(:mod:`mase_lite.numerics.native.threads`). :data:`REASON` says which rule chose; a run's report records it.
 
 >>> spare_cores(cores=2, others=2), spare_cores(cores=8, others=1), spare_cores(cores=2, others=0)
 (1, 7, 2)
