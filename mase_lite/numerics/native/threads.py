@@ -74,6 +74,7 @@ class Probe:
 _kinds: dict[tuple, _Kind] = {}
 _lock = threading.Lock()
 _looks: collections.deque[int] = collections.deque(maxlen=LOOKS)
+_cap: int | None = None  # the cores the latest looks leave (None before one): set at a look, read by every call
 _next_look = -math.inf  # time.monotonic() from which a call looks again
 
 
@@ -81,16 +82,15 @@ def _spare(most: int) -> int:
     """``most``, or fewer: the cores this process may use less the threads running elsewhere (held: _lock). A look
     reads a file per thread of this process; the next waits :data:`LOOK_EVERY` seconds, or 100 times as long as
     this one took where that is longer (at most 1 % of the time, however many threads)."""
-    global _next_look
+    global _cap, _next_look
     started = time.monotonic()
     if started >= _next_look:
         count = cores.running_elsewhere()
         if count is not None:
             _looks.append(count)
+            _cap = cores.spare_cores(cores.usable_cores(), round(statistics.median(_looks)))
         _next_look = started + max(LOOK_EVERY, 100 * (time.monotonic() - started))
-    if not _looks:
-        return most
-    return min(most, cores.spare_cores(cores.usable_cores(), round(statistics.median(_looks))))
+    return most if _cap is None else min(most, _cap)
 
 
 def available(most: int) -> int:
@@ -165,8 +165,8 @@ def spare_threads() -> Iterator[None]:
 
 def forget() -> None:
     """Drop every timing and look (a test, or a machine whose load changed for good)."""
-    global _next_look
+    global _cap, _next_look
     with _lock:
         _kinds.clear()
         _looks.clear()
-        _next_look = -math.inf
+        _cap, _next_look = None, -math.inf
