@@ -3,6 +3,11 @@
     import mase_lite.deploy.pt2 as pt2          # registers mase_lite's operators, nothing else runs
     model = pt2.load("model.pt2")               # a torch.nn.Module: model(input_ids) -> logits, ...
 
+A ``.pt2`` is data, like a checkpoint: :func:`load` reads it with nothing unpickled, evaluated or run. Before torch
+sees the archive, :mod:`.pt2_check` refuses one holding pickled objects, guard code, operators outside aten, prims
+and mase_lite, or symbolic shapes that are more than expressions (torch's own loader would run each), naming the
+member; ``trust_code=True`` (or ``--trust-code``) loads an archive from elsewhere as ``torch.export.load`` does.
+
 Quantized weights are the program's constants, as their quantized values; packed MXINT8 layers keep their int8
 codes and call ``mase_lite::mxint8_linear``; quantized activations call ``mase_lite::fake_quantize`` with their
 format. The program takes the model's inputs in order (batch and sequence dimensions free) and returns its
@@ -15,16 +20,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import io
+import json
+import zipfile
+
 import torch
 
 import mase_lite.kernels.mxint8.ops  # noqa: F401  (registers mase_lite::mxint8_linear for loading)
 import mase_lite.nn.quant_op  # noqa: F401  (registers mase_lite::fake_quantize for loading)
 from mase_lite.deploy.layers import ExportError
+from mase_lite.deploy.pt2_check import check_archive
 from mase_lite.deploy.tracing import Outputs, dynamic, evaluating, example_inputs, quantized_values
 from mase_lite.errors import UserError
-from mase_lite.files import follow_umask, staged_file
+from mase_lite.files import follow_umask, head_of, read_regular, staged_file
+from mase_lite.trust import trusted
 
 TARGET = "pt2"
+MARKER = "mase_lite.json"  # an extra file naming the writer: what tells a previous export at a path
 
 
 def write(mg, path: str | Path, tokenizer: Any = None) -> dict[str, Any]:
@@ -40,17 +52,36 @@ def write(mg, path: str | Path, tokenizer: Any = None) -> dict[str, Any]:
         except Exception as err:  # torch.export's refusal of this model, in one line
             raise ExportError(f"{TARGET}: torch.export cannot trace this model: {str(err).splitlines()[0]}") from None
     path = Path(path)
+    archive = io.BytesIO()  # torch's archive writer aborts the process on a full disk; Python's write raises
+    torch.export.save(program, archive, extra_files={MARKER: json.dumps({"format": TARGET, "writer": "mase_lite"})})
     with staged_file(path) as tmp:
-        with open(tmp, "wb") as file:  # a file object: torch.export names no staging file
-            torch.export.save(program, file)
+        tmp.write_bytes(archive.getbuffer())
         follow_umask(tmp)
     return {"format": TARGET, "path": str(path), "bytes": path.stat().st_size, "inputs": list(inputs),
             "outputs": outputs}
 
 
-def load(path: str | Path) -> torch.nn.Module:
-    """The program written by :func:`write`, as a module."""
+def is_export(path: Path) -> bool:
+    """Whether ``path`` is a program :func:`write` wrote (its archive holds the writer's marker)."""
+    if head_of(path, 4) != b"PK\x03\x04":
+        return False
     try:
-        return torch.export.load(str(path)).module()
-    except (OSError, RuntimeError, ValueError, KeyError) as err:
-        raise UserError(f"{path} is not a readable torch.export program: {str(err).splitlines()[0]}") from None
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith(f"/extra/{MARKER}") for name in archive.namelist())
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return False
+
+
+def load(path: str | Path, trust_code: bool = False) -> torch.nn.Module:
+    """The program written by :func:`write`, as a module; an archive that holds more than data is refused naming
+    the member, unless ``trust_code`` (or ``--trust-code``)."""
+    data = read_regular(path, "a torch.export program")
+    trust = trust_code or trusted()
+    if not trust:
+        check_archive(data, str(path))
+    try:
+        program = torch.export.load(io.BytesIO(data))
+        return program.module() if trust else program.module(check_guards=False)
+    except Exception as err:  # torch's loader raises many kinds (AssertionError, SpecViolationError, ...) for damage
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+        raise UserError(f"{path} is not a readable torch.export program: {type(err).__name__}: {first}") from None
