@@ -4,6 +4,7 @@ in mase_lite imports ``optuna.*._*`` or reads an underscored attribute of an Opt
 from __future__ import annotations
 
 import time
+from datetime import datetime, timedelta
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
@@ -13,10 +14,10 @@ from optuna.storages.journal._storage import JournalOperation
 from optuna.trial import TrialState
 
 __all__ = ["BaseHeartbeat", "HEARTBEAT_CALLS", "HeartbeatJournalStorage", "UNSYNCED_OPERATIONS", "grid_id",
-           "grid_size", "storage_of", "trial_id"]
+           "grid_size", "stale_trial_ids", "storage_of", "trial_id", "use_stale_trial_ids"]
 
 # the calls a heartbeat storage gets besides BaseStorage's (an RDB storage retries them like the others)
-HEARTBEAT_CALLS = ("record_heartbeat", "_get_stale_trial_ids")
+HEARTBEAT_CALLS = ("record_heartbeat",)
 
 # journal records a running trial writes; they reach the disk with the next other record (a trial's end)
 UNSYNCED_OPERATIONS = frozenset({
@@ -45,6 +46,30 @@ def grid_id(study: optuna.Study, trial: optuna.Trial) -> int | None:
 def trial_id(trial: optuna.Trial) -> int:
     """The storage's id of a running trial."""
     return trial._trial_id
+
+
+def stale_trial_ids(storage: optuna.storages.RDBStorage, study_id: int) -> list[int]:
+    """The running trials of an RDB storage to fail: Optuna's stale ones (silent past the grace period) and those
+    that never beat and started more than the grace period ago, whose worker was killed between ``ask`` and the
+    first heartbeat (Optuna's check skips a trial without a heartbeat row, so it would run for ever)."""
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    stale = optuna.storages.RDBStorage._get_stale_trial_ids(storage, study_id)
+    grace = storage.grace_period or 2 * storage.heartbeat_interval  # Optuna's own default
+    cutoff = datetime.now() - timedelta(seconds=grace)  # datetime_start is the asking worker's clock
+    with _create_scoped_session(storage.scoped_session) as session:
+        running = (session.query(models.TrialModel)
+                   .filter(models.TrialModel.study_id == study_id, models.TrialModel.state == TrialState.RUNNING)
+                   .all())
+        silent = [t.trial_id for t in running if not t.heartbeats and t.datetime_start is not None
+                  and t.datetime_start < cutoff and t.trial_id not in stale]
+    return stale + silent
+
+
+def use_stale_trial_ids(cls: type) -> None:
+    """Make Optuna's stale-trial check of the RDB storage class ``cls`` call its ``stale_trial_ids``."""
+    cls._get_stale_trial_ids = lambda self, study_id: self.stale_trial_ids(study_id)
 
 
 class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):

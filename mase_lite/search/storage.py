@@ -29,7 +29,8 @@ from optuna.storages import BaseStorage, RDBStorage, RetryHeartbeatStaleTrialCal
 
 from mase_lite.errors import UserError
 from mase_lite.faults import ToolFault
-from mase_lite.search.internals import HEARTBEAT_CALLS, BaseHeartbeat, HeartbeatJournalStorage
+from mase_lite.search.internals import (HEARTBEAT_CALLS, BaseHeartbeat, HeartbeatJournalStorage, stale_trial_ids,
+                                       use_stale_trial_ids)
 from mase_lite.search.journal import open_journal
 
 logger = logging.getLogger(__name__)
@@ -89,6 +90,10 @@ class RetryingRDBStorage(RDBStorage):
             f"storage: {self.shown} is unreachable ({reason}); retried for {waited:.0f} s. Run the search "
             "again when it is back: finished trials are kept, the running one runs again"))
 
+    def stale_trial_ids(self, study_id: int) -> list[int]:
+        """Optuna's stale trials and those that never beat (:func:`~mase_lite.search.internals.stale_trial_ids`)."""
+        return self._retrying(stale_trial_ids, study_id)
+
 
 def _retried(name: str):
     method = getattr(RDBStorage, name)
@@ -102,6 +107,7 @@ def _retried(name: str):
 
 for _name in [n for n, v in vars(BaseStorage).items() if callable(v) and not n.startswith("_")] + list(HEARTBEAT_CALLS):
     setattr(RetryingRDBStorage, _name, _retried(_name))
+use_stale_trial_ids(RetryingRDBStorage)
 
 
 def open_storage(url: str | None, output_dir: Path, heartbeat_interval: int, grace_period: int | None = None,

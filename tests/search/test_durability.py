@@ -9,6 +9,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -183,7 +185,7 @@ DAMAGE = {
     "checksums garbage": lambda e: (e / "checksums.json").write_text("[]"),
     "a file too many": lambda e: (e / "extra").write_text("x"),
     "a fifo": lambda e: os.mkfifo(e / "graph" / "fifo"),
-    # planted: the checksums written again to match
+    # planted: the checksums written again to match, signed with this user's key
     "device meta": lambda e: _planted(e, lambda: _restate(e / "state.json", device="meta")),
     "device of no such machine": lambda e: _planted(e, lambda: _restate(e / "state.json", device="xla:3")),
     "a file others may write": lambda e: _planted(e, lambda: os.chmod(e / "graph" / "model.safetensors", 0o666)),
@@ -198,10 +200,12 @@ def _restate(path: Path, **fields) -> None:
 
 
 def _planted(entry: Path, change) -> None:
-    from mase_lite.search.cache import _checksums
+    """``change`` made by this user, the entry signed again with its key: caught by the checks after the signature."""
+    from mase_lite.search.cache import seal
+    from mase_lite.signing import user_key
 
     change()
-    (entry / "checksums.json").write_text(json.dumps(_checksums(entry)))
+    seal(entry, entry.name, user_key())
 
 
 def test_a_damaged_cache_entry_is_discarded_and_rebuilt(tmp_path):
@@ -220,6 +224,37 @@ def test_a_damaged_cache_entry_is_discarded_and_rebuilt(tmp_path):
     assert [s.get("cached", False) for s in result.report["steps"]] == [False]
     restored = PrefixCache(tmp_path / "cache", 1).restore(spec, PassContext(output_dir=tmp_path / "y"))
     assert restored is not None and restored[0] == 1
+
+
+def _rescaled(entry: Path, secret: bytes) -> None:
+    """The entry's weights doubled, its checksums written again and signed with ``secret``."""
+    from safetensors.torch import load_file, save_file
+
+    from mase_lite.search.cache import seal
+
+    weights = entry / "graph" / "model.safetensors"
+    save_file({k: v * 2 if v.is_floating_point() else v for k, v in load_file(str(weights)).items()}, str(weights))
+    seal(entry, entry.name, secret)
+
+
+def test_an_entry_signed_with_another_key_is_discarded_and_the_trial_reports_the_true_metrics(tmp_path, caplog):
+    from mase_lite.signing import user_key
+
+    true = run_pipeline(TINY_PIPELINE, tmp_path / "true", cache=PrefixCache(tmp_path / "cache", 1)).report["metrics"]
+    (entry,) = (tmp_path / "cache").iterdir()
+    good = tmp_path / "good"
+    shutil.copytree(entry, good)
+    _rescaled(entry, user_key())  # this user's own change: used, and it would change the metrics
+    own = run_pipeline(TINY_PIPELINE, tmp_path / "own", cache=PrefixCache(tmp_path / "cache", 1)).report
+    assert own["steps"][0]["cached"] and own["metrics"]["ptq"] != true["ptq"]
+    shutil.rmtree(entry)
+    shutil.copytree(good, entry)
+    _rescaled(entry, b"another user's key".ljust(32))
+    with caplog.at_level("WARNING", logger="mase_lite.search.cache"):
+        planted = run_pipeline(TINY_PIPELINE, tmp_path / "planted", cache=PrefixCache(tmp_path / "cache", 1)).report
+    assert "it is not signed with this user's key" in caplog.text
+    assert not planted["steps"][0].get("cached") and planted["metrics"] == true
+    assert PrefixCache(tmp_path / "cache", 1).restore(load_spec(TINY_PIPELINE), PassContext(output_dir=tmp_path / "x"))
 
 
 def test_a_damaged_entry_costs_a_search_nothing(tmp_path, tiny_search):
@@ -352,3 +387,32 @@ def test_opening_a_postgresql_that_stays_down_names_it_after_the_retry(postgres)
     assert message.startswith(f"storage: {postgres.url} is unreachable (") and message.endswith(
         "retried for 1 s (storage_retry)"), message
     assert "\n" not in message
+
+
+KILLED_AT_ASK = """
+import os, signal, sys
+import mase_lite.search.engine as engine
+from mase_lite.cli import main
+
+def killed(storage, trial_id):  # the worker dies right after study.ask(), before the trial's first heartbeat
+    os.kill(os.getpid(), signal.SIGKILL)
+
+engine.heartbeat = killed
+main(["search", sys.argv[1]])
+"""
+
+
+@pytest.mark.parametrize("storage", ["journal", "postgresql"])
+def test_a_worker_killed_between_ask_and_its_first_heartbeat_is_recovered(tmp_path, tiny_search, request, storage):
+    url = request.getfixturevalue("postgres").url if storage == "postgresql" else None
+    spec = write_spec(tmp_path, tiny_search(**({"storage": url} if url else {})))
+    killed = subprocess.run([sys.executable, "-c", KILLED_AT_ASK, str(spec)], capture_output=True, text=True,
+                            env={**os.environ, "TQDM_DISABLE": "1"}, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    study = optuna.load_study(study_name="search", storage=url or open_storage(None, tmp_path / "search", 1))
+    (asked,) = study.get_trials()
+    assert asked.state == TrialState.RUNNING  # asked, never beating: Optuna's own stale check skips it
+    assert main(["search", str(spec)]) == 0  # the next worker fails it after the grace period and runs its point again
+    trials = optuna.load_study(study_name="search", storage=url or open_storage(None, tmp_path / "search", 1)).get_trials()
+    complete = sorted(t.params[WIDTH] for t in trials if t.state == TrialState.COMPLETE)
+    assert complete == [4, 8] and [t.state for t in trials].count(TrialState.FAIL) == 1
