@@ -16,6 +16,7 @@ of a staged directory) puts it back at its place after a crash, and clears what 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -115,6 +116,8 @@ def staged_directory(target: str | Path) -> Iterator[Path]:
         os.replace(ready, target)
         if old is not None:
             _remove(old)
+    except Exception as err:
+        raise _as_written(err, staging, target) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -134,8 +137,32 @@ def staged_file(target: str | Path) -> Iterator[Path]:
     try:
         yield staging
         os.replace(staging, target)
+    except Exception as err:
+        raise _as_written(err, staging, target) from None
     finally:
         staging.unlink(missing_ok=True)
+
+
+def _as_written(err: BaseException, staging: Path, target: Path) -> BaseException:
+    """A failed write into ``staging`` as the user sees it: naming ``target`` (not the staging name), with its cause
+    where a library lost the errno (numpy's ``tofile`` on a full disk raises ``OSError(None)``: a full file system,
+    else an I/O error) or worded it its own way (safetensors' "os error 28")."""
+    from mase_lite.faults import as_fault
+
+    if not isinstance(err, OSError):
+        return as_fault(err, target) or err
+    name = str(err.filename) if err.filename is not None else str(staging)
+    if not name.startswith(str(staging)):
+        return err
+    name = str(target) + name[len(str(staging)):]
+    if err.errno is None:
+        try:
+            full = os.statvfs(target.parent).f_bavail == 0
+        except OSError:
+            full = False
+        code = errno.ENOSPC if full else errno.EIO
+        return OSError(code, os.strerror(code), name)
+    return type(err)(err.errno, err.strerror, name)
 
 
 def check_regular(directory: str | Path, what: str) -> None:
@@ -144,6 +171,47 @@ def check_regular(directory: str | Path, what: str) -> None:
     for path in Path(directory).rglob("*"):
         if not (path.is_file() or path.is_dir()):
             raise UserError(f"{path}: not a regular file; {what} holds only files and directories")
+
+
+def read_regular(path: str | Path, what: str, per_byte: float = 1.0) -> bytes:
+    """The bytes of the regular file ``path``; a FIFO, a device or a directory is refused (a ``UserError`` naming
+    ``path`` and ``what`` it should be) without blocking, and a file whose reader would take more than the memory
+    available (``per_byte`` bytes per byte of the file, at its peak) is not read.
+
+    >>> read_regular("/", "a model file")
+    Traceback (most recent call last):
+    ...
+    mase_lite.errors.UserError: /: not a regular file; a model file is one
+    """
+    from mase_lite.limits import check_fits
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without a writer, and is then refused
+    except OSError as err:
+        raise UserError(f"{path}: cannot read it ({err.strerror})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise UserError(f"{path}: not a regular file; {what} is one")
+    with os.fdopen(fd, "rb") as file:
+        check_fits(str(path), info.st_size * per_byte, f"reading {what} of {info.st_size} bytes")
+        try:
+            return file.read()
+        except OSError as err:
+            raise UserError(f"{path}: cannot read it ({err.strerror})") from None
+
+
+def head_of(path: str | Path, size: int) -> bytes | None:
+    """The first ``size`` bytes of ``path`` when it is a regular file (read without blocking on a FIFO), else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    with os.fdopen(fd, "rb") as file:
+        return file.read(size)
 
 
 def check_inside(path: str | Path, root: str | Path, field: str) -> None:
