@@ -17,6 +17,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # the workers share the cores: each g
 os.environ["MASE_LITE_THREADS"] = str(torch.get_num_threads())
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_state(tmp_path_factory):
+    """This user's state (the signing key of cache entries) in a directory of the session, never the home
+    directory's; the CLI run in a subprocess inherits it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _isolated_trust():
     """What one test named as trusted (a spec's factory, a --plugin, --trust-code) does not leak into the next."""

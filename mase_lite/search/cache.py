@@ -6,8 +6,10 @@ the run's data, the random generators of torch, python and numpy, and the steps'
 is kept in memory for this worker and written to ``<output_dir>/cache/<key>/`` for every worker that
 sees the directory: the graph as ``mg.save`` writes it (safetensors + JSON), the generators as
 safetensors + JSON. The key hashes the canonical JSON of everything the state depends on: model,
-data, seed, inputs, plug-ins and the first ``k`` steps. A trial restored from the cache reports
-exactly the metrics of a run without it; its restored steps say ``"cached": true`` in report.json.
+data, seed, inputs, plug-ins and the first ``k`` steps. An entry's files are listed with their checksums,
+signed with this user's key (:mod:`mase_lite.signing`): an entry another user wrote, or copied from someone
+else's search directory, is not trusted but discarded and computed again. A trial restored from the cache
+reports exactly the metrics of a run without it; its restored steps say ``"cached": true`` in report.json.
 Files the cached steps wrote (a drawing, a checkpoint) exist only in the trial that ran them.
 
 Example::
@@ -21,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import logging
@@ -42,6 +45,7 @@ from mase_lite.errors import UserError
 from mase_lite.files import follow_umask, private, temp_dir
 from mase_lite.passes.manager import BASE_FACTS, PassContext
 from mase_lite.passes.registry import PassError, get_pass
+from mase_lite.signing import sign, user_key, verify
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +164,27 @@ def _checksums(directory: Path) -> dict[str, str]:
     return sums
 
 
+def _signed(key: str, sums: dict[str, str]) -> bytes:
+    """What an entry's signature covers: its key and its files' checksums."""
+    return json.dumps([key, sums], sort_keys=True).encode()
+
+
+def seal(directory: Path, key: str, secret: bytes) -> None:
+    """Write the checksums of the entry ``key``'s files in ``directory``, signed with ``secret``."""
+    sums = _checksums(directory)
+    (directory / CHECKSUMS).write_text(json.dumps({"files": sums, "signature": sign(secret, _signed(key, sums))}))
+
+
+def check_seal(directory: Path, key: str, secret: bytes) -> None:
+    """Raise a ``ValueError`` unless ``directory``'s files are those whose checksums ``secret`` signed for ``key``."""
+    sealed = json.loads((directory / CHECKSUMS).read_bytes())
+    sums = _checksums(directory)
+    if not isinstance(sealed, dict) or sealed.get("files") != sums:
+        raise ValueError("its files do not match their checksums")
+    if not verify(secret, _signed(key, sums), sealed.get("signature")):
+        raise ValueError("it is not signed with this user's key: another user wrote it, or it was copied in")
+
+
 @dataclass
 class _State:
     """The state after a prefix, as this worker holds it (never handed out: trials get copies)."""
@@ -189,7 +214,8 @@ class PrefixCache:
 
     Several workers may share ``root``: a state is written to a staging directory and renamed into
     place; when two workers compute the same prefix at once, the first rename wins and the other
-    worker's copy is discarded. ``keep`` states stay in memory (trials get deep copies).
+    worker's copy is discarded. ``keep`` states stay in memory (trials get deep copies). Without a
+    signing key (:func:`mase_lite.signing.user_key`), states stay in memory only.
     """
 
     def __init__(self, root: str | Path, length: int, keep: int = 2):
@@ -198,6 +224,10 @@ class PrefixCache:
         self.keep = keep
         self._memory: OrderedDict[str, _State] = OrderedDict()
         self._data: dict[str, Any] = {}
+
+    @functools.cached_property
+    def _secret(self) -> bytes | None:
+        return user_key()
 
     def restore(self, spec, ctx: PassContext) -> tuple[int, Any, list[dict[str, Any]]] | None:
         """The state after the prefix (a copy), with ``ctx.data`` and the generators set; ``None`` on a miss."""
@@ -225,7 +255,7 @@ class PrefixCache:
             logger.warning("prefix cache: cannot copy the graph after %d steps (%s); not cached", done, err)
             return
         self._remember(key, state)
-        if not (self.root / key).exists():
+        if self._secret is not None and not (self.root / key).exists():
             try:
                 self._write(key, mg, state)
             except (OSError, RuntimeError, TypeError, ValueError, UserError) as err:
@@ -250,7 +280,7 @@ class PrefixCache:
                 training=mg.model.training, device=_device(mg), data_fingerprint=_fingerprint(state.data), rng=plain,
             )
             (staging / STATE).write_text(meta.model_dump_json())
-            (staging / CHECKSUMS).write_text(json.dumps(_checksums(staging)))  # last: an entry with it is whole
+            seal(staging, key, self._secret)  # last: an entry with its checksums is whole
             try:
                 os.rename(staging, self.root / key)
             except OSError:
@@ -262,12 +292,13 @@ class PrefixCache:
     def _load(self, key: str, spec, ctx: PassContext) -> _State | None:
         """The state another worker (or an earlier run) wrote, or ``None``. Entries are read only from a cache
         directory this user alone may write; an entry that is damaged (its checksums, its state file, its graph),
-        foreign (files of another user or writable by others), impossible (weights on a device this machine has not,
-        or without data) or stale (its data changed) is discarded, to be written again."""
+        foreign (files of another user or writable by others, or not signed with this user's key), impossible (weights
+        on a device this machine has not, or without data) or stale (its data changed) is discarded, to be written
+        again."""
         from mase_lite.passes.replay import load_graph
 
         directory = self.root / key
-        if not directory.is_dir():
+        if self._secret is None or not directory.is_dir():
             return None
         if not private(self.root):
             logger.info("prefix cache %s is not this user's alone: its entries are not used", self.root)
@@ -275,8 +306,7 @@ class PrefixCache:
         try:
             if not all(private(p) for p in (directory, *directory.rglob("*"))):
                 raise ValueError("it holds files of another user, or files others may write")
-            if json.loads((directory / CHECKSUMS).read_bytes()) != _checksums(directory):
-                raise ValueError("its files do not match their checksums")
+            check_seal(directory, key, self._secret)
             meta = StateFile.model_validate_json((directory / STATE).read_bytes())
             if meta.steps != self.length:
                 raise ValueError(f"it holds {meta.steps} steps, not {self.length}")

@@ -104,16 +104,20 @@ def _check_config_field(model: dict, field: str, path: str) -> None:
 
 
 def set_path(pipeline: dict, keys: list[str | int], value: Any) -> None:
-    """Set ``value`` at ``keys`` in ``pipeline``, creating missing dicts on the way."""
+    """Set ``value`` at ``keys`` in ``pipeline``, creating missing dicts on the way; a list where a key is needed
+    raises a ``PathError`` located at the list."""
     target: Any = pipeline
-    for key in keys[:-1]:
-        if isinstance(target, list):
+    for depth, key in enumerate(keys):
+        if isinstance(target, list) and not isinstance(key, int):
+            where = ".".join(map(str, keys))
+            raise PathError(f"a list, where the space sets {where} (an object of fields)", location=tuple(keys[:depth]))
+        if depth == len(keys) - 1:
+            target[key] = copy.deepcopy(value)
+        elif isinstance(target, list) or isinstance(target.get(key), (dict, list)):
             target = target[key]
-            continue
-        if not isinstance(target.get(key), (dict, list)):
+        else:
             target[key] = {}
-        target = target[key]
-    target[keys[-1]] = copy.deepcopy(value)
+            target = target[key]
 
 
 def get_path(pipeline: dict, keys: list[str | int]) -> Any:
@@ -231,17 +235,21 @@ class Space:
 
     def _set(self, pipeline: dict, i: int, value: Any, nodes: dict[str, Any] | None = None) -> None:
         entry, keys = self.entries[i], self.keys[i]
-        if isinstance(entry, IncludeParam):
-            current = get_path(pipeline, keys)
-            chosen = [n for n, keep in (nodes or {}).items() if keep]
-            set_path(pipeline, keys, list(current or []) + chosen)
-        elif entry.nodes is not None:
-            for node, v in (nodes or {}).items():
+        try:
+            if isinstance(entry, IncludeParam):
+                current = get_path(pipeline, keys)
+                chosen = [n for n, keep in (nodes or {}).items() if keep]
+                set_path(pipeline, keys, list(current or []) + chosen)
+            elif entry.nodes is not None:
+                for node, v in (nodes or {}).items():
+                    for path, scale in [(keys, 1.0), *self.tied[i]]:
+                        at = [k.replace("{node}", node) if isinstance(k, str) else k for k in path]
+                        set_path(pipeline, at, scaled(v, scale))
+            else:
                 for path, scale in [(keys, 1.0), *self.tied[i]]:
-                    set_path(pipeline, [k.replace("{node}", node) if isinstance(k, str) else k for k in path], scaled(v, scale))
-        else:
-            for path, scale in [(keys, 1.0), *self.tied[i]]:
-                set_path(pipeline, path, scaled(value, scale))
+                    set_path(pipeline, path, scaled(value, scale))
+        except PathError as err:  # the base pipeline's shape
+            raise UserError(str(err), location=(self.source,)) from None
 
     def _fill(self, pipeline: dict, i: int, value: Any, names: list[str]) -> None:
         self._set(pipeline, i, value, {n: value for n in names} if self.entries[i].nodes is not None else None)
