@@ -241,13 +241,14 @@ def _capture(
             ep, loaded = _export_recorded(model, example_inputs, dynamic_shapes, plan, preserve)
         try:
             gm = _raise_to_modules(model, ep, plan)
-        except Exception:
+        except Exception as err:
             if not loaded:
                 raise
-            return _afresh(stored, model, example_inputs, dynamic_shapes, leaf_modules, verify)
-        problem = compare_with_model(gm, model, example_inputs)
+            problem = f"{type(err).__name__}: {err}"
+            return _afresh(stored, problem, model, example_inputs, dynamic_shapes, leaf_modules, verify)
+        problem = _difference(gm, model, example_inputs, loaded)
         if problem is not None and loaded:
-            return _afresh(stored, model, example_inputs, dynamic_shapes, leaf_modules, verify)
+            return _afresh(stored, problem, model, example_inputs, dynamic_shapes, leaf_modules, verify)
         if problem is not None:
             limits.extend(reasons or [f"traced in train mode, the graph's eval differs from the model's: {problem}"])
     if limits:
@@ -262,16 +263,29 @@ def _capture(
                 "Capture with verify=True after making the differing module a leaf (leaf_modules=[...])."
             )
     elif verify:
-        problem = compare_with_model(gm, model, example_inputs, train=True)
+        problem = _difference(gm, model, example_inputs, loaded, train=True)
         if problem is not None and loaded:
-            return _afresh(stored, model, example_inputs, dynamic_shapes, leaf_modules, verify)
+            return _afresh(stored, problem, model, example_inputs, dynamic_shapes, leaf_modules, verify)
         if problem is not None:
             raise CaptureError(f"the captured graph of {type(model).__name__} does not match the model in train mode: {problem}")
     return gm, limits
 
 
-def _afresh(stored: str, *args) -> tuple[MaseGraphModule, list[str]]:
-    """:func:`_capture` again without the stored program, which is removed (the model does not match it)."""
-    logger.info("the stored export does not match %s: exporting again", type(args[0]).__name__)
+def _difference(gm: MaseGraphModule, model: nn.Module, inputs: dict[str, Any], loaded: bool,
+                train: bool = False) -> str | None:
+    """How ``gm`` differs from ``model`` on ``inputs`` (:func:`compare_with_model`); a stored program that fails to
+    run on the model differs from it (a fresh export that fails is a capture error, raised)."""
+    try:
+        return compare_with_model(gm, model, inputs, train=train)
+    except Exception as err:
+        if not loaded:
+            raise
+        return f"{type(err).__name__}: {err}"
+
+
+def _afresh(stored: str, problem: str, *args) -> tuple[MaseGraphModule, list[str]]:
+    """:func:`_capture` again, the stored program removed (the model does not match it): exported and stored anew."""
+    logger.warning("the stored export %s does not fit %s (%s): removed, exporting again",
+                   export_cache.directory() / f"{stored}.pt2", type(args[0]).__name__, problem.splitlines()[0][:200])
     export_cache.discard(stored)
-    return _capture(*args, stored=None)
+    return _capture(*args, stored=stored)

@@ -5,8 +5,8 @@ tracing with symbolic batch and sequence sizes); loading the saved program takes
 entry is keyed like the in-process cache (:func:`mase_lite.ir.capture_cache.architecture_key`) plus
 the versions of Python, torch, transformers and mase_lite's capture code, and holds the program
 (``torch.export.save``) and the dropout probabilities recorded while exporting. A hit is checked
-against the model exactly as a fresh export is; an entry that fails the check, or does not load, is
-removed and the model exported again.
+against the model exactly as a fresh export is; an entry that fails the check (its output differs, or it
+does not run on the model), or does not load, is removed with a warning and the model exported again.
 
 Loading an entry unpickles tensors (torch.export's format), so entries are this user's own files:
 they live in ``$MASE_LITE_CACHE/export`` (default ``~/.cache/mase_lite/export``), are read only from a

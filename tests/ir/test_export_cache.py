@@ -80,6 +80,25 @@ def test_a_stored_program_the_model_does_not_match_is_replaced(exports):
         assert same(mg.model(**inputs), model(**inputs))
 
 
+def test_a_stored_program_that_fails_to_run_on_the_model_is_removed_with_a_warning(exports, caplog):
+    """Issue 48 item 9a: an entry whose shapes do not fit the model ended every capture in a traceback
+    (``shape '[3, 13, -1, 24]' is invalid``) and stayed."""
+    capture_fresh(bert(0, hidden_size=48))  # two heads of 24
+    model = bert(1, hidden_size=32)
+    key = export_cache.entry_key(capture_module.architecture_key(model, _inputs(model), _dims(model), ()), model)
+    planted = export_cache.directory() / f"{key}.pt2"
+    os.replace(entries()[0], planted)
+    with caplog.at_level(logging.WARNING, logger="mase_lite.ir.capture"):
+        mg = capture_fresh(model)
+    assert f"the stored export {planted} does not fit" in caplog.text and "is invalid for input of size" in caplog.text
+    inputs = batch(2, 9)
+    with torch.no_grad():
+        assert same(mg.model(**inputs), model(**inputs))
+    assert len(exports) == 2 and entries() == [planted]  # exported afresh and stored in its place
+    capture_fresh(bert(2, hidden_size=32))
+    assert len(exports) == 2  # the new entry loads
+
+
 def test_a_directory_others_may_write_is_not_used(exports):
     export_cache.directory().mkdir(parents=True)
     export_cache.directory().chmod(0o777)
