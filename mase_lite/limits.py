@@ -60,6 +60,10 @@ def check_fits(field: str, estimate: float, what: str) -> None:
         raise UserError(f"{what} would need about {_gb(estimate)}, more than the {_gb(available)} of memory available", location=(field,))
 
 
+# peak memory reading a text file into lines or rows, per byte of the file (measured: 2 for one line, 7-9 for lines
+# of 40 characters and JSON or CSV rows; a file of very short lines takes more)
+TEXT_PER_BYTE = 10
+
 MODULE_BYTES = 50_000  # a module's Python objects and its share of a captured graph (~47 KB measured, BERT layers)
 DEEP = 8  # a count of layers, blocks or experts above this is measured at one and two, then extrapolated
 _COUNT = re.compile(r"(^|_)(layers?|depths?|blocks?|experts)$|^n_layers?$")

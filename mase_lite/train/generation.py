@@ -24,7 +24,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mase_lite.errors import UserError
 from mase_lite.nn.decoder import Decoder
+
+
+MIN_TEMPERATURE = 1e-6  # a lower temperature samples as this one does: the most likely token (logits / 1e-300 overflow)
 
 
 @dataclass
@@ -63,7 +67,7 @@ def next_token(logits: Tensor, sampling: Sampling, generator: torch.Generator) -
     """The next token from one position's ``logits`` (1-D)."""
     if not sampling.do_sample:
         return int(torch.argmax(logits))
-    scores = logits.float() / max(sampling.temperature, 1e-6)
+    scores = logits.float() / max(sampling.temperature, MIN_TEMPERATURE)
     if sampling.top_k is not None and sampling.top_k < scores.numel():
         kth = torch.topk(scores, sampling.top_k).values[-1]
         scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -71,6 +75,7 @@ def next_token(logits: Tensor, sampling: Sampling, generator: torch.Generator) -
         ordered, order = torch.sort(scores, descending=True)
         mass = torch.softmax(ordered, -1).cumsum(-1)
         drop = mass - torch.softmax(ordered, -1) >= sampling.top_p  # keep the smallest set reaching top_p
+        drop[0] = False  # the most likely token stays, whatever top_p (one below float32's range compares as 0)
         scores[order[drop]] = float("-inf")
     return int(torch.multinomial(torch.softmax(scores, -1), 1, generator=generator))
 
@@ -84,6 +89,10 @@ def generate(model: torch.nn.Module, tokenizer: Any, prompts: list[str], max_new
     device = next(iter(model.parameters()), torch.empty(0)).device
     eos = tokenizer.eos_token_id
     encoded = [tokenizer(p, add_special_tokens=False, return_tensors="pt")["input_ids"].to(device) for p in prompts]
+    for i, ids in enumerate(encoded):
+        if ids.shape[1] == 0:
+            raise UserError(f"the prompt {prompts[i]!r} encodes to no tokens; give text to complete",
+                            location=("prompts", i))
     decoder = Decoder.of(model, max((ids.shape[1] for ids in encoded), default=0) + max_new_tokens)
     forward = _decoder_steps(decoder) if decoder is not None else _model_steps(model)
     result = Generated(runner="model" if decoder is None else "decoder" if decoder.step is None else "native decoder")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -191,18 +191,26 @@ def npz_tables(path: Path) -> dict[str, tuple[str, dict]]:
 
 
 def _npz_bytes(path: Path) -> int:
-    """The bytes the arrays of an .npz take once loaded, from each member's .npy header (an array declaring more
-    elements than memory holds is refused before anything is allocated); a damaged archive counts 0 here and is
-    refused when read."""
+    """The bytes the members of an .npz take once loaded, read before any is loaded: an array's from its .npy header
+    (an array declaring more elements than memory holds is refused before anything is allocated), any other
+    member's its size (numpy reads it as bytes). A member whose header does not parse is refused here."""
     total = 0
     try:
         with zipfile.ZipFile(path) as archive:
             for info in archive.infolist():
                 with archive.open(info) as member:
-                    version = np.lib.format.read_magic(member)
-                    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                    shape, _, dtype = read(member)
-                    total += math.prod(shape) * dtype.itemsize
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, TypeError):
-        return 0
+                    total += _member_bytes(member, info.file_size)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, TypeError) as err:
+        raise UserError(f"data.path = {str(path)!r}: not a readable .npz file ({err})") from None
     return total
+
+
+def _member_bytes(member: IO[bytes], size: int) -> int:
+    """What ``np.load`` allocates for one member of ``size`` bytes: an array if it starts as a .npy does, else bytes."""
+    if member.read(len(np.lib.format.MAGIC_PREFIX)) != np.lib.format.MAGIC_PREFIX:
+        return size
+    member.seek(0)
+    version = np.lib.format.read_magic(member)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read(member)
+    return math.prod(shape) * dtype.itemsize

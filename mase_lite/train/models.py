@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from mase_lite.errors import UserError
+from mase_lite.errors import UserError, short
 from mase_lite.limits import check_fits, model_bytes
 from mase_lite.trust import call_factory, trusted
 from mase_lite.train.hub import hub_access, hub_cache_dir
@@ -175,6 +175,7 @@ def _hf_config(spec: ModelSpec, num_labels: int, data_fields: dict[str, Any]):
                    f"the names of {num_labels} labels and their confusion matrix")
         fields["num_labels"] = num_labels
     vocab = fields.get("vocab_size", defaults.get("vocab_size"))
+    _check_token_ids(fields, vocab)
     for key in TOKEN_FIELDS:  # a default id past the run's vocabulary (GPT-2's 50256): the data's token, else none
         if key not in fields and _is_int(defaults.get(key)) and _is_int(vocab) and defaults[key] >= vocab:
             fields[key] = tokens.pop(key, None)
@@ -189,6 +190,17 @@ def _hf_config(spec: ModelSpec, num_labels: int, data_fields: dict[str, Any]):
     for key, value in tokens.items():
         setattr(config, key, value)
     return config
+
+
+def _check_token_ids(fields: dict[str, Any], vocab: Any) -> None:
+    """The token ids ``fields`` gives are ids of the vocabulary: 0 .. vocab_size - 1 (a list of them, or null)."""
+    top = vocab - 1 if _is_int(vocab) else None
+    for key in TOKEN_FIELDS:
+        value = fields.get(key)
+        ids = value if isinstance(value, list) else [value]
+        if value is not None and not all(_is_int(i) and 0 <= i and (top is None or i <= top) for i in ids):
+            span = f"0 .. {top} (vocab_size {vocab})" if top is not None else "0 or more"
+            raise UserError(f"model.hf_config.{key} = {short(value)}: a token id is an integer {span}, or null")
 
 
 def _is_int(value: Any) -> bool:
@@ -253,9 +265,11 @@ def _loaded(spec: ModelSpec, num_labels: int, run_dir: Path | None) -> nn.Module
             attention = _attention(auto, config, spec.attn_implementation)
             check_fits("model.pretrained", model_bytes(lambda c: auto.from_config(c, **attention), config,
                                                        "model.pretrained"), f"a {config.model_type} model of this config")
-            model = auto.from_pretrained(
+            model, info = auto.from_pretrained(
                 spec.pretrained, cache_dir=cache, trust_remote_code=trusted(), **attention, **extra,
+                output_loading_info=True,
             )
+        _check_loaded(spec.pretrained, info)
     except UserError:
         raise
     except Exception as err:  # its files are data: a config of the wrong types or sizes (transformers' and
@@ -267,6 +281,17 @@ def _loaded(spec: ModelSpec, num_labels: int, run_dir: Path | None) -> nn.Module
             "directory or use model.hf_config"
         ) from None
     return model
+
+
+def _check_loaded(pretrained: str, info: dict[str, Any]) -> None:
+    """Refuse a checkpoint holding, for a module, other tensors than the weights it lacks (a quantized checkpoint
+    whose config.json has no quantization_config: transformers would leave those layers at random)."""
+    stored = {key.rpartition(".")[0]: key for key in info["unexpected_keys"]}
+    for key in sorted(info["missing_keys"]):
+        if key.rpartition(".")[0] in stored:
+            raise UserError(f"model.pretrained = {pretrained!r}: the checkpoint holds {stored[key.rpartition('.')[0]]} "
+                            f"but not {key}, which would be left at random (quantized weights whose config.json has no "
+                            "quantization_config?)")
 
 
 def _streamed(spec: ModelSpec, run_dir: Path | None) -> nn.Module:

@@ -15,6 +15,7 @@ from typing import Any
 import torch.nn as nn
 
 from mase_lite.errors import UserError
+from mase_lite.limits import check_fits
 from mase_lite.train.data import DataSpec, build_data
 from mase_lite.train.hub import hub_access, hub_cache_dir
 from mase_lite.train.models import ModelSpec, build_model, check_head
@@ -36,14 +37,31 @@ def _positions(config) -> int | None:
     return None
 
 
+# memory per attention head and pair of tokens of one sequence: float32 scores and probabilities and their
+# gradients (a lower bound: T5 training takes ~60 bytes, measured)
+ATTENTION_BYTES = 16
+
+
+def _length_field(data: SplitData) -> str:
+    """The field that sets ``data.sequence_length``."""
+    if data.task == "causal-lm":
+        return "data.block_size"
+    longer_target = getattr(data, "max_target_length", 0) > getattr(data, "max_length", 0)
+    return "data.max_target_length" if longer_target else "data.max_length"
+
+
 def _check_fit(model: nn.Module, data: SplitData) -> None:
-    """The data's token ids and lengths fit the model's embeddings."""
+    """The data's token ids and lengths fit the model's embeddings; a model without a limit on positions (relative
+    ones, as T5's) has room for the attention of one sequence."""
     config = getattr(model, "config", None)
     length = getattr(data, "sequence_length", None)
     positions = _positions(config)
     if positions is not None and length is not None and length > positions:
-        field = "data.block_size" if data.task == "causal-lm" else "data.max_length"
-        raise UserError(f"{field} = {length} exceeds the model's max_position_embeddings ({positions})")
+        raise UserError(f"{_length_field(data)} = {length} exceeds the model's max_position_embeddings ({positions})")
+    heads = getattr(config, "num_attention_heads", None)
+    if positions is None and length is not None and isinstance(heads, int):
+        check_fits(_length_field(data), ATTENTION_BYTES * heads * length**2,
+                   f"the attention of one sequence of {length} tokens ({heads} heads)")
     vocab = getattr(config, "vocab_size", None)
     if vocab is not None and getattr(data, "tokenizer", None) is not None and data.vocab_size > vocab:
         raise UserError(

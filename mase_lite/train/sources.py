@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import os
 import random
@@ -20,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from mase_lite.errors import UserError, short
-from mase_lite.files import check_inside
+from mase_lite.files import check_inside, read_regular
 from mase_lite.jsonio import loads
+from mase_lite.limits import TEXT_PER_BYTE
 from mase_lite.train.hub import hub_access, hub_endpoint
 from mase_lite.train.synthetic import generate_sentiment
 
@@ -99,9 +101,9 @@ def rows_to_split(rows: list[dict], text_column: str, label_column: str, source:
     return TextSplit(texts, labels)
 
 
-def _read_json_rows(path: Path) -> list[dict]:
+def _json_rows(raw: bytes, path: Path) -> list[dict]:
     """A JSON array of objects, or JSON Lines (one object per line), read strictly (see :mod:`mase_lite.jsonio`)."""
-    text = path.read_text(encoding="utf-8")
+    text = raw.decode("utf-8")
     try:
         data = loads(text, str(path))
     except UserError:
@@ -116,24 +118,26 @@ def _read_json_rows(path: Path) -> list[dict]:
     return rows
 
 
-def _read_csv_rows(path: Path) -> list[dict]:
-    with path.open(newline="", encoding="utf-8-sig") as f:  # a byte-order mark is not part of the first column's name
-        reader = csv.DictReader(f)
-        try:
-            return list(reader)
-        except csv.Error as err:
-            raise UserError(f"{path}, line {reader.line_num}: not CSV the reader takes ({err})") from None
+def _csv_rows(raw: bytes, path: Path) -> list[dict]:
+    """CSV rows, decoded as they are read (a byte-order mark is not part of the first column's name)."""
+    reader = csv.DictReader(io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8-sig", newline=""))
+    try:
+        return list(reader)
+    except csv.Error as err:
+        raise UserError(f"{path}, line {reader.line_num}: not CSV the reader takes ({err})") from None
 
 
-def _read_text_rows(path: Path) -> list[dict]:
+def _text_rows(raw: bytes, path: Path) -> list[dict]:
     """A plain text file: one row ``{"text": line}`` per non-empty line."""
-    return [{"text": line} for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [{"text": line} for line in raw.decode("utf-8").splitlines() if line.strip()]
 
 
 def read_rows(fmt: str, path: Path) -> list[dict]:
-    """One local ``json``/``jsonl``/``csv``/``txt`` file as rows; an error for an empty one."""
+    """One local ``json``/``jsonl``/``csv``/``txt`` file as rows; an error for an empty one, and for one whose rows
+    would not fit in memory (from its size, before it is read)."""
+    read = {"csv": _csv_rows, "txt": _text_rows}.get(fmt, _json_rows)
     try:
-        rows = {"csv": _read_csv_rows, "txt": _read_text_rows}.get(fmt, _read_json_rows)(path)
+        rows = read(read_regular(path, f"a {fmt} file", per_byte=TEXT_PER_BYTE), path)
     except UnicodeDecodeError as err:
         raise UserError(f"{path}: not UTF-8 text (byte {err.start})") from None
     if not rows:

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from transformers import get_scheduler
 
 from mase_lite.errors import UserError
+from mase_lite.limits import check_fits
 from mase_lite.train.batches import forward_batch, model_device
 from mase_lite.progress import bars_disabled
 
@@ -72,6 +73,14 @@ def _precision(requested: Precision, device: torch.device) -> torch.dtype | None
     if requested == "auto":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.bfloat16 if requested == "bf16" else torch.float16
+
+
+def _check_state_fits(trainable: dict[str, nn.Parameter]) -> None:
+    """Room, besides the model, for what training adds to each trainable parameter: its gradient and AdamW's two
+    moments (a ``UserError`` naming ``freeze``, which leaves parameters out of them)."""
+    count = sum(p.numel() for p in trainable.values())
+    check_fits("freeze", 3 * sum(p.numel() * p.element_size() for p in trainable.values()),
+               f"training {count} parameters (a gradient and AdamW's two moments for each)")
 
 
 class _Optimiser:
@@ -138,6 +147,8 @@ def fit(
     device = model_device(model)
     amp_dtype = _precision(mixed_precision, device)
     trainable, frozen = split_trainable(model, freeze)
+    if device.type == "cpu":  # the memory check_fits knows
+        _check_state_fits(trainable)
     steps_per_epoch = len(data.loader("train", batch_size))
     total = min(max_steps, epochs * steps_per_epoch) if max_steps else epochs * steps_per_epoch
     optimiser = _Optimiser(trainable, lr, weight_decay, total, round(warmup_fraction * total), schedule, grad_clip, amp_dtype)

@@ -9,24 +9,34 @@ Example::
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Annotated
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
+from mase_lite.errors import UserError
+from mase_lite.files import read_regular
+from mase_lite.limits import TEXT_PER_BYTE
 from mase_lite.passes.registry import PassError, PassParams, PassResult, register_pass
-from mase_lite.train.generation import Sampling, generate
+from mase_lite.train.generation import MIN_TEMPERATURE, Sampling, generate
+
+
+def _has_text(prompt: str) -> str:
+    if not prompt.strip():
+        raise ValueError("a prompt needs text to complete")
+    return prompt
 
 
 class GenerateParams(PassParams):
-    prompts: list[str] = Field(default_factory=list, description="the prompts to complete")
+    prompts: list[Annotated[str, AfterValidator(_has_text)]] = Field(default_factory=list,
+                                                                     description="the prompts to complete")
     prompts_file: str | None = Field(None, min_length=1, description="a text file of prompts, one per line")
     max_new_tokens: int = Field(32, ge=1, le=4096, description="tokens to generate at most per prompt")
     do_sample: bool = Field(False, description="sample the next token; false: greedy (the most likely)")
     temperature: float = Field(1.0, gt=0, description="logits are divided by it before sampling")
     top_k: int | None = Field(None, ge=1, description="sample among the k most likely tokens")
     top_p: float | None = Field(None, gt=0, le=1, description="sample among the most likely tokens holding this mass")
-    seed: int = Field(0, description="seed of the sampling generator")
+    seed: int = Field(0, ge=0, lt=2**64, description="seed of the sampling generator (torch takes 0 .. 2**64 - 1)")
     stop: list[str] = Field(default_factory=list, description="strings that end a completion (cut before them)")
     label: str = Field("generate", min_length=1, description="name of the metrics in the run's report")
 
@@ -44,13 +54,7 @@ def generate_pass(mg, params: GenerateParams, ctx):
     tokenizer = getattr(ctx.data, "tokenizer", None)
     if tokenizer is None:
         raise PassError("generate needs the run's tokenizer: a text task's data section")
-    prompts = list(params.prompts)
-    if params.prompts_file is not None:
-        path = Path(params.prompts_file)
-        try:
-            prompts += [line for line in path.read_text().splitlines() if line.strip()]
-        except (OSError, UnicodeDecodeError) as err:
-            raise PassError(f"cannot read {path}: {err}", location=("prompts_file",)) from None
+    prompts = list(params.prompts) + (_file_prompts(params.prompts_file) if params.prompts_file is not None else [])
     model = getattr(mg, "source_model", mg.model)
     config = getattr(model, "config", None)
     if not hasattr(model, "generate") or getattr(config, "is_encoder_decoder", False) is None:
@@ -59,11 +63,27 @@ def generate_pass(mg, params: GenerateParams, ctx):
     if getattr(config, "is_encoder_decoder", False):
         out = _seq2seq(model, tokenizer, prompts, params)
     else:
-        out = generate(model, tokenizer, prompts, params.max_new_tokens, sampling, params.stop)
+        try:
+            out = generate(model, tokenizer, prompts, params.max_new_tokens, sampling, params.stop)
+        except UserError as err:  # a prompt of the file is named by the file
+            if err.location[:1] == ("prompts",) and err.location[1] >= len(params.prompts):
+                err.location = ("prompts_file",)
+            raise
     completions = [{k: c[k] for k in ("prompt", "completion", "stopped")} for c in out.completions]
     metrics = {"prefill_tokens_per_second": out.prefill_tokens_per_second,
                "decode_tokens_per_second": out.decode_tokens_per_second, "new_tokens": out.decode_tokens}
     return PassResult({"completions": completions, "runner": out.runner}, metrics=metrics, label=params.label)
+
+
+def _file_prompts(path: str) -> list[str]:
+    """The non-blank lines of the regular file ``path``; a FIFO, a device or a file beyond memory is refused unread."""
+    try:
+        text = read_regular(path, "a prompts file", per_byte=TEXT_PER_BYTE).decode("utf-8")
+    except UserError as err:
+        raise PassError(str(err), location=("prompts_file",)) from None
+    except UnicodeDecodeError as err:
+        raise PassError(f"{path}: not UTF-8 text (byte {err.start})", location=("prompts_file",)) from None
+    return [line for line in text.splitlines() if line.strip()]
 
 
 def _seq2seq(model, tokenizer, prompts, params):
@@ -79,7 +99,8 @@ def _seq2seq(model, tokenizer, prompts, params):
         start = time.perf_counter()
         with torch.no_grad():
             out = model.generate(input_ids=ids, max_new_tokens=params.max_new_tokens, do_sample=params.do_sample,
-                                 temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+                                 temperature=max(params.temperature, MIN_TEMPERATURE), top_k=params.top_k,
+                                 top_p=params.top_p)
         result.decode_seconds += time.perf_counter() - start
         new = out[0].tolist()[1:]
         result.decode_tokens += len(new)
