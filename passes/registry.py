@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Annotated, Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mase_lite.errors import Scope, UserError, validation_problems
 
@@ -51,6 +51,9 @@ class PassParams(BaseModel):
     """Base of the built-in passes' params models: unknown keys are errors, instances are frozen."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Seed = Annotated[int, Field(ge=0, lt=2**64, description="seed of the pass's random generator (torch takes 0 .. 2**64 - 1)")]
 
 
 class NoParams(PassParams):

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, Field, model_validator
 from mase_lite.errors import UserError
 from mase_lite.files import read_regular
 from mase_lite.limits import TEXT_PER_BYTE
-from mase_lite.passes.registry import PassError, PassParams, PassResult, register_pass
+from mase_lite.passes.registry import PassError, PassParams, PassResult, Seed, register_pass
 from mase_lite.train.generation import MIN_TEMPERATURE, Sampling, generate
 
 
@@ -36,7 +36,7 @@ class GenerateParams(PassParams):
     temperature: float = Field(1.0, gt=0, description="logits are divided by it before sampling")
     top_k: int | None = Field(None, ge=1, description="sample among the k most likely tokens")
     top_p: float | None = Field(None, gt=0, le=1, description="sample among the most likely tokens holding this mass")
-    seed: int = Field(0, ge=0, lt=2**64, description="seed of the sampling generator (torch takes 0 .. 2**64 - 1)")
+    seed: Seed = Field(0, description="seed of the sampling generator")
     stop: list[str] = Field(default_factory=list, description="strings that end a completion (cut before them)")
     label: str = Field("generate", min_length=1, description="name of the metrics in the run's report")
 

@@ -24,7 +24,7 @@ from pydantic import AliasChoices, Field
 
 from mase_lite.limits import check_fits
 from mase_lite.nn.lora import FrozenParameters, LoRALinear, freeze_records, frozen_by_lora
-from mase_lite.passes.registry import PassError, PassResult, register_pass
+from mase_lite.passes.registry import PassError, PassResult, Seed, register_pass
 from mase_lite.passes.select import Selection, select_modules
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class LoRAParams(Selection):
     freeze: Literal["all", "adapted"] = Field(
         "all", description="'all': only adapter parameters stay trainable; 'adapted': freeze just the wrapped Linears"
     )
-    seed: int = Field(0, description="seed of A's initialisation")
+    seed: Seed = Field(0, description="seed of A's initialisation")
 
 
 def freeze_all_but_adapters(model: nn.Module) -> FrozenParameters:

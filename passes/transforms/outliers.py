@@ -22,7 +22,7 @@ import torch
 from pydantic import Field, model_validator
 
 from mase_lite.passes.folding import fold_target, input_groups, linear_weight
-from mase_lite.passes.registry import PassError, PassResult, register_pass
+from mase_lite.passes.registry import PassError, PassResult, Seed, register_pass
 from mase_lite.passes.select import Selection, select_nodes
 
 
@@ -31,7 +31,7 @@ class OutliersParams(Selection):
     channels: int = Field(4, ge=1, description="outlier channels (the same ones in every group)")
     factors: tuple[float, float] = Field((20.0, 100.0), description="range of the factors, drawn log-uniformly")
     power_of_two: bool = Field(True, description="round each factor to a power of two (the float model stays bit-exact)")
-    seed: int = Field(0, description="seed of the channels and factors")
+    seed: Seed = Field(0, description="seed of the channels and factors")
 
     @model_validator(mode="after")
     def _range(self) -> "OutliersParams":

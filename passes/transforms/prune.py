@@ -34,7 +34,7 @@ from mase_lite.nn.gptq import gptq
 from mase_lite.nn.pruning import (ActivationPruner, Sparsity, attach_activation_pruner, attach_weight_mask, check_n_of_m,
                                   wanda_mask, weight_masks)
 from mase_lite.passes.layerwise import calibration_batches, collect, each_block, store_weight, weight_of
-from mase_lite.passes.registry import PassError, PassParams, PassResult, register_pass
+from mase_lite.passes.registry import PassError, PassParams, PassResult, Seed, register_pass
 from mase_lite.passes.select import Selection, select_modules
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class WeightPruning(PassParams):
         "unstructured", description="prune elements, whole output rows (Linear) / output channels (Conv), or 'n:m': "
         "n of every m consecutive inputs of each row (2:4)"
     )
-    seed: int = Field(0, description="seed of the random method")
+    seed: Seed = Field(0, description="seed of the random method")
     num_batches: int = Field(16, ge=1, description="calibration batches (wanda, sparsegpt)")
     batch_size: int = Field(8, ge=1, description="rows per calibration batch (wanda, sparsegpt)")
     split: str = Field("train", description="data split of the calibration batches (wanda, sparsegpt)")
@@ -114,7 +114,7 @@ class ActivationPruning(PassParams):
     method: Literal["random", "l1-norm"] = Field("l1-norm", description="zero the smallest magnitudes, or at random")
     scope: Literal["local"] = Field("local", description="activations are pruned per sample of each module")
     granularity: Literal["unstructured", "elementwise"] = Field("unstructured", description="elements are pruned")
-    seed: int = Field(0, description="seed of the random method")
+    seed: Seed = Field(0, description="seed of the random method")
 
 
 class PruneParams(Selection):

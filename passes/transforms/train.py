@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from mase_lite.passes.registry import PassParams, PassResult, register_pass
+from mase_lite.passes.registry import PassParams, PassResult, Seed, register_pass
 from mase_lite.train.trainer import Precision, Schedule, fit
 
 
@@ -25,7 +25,7 @@ class TrainParams(PassParams):
     grad_clip: float | None = Field(1.0, gt=0, description="clip the gradient norm to this (null: no clipping)")
     freeze: list[str] = Field(default_factory=list, description="regexes of parameter names to keep fixed")
     mixed_precision: Precision = Field("auto", description="autocast dtype on CUDA (auto: bf16 if supported, else fp16)")
-    seed: int | None = Field(None, description="seed of the data order (default: the data's seed)")
+    seed: Seed | None = Field(None, description="seed of the data order (default: the data's seed)")
     progress: bool = Field(True, description="show a progress bar with the running loss")
 
 

@@ -68,6 +68,18 @@ def test_a_seed_torch_cannot_take_is_refused_naming_it(tmp_path, capsys):
                                    "(got 18446744073709551616)"
 
 
+@pytest.mark.parametrize("name, params", [("prune", {"weight": {"method": "random", "sparsity": 0.5}}), ("lora", {}),
+                                           ("outliers", {}), ("train", {"max_steps": 1}), ("generate", {})])
+@pytest.mark.parametrize("seed", [2**64, -1])
+def test_every_seeded_pass_refuses_a_seed_torch_cannot_take(name, params, seed):
+    if name == "prune":
+        params = {"weight": {**params["weight"], "seed": seed}}
+    else:
+        params = {**params, "seed": seed}
+    with pytest.raises(UserError, match=rf"pass '{name}' params\.(weight\.)?seed: Input should be "):
+        getattr(ml.passes, name)(torch.nn.Linear(2, 2), params)  # the params are checked first
+
+
 @pytest.mark.parametrize("top_p", [1e-300, 1e-45, 1e-8])
 def test_a_tiny_top_p_keeps_the_single_most_likely_token(top_p):
     logits = torch.randn(50, generator=torch.Generator().manual_seed(0))
