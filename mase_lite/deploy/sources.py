@@ -11,6 +11,9 @@ followed.
 >>> _ = (run / "report.json").write_text(json.dumps({"steps": [{"pass": "save", "info": {"path": str(run / "ckpt")}}]}))
 >>> checkpoint_of(run) == run / "ckpt"
 True
+
+A relative path is read from the directory the run started in, as the run recorded it (``runs/x/ckpt`` for
+``"output_dir": "runs/x"``), and followed only when it lies inside the run.
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ def checkpoint_of(source: str | Path) -> Path:
     run = report_path.parent.resolve()
     saved = [step.get("info", {}).get("path") for step in steps or [] if isinstance(step, dict) and step.get("pass") == "save"]
     for path in reversed([p for p in saved if isinstance(p, str)]):
-        candidate = Path(path) if Path(path).is_absolute() else run / path
-        inside = Path(os.path.realpath(candidate)).is_relative_to(run)
-        if inside and (candidate / RECIPE).is_file():
-            return candidate
+        # a relative path was recorded from the directory the run started in, or (an older report) from the run
+        for candidate in [Path(path)] if Path(path).is_absolute() else [Path(path), run / path]:
+            inside = Path(os.path.realpath(candidate)).is_relative_to(run)
+            if inside and (candidate / RECIPE).is_file():
+                return candidate
     raise UserError(f"source: the run {str(report_path.parent)!r} saved no checkpoint inside its directory "
                     "(add a save step to its pipeline)")

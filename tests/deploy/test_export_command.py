@@ -63,3 +63,14 @@ def test_a_report_naming_a_checkpoint_outside_its_run_is_not_followed(tmp_path, 
     (tmp_path / "run" / "report.json").write_text(json.dumps(report))
     assert main(["export", str(tmp_path / "run"), "--format", "compressed-tensors", "-o", str(tmp_path / "hf")]) == 2
     assert "saved no checkpoint inside its directory" in capsys.readouterr().err
+
+
+def test_a_run_with_a_relative_output_dir_exports_by_its_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the README's route: "output_dir": "runs/w4a16", then export runs/w4a16
+    ml.run_pipeline({"model": MODEL, "data": {"block_size": 16, "n_train": 16, "n_test": 8},
+                     "steps": [{"pass": "quantize", "params": {"by": "type", "rules": {"head": None, "linear": W4}}},
+                               {"pass": "save", "params": {"path": "checkpoint"}}],
+                     "output_dir": "runs/w4a16"})
+    assert main(["export", "runs/w4a16", "--format", "compressed-tensors", "-o", "llama-w4"]) == 0
+    assert "from runs/w4a16/checkpoint" in capsys.readouterr().out
+    assert (tmp_path / "llama-w4" / "config.json").is_file()
