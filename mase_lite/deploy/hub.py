@@ -19,7 +19,9 @@ from mase_lite.deploy.layers import record_quantized
 
 
 def kind_of(pretrained: str | Path) -> str | None:
-    """``"compressed-tensors"``, ``"gguf"``, or None for anything else (a plain checkpoint, a hub name)."""
+    """``"compressed-tensors"``, ``"gguf"``, or None for anything else (a plain checkpoint, a hub name). A directory of
+    another tool's quantization (gptq, awq...) counts as compressed-tensors: its reader refuses it by name, where
+    transformers would load it with its quantized layers at random."""
     if compressed_tensors.is_checkpoint(pretrained):
         return "compressed-tensors"
     if gguf.is_gguf(pretrained):
