@@ -92,7 +92,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     checkpoint = checkpoint_of(args.source)
     mg = load_graph(checkpoint)
     tokenizer = load_tokenizer(checkpoint / "tokenizer", field="source") if (checkpoint / "tokenizer").is_dir() else None
-    info = export(mg, args.format, args.output, tokenizer=tokenizer)
+    info = export(mg, args.format, args.output, tokenizer=tokenizer, overwrite=args.overwrite, sources=[checkpoint],
+                  field="-o")
     print(f"wrote {info['path']} ({args.format}, {info['bytes']} bytes) from {checkpoint}")
     return 0
 
@@ -203,7 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", required=True, choices=list(EXPORT_FORMATS),
                         help="compressed-tensors (transformers, vLLM, SGLang), gguf (llama.cpp), onnx (onnxruntime), "
                         "pt2 (torch.export)")
-    export.add_argument("-o", "--output", required=True, help="directory (compressed-tensors) or file to write")
+    export.add_argument("-o", "--output", required=True, help="directory (compressed-tensors) or file to write: a new path, "
+                        "or a previous export of the same format with --overwrite (nothing else is replaced)")
+    export.add_argument("--overwrite", action="store_true", help="replace a previous export of this format at the path")
     export.set_defaults(fn=_cmd_export)
 
     passes = sub.add_parser("passes", help="list every registered pass with its parameters")

@@ -19,12 +19,14 @@ from pathlib import Path
 
 from mase_lite.errors import UserError, show_paths_as
 
-# errno values of I/O that failed for reasons outside the run: retrying later (after freeing space) succeeds
-FAULT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS}
+# errno values of I/O that failed for reasons outside the run: retrying later (after freeing space or raising a
+# file-size limit) succeeds
+FAULT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG}
 # how libraries that do not raise OSError (safetensors, torch's writers) word the same failures
 _FAULT_TEXTS = {
     "No space left on device": errno.ENOSPC, "os error 28": errno.ENOSPC, "StorageFull": errno.ENOSPC,
     "Disk quota exceeded": errno.EDQUOT, "Input/output error": errno.EIO, "Read-only file system": errno.EROFS,
+    "File too large": errno.EFBIG, "os error 27": errno.EFBIG,
 }
 
 

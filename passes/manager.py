@@ -114,21 +114,28 @@ class PassContext:
     output_dir: Path | None = None
     instruments: tuple["PassInstrument", ...] = ()
     confined: bool = False  # a run reproduced from a report writes only inside output_dir
+    reserved: tuple[str, ...] = ()  # names in output_dir the run writes itself (its report, its caches)
+    sources: tuple[Path, ...] = ()  # what the run read its model from: never written over
 
     def path(self, path: str | Path, field: str = "path") -> Path:
         """Where a pass writes ``path``: resolved against the output directory when it is relative and
-        there is one. In a ``confined`` run, a path outside the output directory is a ``PassError``
-        naming ``field``."""
+        there is one. A relative path stays inside the output directory (no ``..``, no link out of it) and names
+        neither the directory itself nor a file the run writes (``reserved``); in a ``confined`` run an absolute
+        path must lie inside it too. Each refusal is a ``PassError`` naming ``field``."""
+        if "\0" in str(path):
+            raise PassError(f"{str(path)!r} holds a NUL byte; a path cannot", location=(field,))
         path = Path(path)
         if self.output_dir is None:
             return path
         resolved = path if path.is_absolute() else Path(self.output_dir) / path
-        if self.confined and not Path(os.path.realpath(resolved)).is_relative_to(os.path.realpath(self.output_dir)):
-            raise PassError(
-                f"{str(path)!r} lies outside the run's output_dir; a run reproduced from a report writes only "
-                "inside its output_dir",
-                location=(field,),
-            )
+        real, base = Path(os.path.realpath(resolved)), Path(os.path.realpath(self.output_dir))
+        if (self.confined or not path.is_absolute()) and not real.is_relative_to(base):
+            why = ("a run reproduced from a report writes only inside its output_dir" if self.confined else
+                   "a relative path names a place inside the run; give an absolute path to write elsewhere")
+            raise PassError(f"{str(path)!r} lies outside the run's output_dir; {why}", location=(field,))
+        if real == base or (real.parent == base and real.name in self.reserved):
+            what = "the run's output_dir itself" if real == base else f"the run's own {real.name}"
+            raise PassError(f"{str(path)!r} is {what}; choose a name inside the run", location=(field,))
         return resolved
 
     def facts(self) -> set[str]:

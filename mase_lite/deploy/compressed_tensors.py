@@ -31,7 +31,6 @@ refused before anything is written, naming the layer, its format and the nearest
 from __future__ import annotations
 
 import json
-import re
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -48,6 +47,7 @@ from mase_lite.nn.quant_functional import QuantizedFunction
 from mase_lite.numerics.codes import offset_values, pack_bits
 
 TARGET = "compressed-tensors"
+MARKER = ".mase_lite_export.json"  # a file naming the writer: what tells a previous export at a path
 NEAREST = ("int4 or int8 weights per channel or group (scaled_integer, W4A16 / W8A16), scaled_float e4m3 (FP8), "
            "mxfp e2m1 in blocks of 32, or nvfp4 with per_tensor global_scale (NVFP4)")
 NVFP4_ARGS = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "group_size": 16,
@@ -57,6 +57,17 @@ INDEX_FILE = "model.safetensors.index.json"  # a sharded checkpoint's map of ten
 
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def is_export(path: Path) -> bool:
+    """Whether ``path`` is a directory :func:`write` wrote (it holds the writer's marker file)."""
+    marker = path / MARKER
+    if not path.is_dir() or path.is_symlink() or not marker.is_file() or marker.is_symlink():
+        return False
+    try:
+        return json.loads(marker.read_text()).get("format") == TARGET
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def write(mg, path: str | Path, tokenizer: Any = None, float_dtype: str = "float32") -> dict[str, Any]:
@@ -98,6 +109,7 @@ def write(mg, path: str | Path, tokenizer: Any = None, float_dtype: str = "float
             hf.generation_config.save_pretrained(str(tmp))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
+        (tmp / MARKER).write_text(json.dumps({"format": TARGET, "writer": "mase_lite"}))
         for file in tmp.rglob("*"):
             if file.is_file():
                 follow_umask(file)
@@ -409,236 +421,9 @@ def _nvfp4_tensors(layer: Layer) -> dict[str, Tensor]:
 
 
 # Import ------------------------------------------------------------------------------------------------
+# Reading others' directories lives in compressed_tensors_import (hostile files refused in one line); these names stay
+# importable from here.
 
-READ_FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "mxfp4-pack-quantized", "nvfp4-pack-quantized")
-
-
-def is_checkpoint(path: str | Path) -> bool:
-    """Whether ``path`` is a directory whose ``config.json`` says compressed-tensors."""
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        return False
-    try:
-        quantization = json.loads(config.read_text()).get("quantization_config") or {}
-    except (OSError, ValueError, AttributeError):
-        return False
-    return isinstance(quantization, dict) and quantization.get("quant_method") == "compressed-tensors"
-
-
-def read(path: str | Path, auto_class: Any) -> nn.Module:
-    """The model of a compressed-tensors directory (as llm-compressor writes it) with each quantized Linear a
-    quantized layer of the equivalent format holding the stored values (``auto_class``: the task's transformers
-    Auto class). The files are data: the model is built from its config's ``model_type`` through transformers'
-    registry (no ``auto_map``, no code), the tensors are read with safetensors."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    path = Path(path)
-    config_dict = _json(path / "config.json")
-    quantization = config_dict.pop("quantization_config")
-    model_type = config_dict.get("model_type")
-    if model_type not in CONFIG_MAPPING:
-        raise ExportError(f"{path / 'config.json'}: model_type {model_type!r} is not a model type transformers knows")
-    status = quantization.get("quantization_status")
-    if status != "compressed":
-        raise ExportError(f"{path}: quantization_status {status!r}: only compressed checkpoints store codes")
-    for key in ("auto_map", "quantization_config"):
-        config_dict.pop(key, None)
-    try:
-        config = CONFIG_MAPPING[model_type].from_dict(config_dict)
-        model = auto_class.from_config(config)
-    except (ValueError, TypeError) as err:
-        raise ExportError(f"{path / 'config.json'}: not a valid {model_type} config: {err}") from None
-    tensors = _read_tensors(path)
-    quantized = _quantize_groups(model, quantization, tensors, path)
-    state = {k: v for k, v in tensors.items() if k.rpartition(".")[0] not in quantized}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = {n for n in missing if n.endswith(".weight") and getattr(config, "tie_word_embeddings", False)}
-    left = [n for n in missing if n.rpartition(".")[0] not in quantized and "_quantizer." not in n and n not in tied]
-    if left or unexpected:
-        raise ExportError(f"{path}: the checkpoint does not fit a {type(model).__name__} of its config "
-                          f"({', '.join((left or unexpected)[:5])})")
-    return model.eval()
-
-
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise ExportError(f"{path}: not a readable JSON file: {err}") from None
-    if not isinstance(data, dict):
-        raise ExportError(f"{path}: expected a JSON object")
-    return data
-
-
-def _read_tensors(path: Path) -> dict[str, Tensor]:
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ExportError(f"{path}: no .safetensors file")
-    tensors: dict[str, Tensor] = {}
-    for file in files:
-        try:
-            tensors.update(safetensors.torch.load_file(str(file)))
-        except (OSError, ValueError, RuntimeError) as err:
-            raise ExportError(f"{file} is not a readable safetensors file: {err}") from None
-    return tensors
-
-
-def _matches(name: str, module: nn.Module, target: str) -> bool:
-    """compressed-tensors' target rule: the module's name, ``re:`` a regex from its start, or a class name."""
-    if target.startswith("re:"):
-        return re.match(target.removeprefix("re:"), name) is not None
-    return target == name or any(cls.__name__ == target for cls in type(module).__mro__)
-
-
-def _quantize_groups(model: nn.Module, quantization: dict[str, Any], tensors: dict[str, Tensor], path: Path) -> set[str]:
-    """Every Linear a config group targets (and ``ignore`` does not), replaced by its quantized layer."""
-    from mase_lite.nn.quantized import quantize_module
-
-    ignore = quantization.get("ignore") or []
-    groups = quantization.get("config_groups") or {}
-    done: set[str] = set()
-    for group_name, group in groups.items():
-        form = group.get("format") or quantization.get("format")
-        if form not in READ_FORMATS:
-            raise ExportError(f"{path}: config group {group_name!r} is in format {form!r}, which has no equivalent "
-                              f"here; readable: {', '.join(READ_FORMATS)}")
-        for name, module in list(model.named_modules()):
-            if type(module) is not nn.Linear or name in done or any(_matches(name, module, i) for i in ignore):
-                continue
-            if not any(_matches(name, module, t) for t in group.get("targets", [])):
-                continue
-            fmt, data_in, encoded = _layer_codes(name, module, group, form, tensors, path)
-            layer = quantize_module(module, {"weight": fmt, **({"data_in": data_in} if data_in else {})})
-            layer.restore_parameter("weight", encoded)
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child, layer)
-            if f"{name}.bias" in tensors:
-                with torch.no_grad():
-                    layer.bias.copy_(tensors[f"{name}.bias"])
-            done.add(name)
-    return done
-
-
-def _layer_codes(name: str, module: nn.Module, group: dict, form: str, tensors: dict[str, Tensor], path: Path):
-    """The weight format, the input format and the stored codes of one targeted Linear."""
-    from mase_lite.numerics.codes import encode
-
-    weights = group.get("weights") or {}
-    rows, columns = module.out_features, module.in_features
-
-    def tensor(key: str) -> Tensor:
-        if f"{name}.{key}" not in tensors:
-            raise ExportError(f"{path}: layer {name!r} lacks tensor {name}.{key}")
-        return tensors[f"{name}.{key}"]
-
-    bits, kind, strategy = weights.get("num_bits"), weights.get("type"), weights.get("strategy")
-    if form == "mxfp4-pack-quantized":
-        fmt = {"name": "mxfp", "element_format": "e2m1", "block_size": 32}
-        packed, scale = tensor("weight_packed"), tensor("weight_scale")
-        codes = torch.stack([packed & 0xF, packed >> 4], -1).reshape(rows, columns).to(torch.int64)
-        side = {"scale": scale.to(torch.uint8)}
-    elif form == "nvfp4-pack-quantized":
-        fmt = {"name": "nvfp4", "per_tensor": "global_scale"}
-        packed = tensor("weight_packed")
-        codes = torch.stack([packed & 0xF, packed >> 4], -1).reshape(rows, columns).to(torch.int64)
-        side = {"global_scale": tensor("weight_global_scale").float().reshape(1),
-                "block_scale": tensor("weight_scale").to(torch.float8_e4m3fn)}
-    elif form == "float-quantized" and kind == "float" and bits == 8 and strategy in ("tensor", "channel", "group"):
-        weight, scale = tensor("weight"), tensor("weight_scale").float()
-        if weight.dtype != torch.float8_e4m3fn:
-            raise ExportError(f"{path}: layer {name!r}: float-quantized weights of {weight.dtype}, not float8_e4m3fn")
-        fmt = {"name": "scaled_float", "granularity": strategy, "group_size": weights.get("group_size") or 128}
-        codes = weight.view(torch.uint8).to(torch.int64)
-        side = {"scale": scale.reshape(1) if strategy == "tensor" else scale.reshape(rows, -1)}
-    elif form != "float-quantized" and kind == "int" and isinstance(bits, int) and 1 < bits <= 8 and strategy in ("tensor", "channel", "group"):
-        scale = tensor("weight_scale")
-        granularity = strategy
-        group_size = weights.get("group_size") or 128
-        fmt = {"name": "scaled_integer", "width": bits, "symmetric": bool(weights.get("symmetric", True)),
-               "granularity": granularity, "group_size": group_size,
-               "scale_dtype": str(scale.dtype).removeprefix("torch.")}
-        if fmt["symmetric"]:
-            fmt["full_range"] = True
-        if form == "int-quantized":
-            codes = tensor("weight").to(torch.int64) + (1 << (bits - 1))
-        else:
-            codes = unpack_rows(tensor("weight_packed"), bits, columns)
-        side = {"scale": scale.reshape(1) if strategy == "tensor" else scale}
-        if not fmt["symmetric"]:
-            zero = tensor("weight_zero_point")
-            if form == "pack-quantized" and strategy in ("group", "channel"):
-                zero = unpack_rows(zero.t().contiguous(), bits, rows).t()
-            else:
-                zero = zero.to(torch.int64) + (1 << (bits - 1))
-            side["zero_point"] = zero.reshape(side["scale"].shape).to(torch.uint8)
-    else:
-        raise ExportError(f"{path}: layer {name!r}: weights {json.dumps(weights)} have no equivalent format here "
-                          "(int of 2-8 bits per tensor, channel or group, FP8 E4M3, MXFP4 or NVFP4)")
-    values = _decoded(fmt, codes, side, module.weight.dtype)
-    encoded = encode(values, fmt, side=side, values=values)
-    if encoded is None:
-        raise ExportError(f"{path}: layer {name!r}: its codes do not decode to values of {fmt['name']}")
-    return fmt, _input_format(name, group.get("input_activations"), tensors, path), encoded
-
-
-def _decoded(fmt: dict, codes: Tensor, side: dict[str, Tensor], dtype: torch.dtype) -> Tensor:
-    from mase_lite.numerics.codes import Encoded, decode, pack_bits
-    from mase_lite.numerics.registry import parse_format
-
-    number_format, params = parse_format(fmt)
-    bits = number_format.codec.bits(params)
-    return decode(Encoded(number_format.as_dict(params), bits, pack_bits(codes.reshape(-1), bits), dict(side),
-                          tuple(codes.shape), dtype, codes))
-
-
-def _input_format(name: str, args: dict | None, tensors: dict[str, Tensor], path: Path) -> dict[str, Any] | None:
-    if not args:
-        return None
-    if args.get("type") == "float" and args.get("num_bits") == 4 and args.get("group_size") == 16:
-        scale = tensors.get(f"{name}.input_global_scale")
-        amax = None if scale is None else nvfp4_amax_of(scale.float().reshape(-1)[0])
-        if amax is None:
-            raise ExportError(f"{path}: layer {name!r}: NVFP4 input activations need an input_global_scale of a "
-                              "finite amax")
-        return {"name": "nvfp4", "per_tensor": "global_scale", "tensor_amax": amax}
-    kind = args.get("type")
-    if not (kind in ("int", "float") and args.get("num_bits") == 8 and args.get("symmetric", True)
-            and args.get("strategy") in ("tensor", "token")):
-        raise ExportError(f"{path}: layer {name!r}: input activations {json.dumps(args)} have no equivalent format here "
-                          "(8-bit symmetric int or FP8 per tensor or token, or NVFP4)")
-    fmt = {"name": "scaled_integer", "width": 8, "full_range": True} if kind == "int" else {"name": "scaled_float"}
-    fmt["granularity"] = "tensor" if args["strategy"] == "tensor" else "channel"
-    if not args.get("dynamic", False):
-        scale = tensors.get(f"{name}.input_scale")
-        if scale is None or args["strategy"] != "tensor":
-            raise ExportError(f"{path}: layer {name!r}: static input activations need a per-tensor input_scale")
-        fmt["scale"] = float(scale.float().reshape(-1)[0])
-    return fmt
-
-
-def nvfp4_amax_of(global_scale: Tensor) -> float | None:
-    """The float32 amax whose NVFP4 global scale is ``global_scale`` exactly (None if there is none).
-
-    >>> nvfp4_amax_of(torch.tensor(336.0))
-    8.0
-    """
-    from mase_lite.numerics.scaled import nvfp4_global_scale
-
-    guess = (torch.tensor(2688.0) / global_scale.float()).reshape(1)
-    if not bool(torch.isfinite(guess).all()) or float(guess) <= 0:
-        return None
-    bits = guess.view(torch.int32)
-    for step in (0, -1, 1, -2, 2, -3, 3):
-        amax = (bits + step).view(torch.float32)
-        if torch.equal(nvfp4_global_scale(amax), global_scale.float().reshape(1)):
-            return float(amax)
-    return None
-
-
-def unpack_rows(words: Tensor, bits: int, columns: int) -> Tensor:
-    """The inverse of :func:`pack_rows`: each row's first ``columns`` unsigned codes (int64)."""
-    from mase_lite.numerics.codes import unpack_bits
-
-    if words.dtype != torch.int32 or words.dim() != 2:
-        raise ExportError(f"packed codes must be a 2-D int32 tensor, got {words.dtype} of shape {list(words.shape)}")
-    return torch.stack([unpack_bits(row.contiguous().view(torch.uint8), bits, columns) for row in words])
+from mase_lite.deploy.compressed_tensors_import import (  # noqa: E402,F401
+    READ_FORMATS, _decoded, is_checkpoint, nvfp4_amax_of, read, unpack_rows,
+)

@@ -34,15 +34,17 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from mase_lite import __version__
 from mase_lite.deploy.layers import ExportError, Layer, linear_layers, unsupported
 from mase_lite.deploy.tracing import Outputs, dynamic, evaluating, example_inputs, quantized_values
-from mase_lite.files import follow_umask, staged_file
+from mase_lite.files import follow_umask, head_of, staged_file
 from mase_lite.nn.quant_functional import QuantizedFunction
 from mase_lite.nn.quantized import QuantizedLayer
 from mase_lite.numerics.codes import offset_values
 from mase_lite.numerics.scaled import stored_scale
 
 TARGET = "onnx"
+PRODUCER = "mase_lite"  # the model's producer_name: what tells a previous export at a path
 OPSET = 21
 NEAREST_ACTIVATION = ("8-bit scaled_integer per tensor with a static scale and full_range true, or an 8-bit integer "
                       "(fixed point)")
@@ -79,14 +81,26 @@ def write(mg, path: str | Path, tokenizer: Any = None) -> dict[str, Any]:
     proto = program.model_proto
     prefix = "model."
     replaced = _replace_initializers(onnx, proto, dq, prefix)
+    proto.producer_name, proto.producer_version = PRODUCER, __version__
     path = Path(path)
     with staged_file(path) as tmp:
-        onnx.save(proto, str(tmp))
+        tmp.write_bytes(proto.SerializeToString())  # Python's write: a full disk names this file's file system
         follow_umask(tmp)
     return {"format": TARGET, "path": str(path), "bytes": path.stat().st_size, "opset": OPSET,
             "dequantize_linear": sorted(replaced),
             "float_weights": sorted(lay.name for lay in layers if lay.name not in replaced and lay.weight_format is not None),
             "inputs": list(inputs), "outputs": [o.name for o in proto.graph.output]}
+
+
+def is_export(path: Path) -> bool:
+    """Whether ``path`` is an ONNX file :func:`write` wrote: its first fields (``ir_version``, then
+    ``producer_name``, serialized in field order) name mase_lite."""
+    head = head_of(path, 32) or b""
+    end = 1
+    while end < len(head) and head[end] & 0x80:  # ir_version's varint
+        end += 1
+    marker = bytes([0x12, len(PRODUCER)]) + PRODUCER.encode()
+    return head[:1] == b"\x08" and head[end + 1:end + 1 + len(marker)] == marker
 
 
 @contextlib.contextmanager

@@ -20,9 +20,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import contextlib
 import io
 import json
+import logging
 import zipfile
+from collections.abc import Iterator
 
 import torch
 
@@ -61,6 +64,16 @@ def write(mg, path: str | Path, tokenizer: Any = None) -> dict[str, Any]:
             "outputs": outputs}
 
 
+@contextlib.contextmanager
+def _quiet(logger: logging.Logger) -> Iterator[None]:
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def is_export(path: Path) -> bool:
     """Whether ``path`` is a program :func:`write` wrote (its archive holds the writer's marker)."""
     if head_of(path, 4) != b"PK\x03\x04":
@@ -80,7 +93,8 @@ def load(path: str | Path, trust_code: bool = False) -> torch.nn.Module:
     if not trust:
         check_archive(data, str(path))
     try:
-        program = torch.export.load(io.BytesIO(data))
+        with _quiet(logging.getLogger("torch.export")):  # it logs a damaged archive's traceback, then raises
+            program = torch.export.load(io.BytesIO(data))
         return program.module() if trust else program.module(check_guards=False)
     except Exception as err:  # torch's loader raises many kinds (AssertionError, SpecViolationError, ...) for damage
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]

@@ -80,7 +80,13 @@ def check_archive(data: bytes, where: str) -> None:
     for needed in ("archive_format", "models/model.json", "data/sample_inputs/model.pt"):
         if needed not in members:
             raise UserError(f"{where}: member {root}/{needed} is missing")
-    read = lambda name: archive.read(members[name])  # noqa: E731
+
+    def read(name: str) -> bytes:
+        try:
+            return archive.read(members[name])
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:  # a damaged member: its CRC, its header
+            raise UserError(f"{where}: member {root}/{name} is damaged ({err})") from None
+
     for config in ("data/weights/model_weights_config.json", "data/constants/model_constants_config.json"):
         if config in members:
             _payloads(_json(read(config), f"{where}: {root}/{config}"), f"{where}: {root}/{config}")

@@ -227,6 +227,12 @@ def _check_replaceable(out: Path) -> None:
     )
 
 
+def _sources(spec: PipelineSpec) -> tuple[Path, ...]:
+    """The local files the run reads its model from (a pretrained directory or file, checkpoints it loads)."""
+    named = [spec.model.pretrained] + [getattr(step.params, "path", None) for step in spec.steps if step.pass_name == "load"]
+    return tuple(Path(p) for p in named if isinstance(p, str) and os.path.lexists(p))
+
+
 def _carry_caches(out: Path, staging: Path) -> None:
     """Hard-link the previous run's download and tokenized-data caches into the new run directory."""
     for name in _CACHES:
@@ -358,7 +364,8 @@ def run_pipeline(
         with staged_directory(out) as staging:
             _carry_caches(out, staging)
             final = functools.partial(_rebase, staging=str(staging), out=str(out))
-            ctx = PassContext(output_dir=staging, confined=spec.recorded)
+            ctx = PassContext(output_dir=staging, confined=spec.recorded, reserved=(REPORT, *_CACHES),
+                              sources=_sources(spec))
             try:
                 mg = _run_steps(spec, ctx, report, instruments, cache, final)
                 report["status"] = "ok"

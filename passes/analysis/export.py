@@ -8,7 +8,9 @@ Example::
     {"pass": "export", "params": {"format": "pt2", "path": "model.pt2"}}           # torch.export.load
 
 A layer whose format the target cannot hold is refused before anything is written, naming the layer, its
-format and the target's nearest scheme (see :mod:`mase_lite.deploy`).
+format and the target's nearest scheme (see :mod:`mase_lite.deploy`). A relative path stays inside the run; an
+absolute one may hold a previous export of the same format, replaced with ``"overwrite": true``; nothing else that
+stands at the path (a folder, a file, a device, the model's source) is ever replaced.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ class ExportParams(PassParams):
                                  "onnx (Q/DQ for onnxruntime) or pt2 (a torch.export program)")
     path: str = Field(min_length=1, description="where to write (a directory for compressed-tensors, else a file), "
                       "relative to the run")
+    overwrite: bool = Field(False, description="replace a previous export of this format at an absolute path outside the "
+                            "run (nothing but the tool's own export is ever replaced)")
     tokenizer: bool = Field(True, description="write the run's tokenizer with the model where the format keeps one")
     float_dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="dtype of the tensors that are not quantized (compressed-tensors; gguf: float32 or "
@@ -38,4 +42,5 @@ def export_pass(mg, params: ExportParams, ctx):
     """Write the model as a compressed-tensors directory, a GGUF file, an ONNX model or a torch.export program."""
     tokenizer = getattr(ctx.data, "tokenizer", None) if params.tokenizer else None
     options = {"float_dtype": params.float_dtype} if params.float_dtype != "float32" else {}
-    return PassResult(export(mg, params.format, ctx.path(params.path), tokenizer=tokenizer, **options))
+    return PassResult(export(mg, params.format, ctx.path(params.path), tokenizer=tokenizer, overwrite=params.overwrite,
+                             sources=ctx.sources, **options))
