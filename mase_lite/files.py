@@ -19,6 +19,7 @@ import contextlib
 import errno
 import os
 import re
+import resource
 import shutil
 import stat
 import tempfile
@@ -145,8 +146,8 @@ def staged_file(target: str | Path) -> Iterator[Path]:
 
 def _as_written(err: BaseException, staging: Path, target: Path) -> BaseException:
     """A failed write into ``staging`` as the user sees it: naming ``target`` (not the staging name), with its cause
-    where a library lost the errno (numpy's ``tofile`` on a full disk raises ``OSError(None)``: a full file system,
-    else an I/O error) or worded it its own way (safetensors' "os error 28")."""
+    where a library lost the errno (numpy's ``tofile`` says "N requested and 0 written") or worded it its own way
+    (safetensors' "os error 28")."""
     from mase_lite.faults import as_fault
 
     if not isinstance(err, OSError):
@@ -155,14 +156,25 @@ def _as_written(err: BaseException, staging: Path, target: Path) -> BaseExceptio
     if not name.startswith(str(staging)):
         return err
     name = str(target) + name[len(str(staging)):]
-    if err.errno is None:
-        try:
-            full = os.statvfs(target.parent).f_bavail == 0
-        except OSError:
-            full = False
-        code = errno.ENOSPC if full else errno.EIO
-        return OSError(code, os.strerror(code), name)
-    return type(err)(err.errno, err.strerror, name)
+    code = err.errno if err.errno is not None else _lost_errno(staging, target)
+    if code is None:
+        return err
+    return OSError(code, err.strerror if err.errno is not None else os.strerror(code), name)
+
+
+def _lost_errno(staging: Path, target: Path) -> int | None:
+    """Why a write into ``staging`` failed when the library did not say: a full file system, or a file that reached
+    this process's file-size limit; ``None`` when neither is so."""
+    try:
+        if os.statvfs(target.parent).f_bavail == 0:
+            return errno.ENOSPC
+    except OSError:
+        pass
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    files = [staging] if staging.is_file() else [p for p in staging.rglob("*") if p.is_file()]
+    if limit != resource.RLIM_INFINITY and any(p.stat().st_size >= limit for p in files):
+        return errno.EFBIG
+    return None
 
 
 def check_regular(directory: str | Path, what: str) -> None:
