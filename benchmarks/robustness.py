@@ -1,6 +1,6 @@
 """Reliability probe: mutated specs, corrupted checkpoints, damaged data files and killed runs.
 
-Seven parts, all seeded (the same seed gives the same cases):
+Nine parts, all seeded (the same seed gives the same cases):
 
 * ``pipelines`` and ``searches``: every shipped spec in pipelines/, pipelines/labs and pipelines/tasks is
   shrunk (16 training samples, one narrow layer, one training step, one trial of one study) so that a
@@ -23,9 +23,16 @@ Seven parts, all seeded (the same seed gives the same cases):
   lie consistently, and foreign reports naming the user's folder or code (``benchmarks/robustness_caches.py``):
   the outcome must also be right (the undamaged metrics, no finished trial lost, nothing written where a report
   points).
+* ``imports``: files someone else made, imported as a run imports them: hostile GGUF files
+  (``benchmarks/robustness_gguf.py``), compressed-tensors directories (``benchmarks/robustness_compressed_tensors.py``)
+  and ``.pt2`` archives (``benchmarks/robustness_pt2.py``); a refusal or the right weights, no code run.
+* ``exports``: ``mase-lite export`` and the export step aimed at every kind of destination for each format
+  (``benchmarks/robustness_exports.py``): nothing but the export itself written, nothing removed.
 * ``kills``: SIGKILL of runs (the previous run must stay whole, or the new one be complete, and its
   checkpoint load) and of search workers on the journal storage (resuming keeps every finished trial,
-  runs no grid point twice and completes the study).
+  runs no grid point twice and completes the study), and of workers killed at each point of a trial's life
+  (before ask, between ask and heartbeat, mid-trial, at and after tell) on the journal and on PostgreSQL
+  (``benchmarks/robustness_studies.py``).
 
 Outcomes: ``ran`` (exit 0), ``refused`` (exit 2, one ``mase-lite: error:`` message, no traceback) or a
 defect: any other exit code, a traceback, a case over the time limit or the memory cap, a canary, a
@@ -874,6 +881,12 @@ def real_cli(argv: list[str], cwd: Path, limit: float = TIME_LIMIT) -> tuple[int
 # ---------------------------------------------------------------------------------------------- part: kills
 
 
+KILL_PIPELINE = {"name": "tiny", "seed": 0, "data": TINY_DATA, "model": TINY_BERT,
+                 "steps": [{"pass": "quantize", "params": {"by": "type", "rules": {"linear": {
+                     "name": "integer", "weight_width": 8, "weight_frac_width": 4, "data_in_width": 8, "data_in_frac_width": 4}}}},
+                     {"pass": "evaluate", "params": {"label": "ptq", "progress": False}}]}
+
+
 def kill_cases(seed: int, work: Path, n_runs: int, n_workers: int) -> list[Case]:
     rng = random.Random(seed)
     cases = []
@@ -911,10 +924,7 @@ def kill_cases(seed: int, work: Path, n_runs: int, n_workers: int) -> list[Case]
     for i in range(n_workers):
         sdir = work / f"search{i}"
         sdir.mkdir()
-        pipeline = {"name": "tiny", "seed": 0, "data": TINY_DATA, "model": TINY_BERT,
-                    "steps": [{"pass": "quantize", "params": {"by": "type", "rules": {"linear": {
-                        "name": "integer", "weight_width": 8, "weight_frac_width": 4, "data_in_width": 8, "data_in_frac_width": 4}}}},
-                        {"pass": "evaluate", "params": {"label": "ptq", "progress": False}}]}
+        pipeline = KILL_PIPELINE
         widths = [4, 5, 6, 8, 10, 12]
         search = {"pipeline": pipeline, "space": [{"path": "steps.quantize.params.rules.linear.weight_width", "type": "choice",
                                                    "values": widths, "name": "w"}],
@@ -981,7 +991,7 @@ def table(cases: list[Case]) -> str:
     return "\n".join(rows)
 
 
-PARTS = ["pipelines", "searches", "checkpoints", "subprocess", "kills", "data", "caches"]
+PARTS = ["pipelines", "searches", "checkpoints", "subprocess", "kills", "data", "caches", "imports", "exports"]
 
 
 def main() -> None:
@@ -999,6 +1009,7 @@ def main() -> None:
     parser.add_argument("--cache-damage", type=int, default=3, help="caches part: cases per byte-level damage and file")
     parser.add_argument("--run-kills", type=int, default=3)
     parser.add_argument("--worker-kills", type=int, default=3)
+    parser.add_argument("--study-kills", type=int, default=2, help="kills per point of a trial's life and storage")
     parser.add_argument("--json", help="write every case's record here as it ends (JSON lines)")
     parser.add_argument("--skip", nargs="+", default=[], metavar="JSONL", help="skip spec cases recorded in these files")
     parser.add_argument("--rerun", nargs="+", default=[], metavar="JSONL",
@@ -1081,9 +1092,29 @@ def main() -> None:
                     case.outcome, case.why = "defect", problem
                 cases.append(case)
                 _progress(case, canary, args.json)
+        if "imports" in args.parts or "exports" in args.parts:
+            from robustness_compressed_tensors import compressed_tensors_cases  # beside this script
+            from robustness_exports import export_cases
+            from robustness_gguf import gguf_cases
+            from robustness_pt2 import pt2_cases
+
+            makers = [("import", fn) for fn in (gguf_cases, compressed_tensors_cases, pt2_cases) if "imports" in args.parts]
+            makers += [("export", export_cases)] if "exports" in args.parts else []
+            for part, make in makers:
+                for source, damage, directory, fn, verify in make(args.seed, work / f"{part}s" / make.__name__, canary):
+                    case = Case(part, source, damage)
+                    classify(case, *forked(fn, directory, args.time_limit))
+                    problem = verify(case.code)
+                    if problem:
+                        case.outcome, case.why = "defect", problem
+                    cases.append(case)
+                    _progress(case, canary, args.json)
         if "kills" in args.parts:
             try:
-                for case in kill_cases(args.seed, work / "kills", args.run_kills, args.worker_kills):
+                from robustness_studies import study_kill_cases
+
+                for case in kill_cases(args.seed, work / "kills", args.run_kills, args.worker_kills) + study_kill_cases(
+                        args.seed, work / "studies", KILL_PIPELINE, args.study_kills):
                     cases.append(case)
                     _progress(case, canary, args.json)
             except Exception:  # the probe's own failure: reported, the other parts' figures kept
