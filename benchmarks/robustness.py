@@ -1084,14 +1084,7 @@ def main() -> None:
         if "caches" in args.parts:
             from robustness_caches import cache_cases  # beside this script
 
-            for source, damage, directory, fn, verify in cache_cases(args.seed, work / "caches", canary, args.cache_damage):
-                case = Case("cache", source, damage)
-                classify(case, *forked(fn, directory, args.time_limit))
-                problem = verify(case.code)
-                if problem:
-                    case.outcome, case.why = "defect", problem
-                cases.append(case)
-                _progress(case, canary, args.json)
+            cases += run_verified("cache", cache_cases(args.seed, work / "caches", canary, args.cache_damage), canary, args)
         if "imports" in args.parts or "exports" in args.parts:
             from robustness_compressed_tensors import compressed_tensors_cases  # beside this script
             from robustness_exports import export_cases
@@ -1101,14 +1094,7 @@ def main() -> None:
             makers = [("import", fn) for fn in (gguf_cases, compressed_tensors_cases, pt2_cases) if "imports" in args.parts]
             makers += [("export", export_cases)] if "exports" in args.parts else []
             for part, make in makers:
-                for source, damage, directory, fn, verify in make(args.seed, work / f"{part}s" / make.__name__, canary):
-                    case = Case(part, source, damage)
-                    classify(case, *forked(fn, directory, args.time_limit))
-                    problem = verify(case.code)
-                    if problem:
-                        case.outcome, case.why = "defect", problem
-                    cases.append(case)
-                    _progress(case, canary, args.json)
+                cases += run_verified(part, make(args.seed, work / f"{part}s" / make.__name__, canary), canary, args)
         if "kills" in args.parts:
             try:
                 from robustness_studies import study_kill_cases
@@ -1132,6 +1118,20 @@ def main() -> None:
           f"CPU of the cases' processes; load average before {' '.join(load_before)}, "
           f"after {' '.join(load_after)}; canary {'CREATED' if canary_seen else 'never created'}")
     summarize(cases)
+
+
+def run_verified(part: str, found: list[tuple], canary: Path, args: argparse.Namespace) -> list[Case]:
+    """Run each ``(source, damage, directory, fn, verify)`` case forked; a wrong outcome by ``verify`` is a defect."""
+    done = []
+    for source, damage, directory, fn, verify in found:
+        case = Case(part, source, damage)
+        classify(case, *forked(fn, directory, args.time_limit))
+        problem = verify(case.code)
+        if problem:
+            case.outcome, case.why = "defect", problem
+        done.append(case)
+        _progress(case, canary, args.json)
+    return done
 
 
 def summarize(cases: list[Case]) -> None:

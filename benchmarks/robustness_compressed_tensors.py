@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from robustness_data import BYTE_DAMAGE
+from robustness_data import BYTE_DAMAGE, pretrained_run
 
 Verify = Callable[[int | None], str | None]
 Make = Callable[[Path], None]
@@ -94,22 +94,6 @@ def _importer(path: Path, out: Path) -> Callable[[], int]:
             return 2
         torch.save({k: v.detach() for k, v in model.state_dict().items()}, out / STATE)
         return 0
-
-    return call
-
-
-def _cli(path: Path, out: Path) -> Callable[[], int]:
-    """The import through ``mase-lite run`` (data from the directory's tokenizer, one evaluation)."""
-    spec = out / "spec.json"
-    spec.write_text(json.dumps({"model": {"task": "causal-lm", "pretrained": str(path)},
-                                "data": {"block_size": 8, "n_train": 8, "n_test": 8},
-                                "steps": [{"pass": "evaluate", "params": {"progress": False}}],
-                                "output_dir": str(out / "run")}))
-
-    def call() -> int:
-        from mase_lite.cli import main
-
-        return main(["run", str(spec)])
 
     return call
 
@@ -612,7 +596,7 @@ def compressed_tensors_cases(seed: int, work: Path, canary: Path, per_damage: in
         path = directory / "ct"
         shutil.copytree(base, path, symlinks=True)
         make(path)
-        call = (_cli if what in THROUGH_CLI else _importer)(path, directory)
+        call = (pretrained_run if what in THROUGH_CLI else _importer)(path, directory)
         cases.append((f"compressed-tensors {source}", what, directory, call,
                       _verifier(directory, expect, _tensor_hashes(path), original, weights, canary)))
     return cases

@@ -52,6 +52,23 @@ def reader(spec: dict, task: str, model: dict | None = None) -> Callable[[], int
     return call
 
 
+def pretrained_run(path: Path, out: Path) -> Callable[[], int]:
+    """``mase-lite run`` of a causal LM imported from ``path`` (data from its own tokenizer, one evaluation), in
+    ``out``: how the imports part sends a case through the CLI."""
+    spec = out / "spec.json"
+    spec.write_text(json.dumps({"model": {"task": "causal-lm", "pretrained": str(path)},
+                                "data": {"block_size": 8, "n_train": 8, "n_test": 8},
+                                "steps": [{"pass": "evaluate", "params": {"progress": False}}],
+                                "output_dir": str(out / "run")}))
+
+    def call() -> int:
+        from mase_lite.cli import main
+
+        return main(["run", str(spec)])
+
+    return call
+
+
 # ---------------------------------------------------------------------------------------------- bytes
 
 def _fresh(work: Path, prefix: str) -> Path:

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from robustness_data import BYTE_DAMAGE
+from robustness_data import BYTE_DAMAGE, pretrained_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.deploy.gguf_forge import (  # noqa: E402  the hostile-file tests' forge
@@ -104,22 +104,6 @@ def _importer(path: Path, out: Path) -> Callable[[], int]:
             return 2
         torch.save({k: v.detach() for k, v in model.state_dict().items()}, out / STATE)
         return 0
-
-    return call
-
-
-def _cli(path: Path, out: Path) -> Callable[[], int]:
-    """The import through ``mase-lite run`` (data from the file's vocabulary, one evaluation)."""
-    spec = out / "spec.json"
-    spec.write_text(json.dumps({"model": {"task": "causal-lm", "pretrained": str(path)},
-                                "data": {"block_size": 8, "n_train": 8, "n_test": 8},
-                                "steps": [{"pass": "evaluate", "params": {"progress": False}}],
-                                "output_dir": str(out / "run")}))
-
-    def call() -> int:
-        from mase_lite.cli import main
-
-        return main(["run", str(spec)])
 
     return call
 
@@ -446,7 +430,7 @@ def gguf_cases(seed: int, work: Path, canary: Path, per_damage: int = 6
         directory.mkdir()
         path = directory / "x.gguf"
         make(path)
-        call = (_cli if what in THROUGH_CLI else _importer)(path, directory)
+        call = (pretrained_run if what in THROUGH_CLI else _importer)(path, directory)
         cases.append((f"gguf {source}", what, directory, call,
                       _verifier(directory, expect, _held(path) if expect == EITHER else None, held, weights, canary)))
     return cases

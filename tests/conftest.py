@@ -1,5 +1,6 @@
 import os
 import shutil
+import signal
 import subprocess
 from contextlib import ExitStack, contextmanager
 
@@ -97,3 +98,16 @@ def tmpfs(tmp_path):
         yield lambda name, size="16m", read_only=False: stack.enter_context(
             _mounted(tmp_path / name, f"size={size}" + (",ro" if read_only else ""))
         )
+
+
+@pytest.fixture
+def hang_guard():
+    """A hang (a FIFO opened, a count looped over) fails the test in 10 s instead of stalling the suite."""
+    def stop(signum, frame):
+        raise TimeoutError("hung")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(10)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)

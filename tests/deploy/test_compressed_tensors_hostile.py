@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import struct
 import time
 from pathlib import Path
@@ -63,18 +62,6 @@ def read(path: Path) -> torch.nn.Module:
 def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-
-@pytest.fixture
-def hang_guard():
-    """A hang fails the test in 10 s instead of stalling the suite."""
-    def stop(signum, frame):
-        raise TimeoutError("hung")
-
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(10)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
 
 
 def made(base: tuple[Path, dict], tmp_path: Path, change) -> Path:

@@ -7,7 +7,6 @@ weights. Each file is forged from one small valid export (tests/deploy/gguf_forg
 import json
 import os
 import re
-import signal
 import struct
 import time
 from pathlib import Path
@@ -46,18 +45,6 @@ def base(tmp_path_factory) -> tuple[Path, Parts, dict[str, torch.Tensor], torch.
 def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-
-@pytest.fixture
-def hang_guard():
-    """A hang fails the test in 10 s instead of stalling the suite."""
-    def stop(signum, frame):
-        raise TimeoutError("hung")
-
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(10)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
 
 
 def refused(path: Path, pattern: str, read=lambda p: hub.read_model(p, AutoModelForCausalLM)) -> str:

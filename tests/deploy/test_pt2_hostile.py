@@ -67,6 +67,18 @@ def _program(members, change):
     members["archive/models/model.json"] = json.dumps(model).encode()
 
 
+def _runs_in_torch_not_here(path, canary, refusal):
+    """The archive at ``path`` runs its command through ``torch.export.load`` (the attack is real), and ``pt2.load``
+    refuses it with ``refusal`` before anything runs."""
+    with pytest.raises(Exception):
+        torch.export.load(str(path))  # torch runs the payload, then fails on what it made
+    assert canary.exists()
+    canary.unlink()
+    with pytest.raises(UserError, match=refusal):
+        pt2.load(path)
+    assert not canary.exists()
+
+
 def _touch(canary):
     return f"touch {canary}"
 
@@ -79,13 +91,7 @@ def test_a_valid_program_loads_and_computes_the_same_outputs(archive):
 def test_pickled_sample_inputs_run_nothing(archive, tmp_path):
     canary = tmp_path / "ran"
     path = _crafted(archive, tmp_path, lambda m: m.update({"archive/data/sample_inputs/model.pt": _torch_save(Shell(_touch(canary)))}))
-    with pytest.raises(Exception):
-        torch.export.load(str(path))  # torch itself unpickles it (and then fails on the value)
-    assert canary.exists()  # the attack is real
-    canary.unlink()
-    with pytest.raises(UserError, match=r"crafted.pt2: archive/data/sample_inputs/model.pt: not plain tensors .*it is not unpickled"):
-        pt2.load(path)
-    assert not canary.exists()
+    _runs_in_torch_not_here(path, canary, r"crafted.pt2: archive/data/sample_inputs/model.pt: not plain tensors .*it is not unpickled")
 
 
 def test_a_pickled_constant_runs_nothing(archive, tmp_path):
@@ -124,13 +130,8 @@ def test_a_symbolic_expression_is_not_evaluated(archive, tmp_path):
         _program(members, lambda model: _replace_expressions(model, code))
 
     path = _crafted(archive, tmp_path, change)
-    with pytest.raises(Exception):
-        torch.export.load(str(path))
-    assert canary.exists()  # sympy evaluated it
-    canary.unlink()
-    with pytest.raises(UserError, match=r"models/model.json: graph_module\.\S+\.expr_str: .* calls something other than a symbolic-shape function"):
-        pt2.load(path)
-    assert not canary.exists()
+    _runs_in_torch_not_here(path, canary, r"models/model.json: graph_module\.\S+\.expr_str: .* calls something other than a "
+                            r"symbolic-shape function")
 
 
 def test_an_operator_outside_torch_ops_is_not_called(archive, tmp_path):
