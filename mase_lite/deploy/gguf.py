@@ -85,11 +85,16 @@ def write(mg, path: str | Path, tokenizer: Any = None, float_dtype: str = "float
         raise unsupported(TARGET, refused[0], "a quantized layer that is not a Linear", "quantize Linear layers only")
     arch = GGUF_ARCHITECTURES[model_type]
     layers = {layer.name: layer for layer in linear_layers(model)}
+    tied = _tied_head(model, hf)
+    if tied in layers and layers[tied].weight_format is None:
+        del layers[tied]  # a float head that is the embedding: llama.cpp reads token_embd for both, as transformers ties
+    else:
+        tied = None
     planned = {name: _plan(layer) for name, layer in layers.items()}  # every refusal before anything is written
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch.upper()), config.num_hidden_layers)
     tensors: list[tuple[str, np.ndarray, Any]] = []
     counts: Counter[str] = Counter()
-    for name, tensor in _float_tensors(model, layers).items():
+    for name, tensor in _float_tensors(model, layers, skip=tied).items():
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if target is None:
             raise ExportError(f"{TARGET}: no llama.cpp tensor for {name!r} ({model_type})")
@@ -201,11 +206,25 @@ def _mxfp4_blocks(codes: Tensor, scale: Tensor) -> Tensor:
     return torch.cat([scale.unsqueeze(-1), qs], -1).reshape(rows, -1)
 
 
-def _float_tensors(model: torch.nn.Module, layers: dict[str, Layer]) -> dict[str, Tensor]:
-    """Every tensor but those of the Linear layers (written from their codes) and quantizers, once per tied group."""
+def _tied_head(model: torch.nn.Module, hf: Any) -> str | None:
+    """The name of the output head when it holds the input embedding's own weight (a float head of a model that ties
+    them), else None: such a head is written once, as the embedding."""
+    try:
+        embedding, head = hf.get_input_embeddings(), hf.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    if embedding is None or head is None or getattr(head, "weight", None) is not embedding.weight:
+        return None
+    return next((name for name, module in model.named_modules() if module is head), None)
+
+
+def _float_tensors(model: torch.nn.Module, layers: dict[str, Layer], skip: str | None = None) -> dict[str, Tensor]:
+    """Every tensor but those of the Linear layers (written from their codes), the quantizers' and the module
+    ``skip``'s, once per tied group."""
     out, seen = {}, set()
     for name, tensor in model.state_dict(keep_vars=True).items():
-        if name.rpartition(".")[0] in layers or "_quantizer." in name or id(tensor) in seen:
+        owner = name.rpartition(".")[0]
+        if owner in layers or owner == skip or "_quantizer." in name or id(tensor) in seen:
             continue
         seen.add(id(tensor))
         if tensor.is_floating_point():

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen3Config,
+                          Qwen3ForCausalLM)
 
 import mase_lite as ml
 from mase_lite import UserError
-from mase_lite.deploy import export
+from mase_lite.deploy import export, hub
 from mase_lite.train.tokenizer import train_wordpiece
 
 gguf = pytest.importorskip("gguf")
@@ -131,6 +132,23 @@ def test_a_quantized_tied_head_gets_its_own_output_tensor(tmp_path):
     assert np.array_equal(dequantize(tensors["output.weight"].data, tensors["output.weight"].tensor_type),
                           head.weight_quantizer(head.weight).detach().numpy())
     assert tensors["token_embd.weight"].tensor_type.name == "F32"
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_a_float_tied_head_is_written_once_and_imports_tied(tmp_path, kind):
+    rules = {"head": None, "linear": {"weight": {"name": "mxint", "element_width": 8}}}
+    tied, untied = quantized(kind, rules, tied=True), quantized(kind, rules, tied=False)
+    export(tied.model, "gguf", tmp_path / "tied.gguf")
+    export(untied.model, "gguf", tmp_path / "untied.gguf")
+    names = {t.name for t in gguf.GGUFReader(tmp_path / "tied.gguf").tensors}
+    assert "output.weight" not in names and "token_embd.weight" in names
+    saved = (tmp_path / "untied.gguf").stat().st_size - (tmp_path / "tied.gguf").stat().st_size
+    assert 96 * 64 * 4 <= saved < 96 * 64 * 4 + 128  # the float32 head (vocabulary x hidden) and its entry, once less
+    model = hub.read_model(tmp_path / "tied.gguf", AutoModelForCausalLM)
+    assert model.config.tie_word_embeddings and model.lm_head.weight is model.get_input_embeddings().weight
+    ids = torch.randint(0, 96, (2, 7))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, tied.model(ids).logits)
 
 
 @pytest.mark.parametrize("rules, message", [
