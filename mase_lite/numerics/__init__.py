@@ -17,6 +17,7 @@ True
 
 # Importing a family module registers its formats.
 from mase_lite.numerics import binary, block, integer, log, minifloat, mx_formats, scaled, scaled_float, ternary  # noqa: F401
+from mase_lite.numerics import ggml  # noqa: F401  (GGML K-quants and IQ4_NL)
 from mase_lite.numerics.binary import residual_level_means, residual_sign
 from mase_lite.numerics.core import SUPPORTED_DTYPES, apply_format, bits_per_element, format_dict, quantize
 from mase_lite.numerics.registry import (
