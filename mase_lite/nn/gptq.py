@@ -155,7 +155,14 @@ def _group_opener(fmt: NumberFormat, params: Any, dtype: torch.dtype) -> Callabl
     not say) and the quantizer of a column (``[rows]`` in ``dtype``) on its grid."""
 
     def in_dtype(fn: Quantizer) -> Quantizer:
-        return fn if dtype == torch.float32 else lambda col: fn(col.to(torch.float32)).to(dtype)
+        if dtype == torch.float32:
+            return fn
+        if getattr(fn, "positional", False):  # its grid depends on the column's place in the group (ggml's K-quants)
+            def positioned(col: Tensor, column: int) -> Tensor:
+                return fn(col.to(torch.float32), column=column).to(dtype)
+            positioned.positional = True
+            return positioned
+        return lambda col: fn(col.to(torch.float32)).to(dtype)
 
     if fmt.group_quantizer is not None:
         def opened(values: Tensor):
@@ -231,7 +238,7 @@ def gptq(weight: Tensor | list[Tensor], hessian: Tensor | list[Tensor], fmt: Map
     wt[dead] = 0
     position = torch.empty_like(order)
     position[order] = torch.arange(columns)
-    group_of = (order // size).tolist()
+    group_of, within = (order // size).tolist(), (order % size).tolist()  # a column's group, its place in it
     opener = _group_opener(number_format, params, dtype) if size > 1 else None
     elementwise = (_elementwise(number_format, params, dtype) if number_format is not None else torch.clone) if size == 1 else None
     opened: dict[int, Quantizer] = {}
@@ -260,7 +267,7 @@ def gptq(weight: Tensor | list[Tensor], hessian: Tensor | list[Tensor], fmt: Map
                         sides[g], quantize = opener(values)
                         opened[g] = quantize
                 column = wt[k]
-                value = quantize(column)
+                value = quantize(column, column=within[k]) if getattr(quantize, "positional", False) else quantize(column)
                 if drop is not None:
                     value.masked_fill_(drop[k], 0.0)  # +0.0, as the codes decode
                 err = errors[k - start]

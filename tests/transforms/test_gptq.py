@@ -360,3 +360,17 @@ def test_a_handed_over_hessian_is_permuted_in_its_own_memory_with_the_same_resul
     kept = gptq(w, h, fmt, act_order=act_order, dtype=torch.float32, baseline=False)
     handed = gptq(w, [h.clone()], fmt, act_order=act_order, dtype=torch.float32, baseline=False)
     assert torch.equal(kept.weight, handed.weight) and torch.equal(kept.row_error, handed.row_error)
+
+
+@pytest.mark.parametrize("name", ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl"])
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_ggml_block_formats_sweep_codes_on_their_own_grid(name, act_order, dtype):
+    """A K-quant's sub-block scales hang on the super-block's d/dmin, fixed from the group before its first column:
+    each column is rounded on its own sub-block's grid, and the result is those codes under the scales GPTQ kept."""
+    w, h, x = correlated(n_in=512, n_out=8, rows=1024, seed=2)
+    result = gptq(w, h, {"name": name}, act_order=act_order, dtype=dtype)
+    out_err = lambda q: float((x @ (w - q).t()).square().sum())  # noqa: E731
+    assert out_err(result.weight) < 0.95 * out_err(quantize(w, name))
+    encoded = encode(result.weight, {"name": name}, side=result.side, values=result.weight)  # as the pass stores it
+    assert encoded is not None and torch.equal(decode(encoded), result.weight)
