@@ -8,7 +8,9 @@ Quantized weights map exactly, or are refused naming the layer:
   symmetric ``scaled_integer`` in groups of 32 whose scales are float16 values (``scale_dtype: float16``);
 - ``Q4_0`` (blocks of 32, a float16 scale, codes ``q - 8``): 4-bit symmetric ``scaled_integer`` in groups of
   32 (either grid) and ``mxint`` 4-bit, with float16 scales as above;
-- ``MXFP4`` (blocks of 32, an E8M0 scale, E2M1 codes): ``mxfp`` E2M1 in blocks of 32.
+- ``MXFP4`` (blocks of 32, an E8M0 scale, E2M1 codes): ``mxfp`` E2M1 in blocks of 32;
+- ``Q2_K`` .. ``Q6_K`` and ``IQ4_NL``: the formats ``q2_k`` .. ``q6_k`` and ``iq4_nl`` (:mod:`mase_lite.numerics.ggml`),
+  whose codes are llama.cpp's block bytes; the import reads them back as the same formats.
 
 Float matrices are written as F32 (or F16: ``float_dtype``), vectors as F32. llama.cpp quantizes activations its own way, so a model with
 quantized activations is refused. Llama's query and key rows are permuted to llama.cpp's rotary layout,
@@ -39,13 +41,15 @@ from mase_lite.files import follow_umask, staged_file
 from mase_lite.limits import check_fits, model_bytes
 from mase_lite.nn.quant_functional import QuantizedFunction
 from mase_lite.numerics.codes import offset_values
+from mase_lite.numerics.ggml import GGML_TYPE_NAMES, from_ggml_blocks, ggml_values, to_ggml_blocks
 
 logger = logging.getLogger(__name__)
 
 TARGET = "gguf"
 MARKER = "mase_lite.export"  # a metadata key naming the writer: what tells a previous export at a path
 NEAREST = ("Q8_0 (mxint 8-bit or 8-bit scaled_integer in groups of 32 with float16 scales), Q4_0 (4-bit symmetric "
-           "scaled_integer or mxint in groups of 32, float16 scales) or MXFP4 (mxfp e2m1 in blocks of 32)")
+           "scaled_integer or mxint in groups of 32, float16 scales), MXFP4 (mxfp e2m1 in blocks of 32), or a ggml "
+           "block format (q2_k .. q6_k, iq4_nl)")
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 FLOAT_DTYPES = {"float32": "F32", "float16": "F16"}
 
@@ -168,6 +172,8 @@ def _plan(layer: Layer) -> tuple[str | None, Tensor | None]:
             scale = torch.where(exponent == -128, 0.0, torch.pow(2.0, exponent)).float()
         signed = offset_values(layer.codes.unpacked(), fmt["width"])
         return _integer_blocks(layer, signed, scale, fmt["width"])
+    if name in GGML_TYPE_NAMES:  # ggml's own block formats: their codes are llama.cpp's bytes
+        return GGML_TYPE_NAMES[name], torch.from_numpy(to_ggml_blocks(name, layer.codes))
     described = ", ".join(f"{k}={v}" for k, v in fmt.items() if k != "name" and v is not None)
     raise unsupported(TARGET, layer.name, f"weight format {name} ({described})", NEAREST)
 
@@ -263,6 +269,8 @@ def _metadata(writer, gguf, hf, config, arch: str, file_type: str) -> None:
     writer.add_value_length(head_dim)
     writer.add_vocab_size(config.vocab_size)
     file_types = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "Q8_0": "MOSTLY_Q8_0", "Q4_0": "MOSTLY_Q4_0",
+                  "Q2_K": "MOSTLY_Q2_K", "Q3_K": "MOSTLY_Q3_K_M", "Q4_K": "MOSTLY_Q4_K_M", "Q5_K": "MOSTLY_Q5_K_M",
+                  "Q6_K": "MOSTLY_Q6_K", "IQ4_NL": "MOSTLY_IQ4_NL",
                   "MXFP4": "MOSTLY_MXFP4_MOE"}
     writer.add_file_type(getattr(gguf.LlamaFileType, file_types[file_type]))
 
@@ -315,7 +323,7 @@ def _vocabulary(writer, gguf, tokenizer, vocab_size: int) -> None:
 # Import ------------------------------------------------------------------------------------------------
 
 CONFIGS = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
-QUANTIZED_TYPES = ("Q8_0", "Q4_0", "MXFP4")
+QUANTIZED_TYPES = ("Q8_0", "Q4_0", "MXFP4", *GGML_TYPE_NAMES.values())
 FLOAT_TYPES = ("F32", "F16", "F64")
 MAX_SIZE = 2**31 - 1  # a width or count of a model (torch indexes its kernels with int32)
 MAX_CONTEXT = 2**24
@@ -490,12 +498,37 @@ def _float_values(gguf, file: gguf_file.GGUFFile, info: gguf_file.TensorInfo) ->
 
 def _quantized_layer(model, name: str, module: torch.nn.Linear, qtype: str, blocks: np.ndarray, config, arch: str,
                      path: Path) -> None:
-    """Replace ``module`` by its quantized layer holding the codes of a Q8_0, Q4_0 or MXFP4 tensor."""
+    """Replace ``module`` by its quantized layer holding the codes of a Q8_0, Q4_0, MXFP4 or ggml block-format tensor
+    (a K-quant, IQ4_NL: the same format here)."""
     from mase_lite.deploy.compressed_tensors import _decoded
     from mase_lite.nn.quantized import quantize_module
     from mase_lite.numerics.codes import encode
 
     rows, columns = module.out_features, module.in_features
+    ggml = next((fmt_name for fmt_name, kind in GGML_TYPE_NAMES.items() if kind == qtype), None)
+    if ggml is not None:  # ggml's own block formats: read as the same formats
+        fmt = {"name": ggml}
+        codes, side = from_ggml_blocks(ggml, np.asarray(blocks, dtype=np.uint8), (rows, columns))
+        decoded = lambda codes, side: ggml_values(codes, side, ggml).to(module.weight.dtype)  # noqa: E731
+    else:
+        fmt, codes, side = _legacy_blocks(qtype, np.asarray(blocks), rows, columns, name, path)
+        decoded = lambda codes, side: _decoded(fmt, codes, side, module.weight.dtype)  # noqa: E731
+    order = _row_order(name, rows, config, arch)
+    codes, side = codes[order], {k: v[order] for k, v in side.items()}
+    values = decoded(codes, side)
+    _finite(path, name, values)
+    encoded = encode(values, fmt, side=side, values=values)
+    if encoded is None:
+        raise ExportError(f"{path}: {name}: its {qtype} blocks do not decode to values of {fmt['name']}")
+    layer = quantize_module(module, {"weight": fmt})
+    layer.restore_parameter("weight", encoded)
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, layer)
+
+
+def _legacy_blocks(qtype: str, blocks: np.ndarray, rows: int, columns: int, name: str,
+                   path: Path) -> tuple[dict[str, Any], Tensor, dict[str, Tensor]]:
+    """The equivalent format, the codes and the side of a Q8_0, Q4_0 or MXFP4 tensor's blocks."""
     raw = torch.from_numpy(np.array(blocks, dtype=np.uint8)).reshape(rows, columns // 32, -1)
     if qtype == "Q8_0":
         fmt = {"name": "scaled_integer", "width": 8, "full_range": True, "granularity": "group", "group_size": 32,
@@ -514,17 +547,7 @@ def _quantized_layer(model, name: str, module: torch.nn.Linear, qtype: str, bloc
             if bool((head == 0xFF).any()):
                 raise ExportError(f"{path}: {name}: an MXFP4 scale 0xFF (2**128 in GGML, NaN in OCP MX) has no equivalent")
             side = {"scale": head.reshape(rows, -1)}
-    order = _row_order(name, rows, config, arch)
-    codes, side = codes[order], {k: v[order] for k, v in side.items()}
-    values = _decoded(fmt, codes, side, module.weight.dtype)
-    _finite(path, name, values)
-    encoded = encode(values, fmt, side=side, values=values)
-    if encoded is None:
-        raise ExportError(f"{path}: {name}: its {qtype} blocks do not decode to values of {fmt['name']}")
-    layer = quantize_module(module, {"weight": fmt})
-    layer.restore_parameter("weight", encoded)
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, layer)
+    return fmt, codes, side
 
 
 def _finite(path: Path, name: str, values: Tensor) -> None:

@@ -171,3 +171,34 @@ def test_refusals_name_the_layer_and_write_nothing(rules, message, tmp_path):
 def test_a_model_llama_cpp_has_no_architecture_for_is_refused(tiny_bert, tmp_path):
     with pytest.raises(UserError, match="gguf writes decoder LMs of model type llama, mistral, qwen2, qwen3; this model is bert"):
         export(tiny_bert, "gguf", tmp_path / "m.gguf")
+
+
+GGML_BYTES = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210, "IQ4_NL": 18}
+
+
+@pytest.mark.parametrize("qtype", list(GGML_BYTES))
+def test_ggml_block_formats_export_as_their_type_and_import_as_themselves(qtype, tmp_path):
+    """A K-quant or IQ4_NL layer is written as its own GGML type, gguf's dequantizer gives the tool's values bit for
+    bit (Llama's query and key rows in llama.cpp's order), and the import holds the same format and bytes."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)).eval()
+    fmt = {"name": qtype.lower()}
+    model, _ = ml.passes.quantize(model, {"by": "type", "rules": {"head": None, "linear": {"weight": fmt}}})
+    info = export(model, "gguf", tmp_path / "m.gguf")
+    assert info["types"] == {"F32": 2, qtype: 7}
+    tensors = {t.name: t for t in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
+    for hf_name, gguf_name in GGUF_NAMES.items():
+        tensor = tensors[f"blk.0.{gguf_name}.weight"]
+        layer = model.get_submodule(f"model.layers.0.{hf_name}")
+        assert tensor.tensor_type.name == qtype and tensor.n_bytes == layer.out_features * layer.in_features // (
+            32 if qtype == "IQ4_NL" else 256) * GGML_BYTES[qtype]
+        ours = llama_cpp_rows(hf_name, layer.weight_quantizer(layer.weight).detach(), "llama", 4)
+        assert np.array_equal(dequantize(tensor.data, tensor.tensor_type), ours)
+    back = hub.read_model(tmp_path / "m.gguf", AutoModelForCausalLM)
+    layer = back.get_submodule("model.layers.0.mlp.down_proj")
+    assert layer.weight_quantizer.spec.as_dict()["name"] == fmt["name"]
+    export(back, "gguf", tmp_path / "again.gguf")
+    again = {t.name: t for t in gguf.GGUFReader(tmp_path / "again.gguf").tensors}
+    for name, tensor in tensors.items():
+        assert np.array_equal(np.asarray(again[name].data), np.asarray(tensor.data)), name
