@@ -19,6 +19,7 @@ from torch import Tensor
 
 from mase_lite.errors import UserError
 from mase_lite.kernels.mxint8 import MXInt8Linear
+from mase_lite.kernels.packed4.module import Packed4Linear
 from mase_lite.nn.lora import LoRALinear
 from mase_lite.nn.quantized import QuantizedLayer, QuantizedLinear
 from mase_lite.numerics.codes import Encoded, decode, offset_codes, pack_bits
@@ -55,7 +56,7 @@ class Layer:
 
 
 def linear_layers(model: nn.Module, skip: str | None = None) -> list[Layer]:
-    """Every Linear, quantized Linear and packed MXINT8 Linear of ``model`` (module paths as names), with the
+    """Every Linear, quantized Linear and packed (MXINT8 or 4-bit) Linear of ``model`` (module paths as names), with the
     values it computes with: the weight its quantizer gives (from stored codes where the format has them),
     the bias likewise. LoRA adapters are refused: merge them first. Modules under ``skip`` (a path) are left out."""
     layers = []
@@ -64,8 +65,8 @@ def linear_layers(model: nn.Module, skip: str | None = None) -> list[Layer]:
             continue
         if isinstance(module, LoRALinear):
             raise ExportError(f"layer {name!r} carries LoRA adapters; merge them into the weights first (lora_merge)")
-        if isinstance(module, MXInt8Linear):
-            codes = packed_mxint8(module)
+        if isinstance(module, (MXInt8Linear, Packed4Linear)):
+            codes = packed_mxint8(module) if isinstance(module, MXInt8Linear) else module.encoded()
             layers.append(Layer(name, module, decode(codes), _detached(module.bias), codes))
         elif isinstance(module, QuantizedLinear):
             stored = module.encode_parameters()

@@ -202,3 +202,19 @@ def test_ggml_block_formats_export_as_their_type_and_import_as_themselves(qtype,
     again = {t.name: t for t in gguf.GGUFReader(tmp_path / "again.gguf").tensors}
     for name, tensor in tensors.items():
         assert np.array_equal(np.asarray(again[name].data), np.asarray(tensor.data)), name
+
+
+@pytest.mark.parametrize("fmt", [
+    {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "scale_dtype": "float16",
+     "full_range": True},
+    {"name": "mxint", "element_width": 4}, {"name": "mxfp", "element_format": "e2m1"}])
+def test_a_packed_model_exports_as_its_fake_quantized_twin(fmt, tmp_path):
+    fake = quantized("llama", {"head": None, "linear": {"weight": fmt}}).model
+    packed = quantized("llama", {"head": None, "linear": {"weight": fmt, "storage": "packed"}}).model
+    assert type(packed.get_submodule("model.layers.0.mlp.down_proj")).__name__ == "Packed4Linear"
+    export(fake, "gguf", tmp_path / "fake.gguf")
+    export(packed, "gguf", tmp_path / "packed.gguf")
+    ours = {t.name: (t.tensor_type.name, np.asarray(t.data)) for t in gguf.GGUFReader(tmp_path / "packed.gguf").tensors}
+    twin = {t.name: (t.tensor_type.name, np.asarray(t.data)) for t in gguf.GGUFReader(tmp_path / "fake.gguf").tensors}
+    assert ours.keys() == twin.keys()
+    assert all(ours[k][0] == twin[k][0] and np.array_equal(ours[k][1], twin[k][1]) for k in ours)

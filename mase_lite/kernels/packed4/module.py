@@ -178,6 +178,23 @@ class Packed4Linear(nn.Module):
             self._integer = (identity, integer)
         return self._integer[1]
 
+    def encoded(self):
+        """The weight as stored codes of its own format (an ``Encoded``, as the fake-quantized layer it was packed
+        from stores it): what an export writes. A ``UserError`` where its scales have no stored form."""
+        from mase_lite.numerics.codes import encode
+
+        values = self.dequantized_weight()
+        scales = self.scales.float()
+        if self.fmt["name"] == "scaled_integer":  # the inverse of _table_and_scales
+            side = ({"scale_exponent": torch.log2(scales).round().to(torch.int8)} if self.fmt.get("scale_dtype") == "pow2"
+                    else {"scale": self.scales.clone()})
+        else:  # E8M0: 2**(e - 127), 255 for NaN
+            side = {"scale": torch.where(scales.isnan(), 255.0, torch.log2(scales) + 127).round().to(torch.uint8)}
+        encoded = encode(values, self.fmt, side=side, values=values)
+        if encoded is None:
+            raise UserError(f"this packed {self.fmt['name']} weight has no stored codes of its format")
+        return encoded
+
     def dequantized_weight(self) -> Tensor:
         native = cpu_kernel.dequantize(self.nibbles, self.scales, self.table)
         return decode(self.nibbles, self.scales, self.table) if native is None else native
