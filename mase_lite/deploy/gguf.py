@@ -277,7 +277,8 @@ def _metadata(writer, gguf, hf, config, arch: str, file_type: str) -> None:
 
 def _vocabulary(writer, gguf, tokenizer, vocab_size: int) -> None:
     """The tokenizer as llama.cpp reads it: WordPiece as ``bert`` (continuations lose ``##``, words gain U+2581),
-    byte-level BPE as ``gpt2`` with its merges; special tokens are CONTROL, ids past the vocabulary UNUSED."""
+    byte-level BPE as ``gpt2`` with its merges; special tokens are CONTROL, ids past the vocabulary UNUSED; the
+    pre-tokenizer and BOS/EOS settings a GGUF import carried (:data:`CARRIED`), and the chat template."""
     spec = json.loads(tokenizer.backend_tokenizer.to_str())
     kind = spec["model"]["type"]
     vocab = tokenizer.get_vocab()
@@ -307,7 +308,8 @@ def _vocabulary(writer, gguf, tokenizer, vocab_size: int) -> None:
         writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in merges])
     else:
         raise ExportError(f"{TARGET}: a {kind} tokenizer has no llama.cpp vocabulary here; WordPiece and BPE do")
-    writer.add_tokenizer_pre("default")
+    carried = tokenizer.init_kwargs.get("gguf_metadata") or {}  # what a GGUF file the tokenizer came from said
+    writer.add_tokenizer_pre(carried.get("tokenizer.ggml.pre", "default"))
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     for role, add in (("bos", writer.add_bos_token_id), ("eos", writer.add_eos_token_id),
@@ -316,13 +318,18 @@ def _vocabulary(writer, gguf, tokenizer, vocab_size: int) -> None:
         token_id = getattr(tokenizer, f"{role}_token_id", None)
         if token_id is not None:
             add(int(token_id))
-    writer.add_add_bos_token(False)
-    writer.add_add_eos_token(False)
+    writer.add_add_bos_token(bool(carried.get("tokenizer.ggml.add_bos_token", False)))
+    writer.add_add_eos_token(bool(carried.get("tokenizer.ggml.add_eos_token", False)))
+    if isinstance(getattr(tokenizer, "chat_template", None), str):
+        writer.add_chat_template(tokenizer.chat_template)
 
 
 # Import ------------------------------------------------------------------------------------------------
 
 CONFIGS = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
+# tokenizer metadata an import keeps (on the tokenizer, as gguf_metadata) and an export writes back unchanged:
+# llama.cpp picks its pre-tokenizer by tokenizer.ggml.pre
+CARRIED = {"tokenizer.ggml.pre": str, "tokenizer.ggml.add_bos_token": bool, "tokenizer.ggml.add_eos_token": bool}
 QUANTIZED_TYPES = ("Q8_0", "Q4_0", "MXFP4", *GGML_TYPE_NAMES.values())
 FLOAT_TYPES = ("F32", "F16", "F64")
 MAX_SIZE = 2**31 - 1  # a width or count of a model (torch indexes its kernels with int32)
@@ -621,4 +628,10 @@ def read_tokenizer(path: str | Path):
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         backend.decoder = decoders.ByteLevel()
     roles = {role: tokens[ids[key]] for role, key in ROLES if ids[key] is not None and 0 <= ids[key] < len(tokens)}
-    return PreTrainedTokenizerFast(tokenizer_object=backend, model_input_names=["input_ids", "attention_mask"], **roles)
+    carried = {key: meta[key] for key, kind in CARRIED.items() if isinstance(meta.get(key), kind)}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, model_input_names=["input_ids", "attention_mask"],
+                                        gguf_metadata=carried, **roles)
+    template = meta.get("tokenizer.chat_template")
+    if isinstance(template, str):
+        tokenizer.chat_template = template
+    return tokenizer

@@ -218,3 +218,31 @@ def test_a_packed_model_exports_as_its_fake_quantized_twin(fmt, tmp_path):
     twin = {t.name: (t.tensor_type.name, np.asarray(t.data)) for t in gguf.GGUFReader(tmp_path / "fake.gguf").tensors}
     assert ours.keys() == twin.keys()
     assert all(ours[k][0] == twin[k][0] and np.array_equal(ours[k][1], twin[k][1]) for k in ours)
+
+
+def test_the_source_tokenizer_metadata_survives_an_import_and_an_export(tmp_path):
+    """llama.cpp picks its pre-tokenizer by tokenizer.ggml.pre: an import -> export round trip (through a saved
+    tokenizer too) writes it, the BOS/EOS settings and the chat template back unchanged."""
+    from transformers import AutoTokenizer
+
+    from tests.deploy.gguf_forge import BOOL, STRING, parse
+
+    vocab = {"a": 0, "b": 1, "ab": 2, "Ġ": 3, "Ġab": 4}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[("a", "b"), ("Ġ", "ab")]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    mg = quantized("qwen3", {"head": None, "linear": {"weight": {"name": "mxint", "element_width": 8}}})
+    export(mg.model, "gguf", tmp_path / "made.gguf", tokenizer=PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="ab"))
+    parts = parse(tmp_path / "made.gguf")
+    parts.set("tokenizer.ggml.pre", STRING, "smollm")
+    parts.set("tokenizer.ggml.add_bos_token", BOOL, True)
+    parts.set("tokenizer.chat_template", STRING, "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    source = parts.write(tmp_path / "source.gguf")
+    tokenizer = hub.read_tokenizer(source)
+    tokenizer.save_pretrained(tmp_path / "tok")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    export(hub.read_model(source, AutoModelForCausalLM), "gguf", tmp_path / "again.gguf", tokenizer=tokenizer)
+    before, after = gguf.GGUFReader(source), gguf.GGUFReader(tmp_path / "again.gguf")
+    for key in ("tokenizer.ggml.pre", "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
+                "tokenizer.chat_template", "tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.eos_token_id"):
+        assert field(after, key) == field(before, key), key
+    assert field(after, "tokenizer.ggml.pre") == "smollm"
