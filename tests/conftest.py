@@ -7,6 +7,11 @@ from contextlib import ExitStack, contextmanager
 import pytest
 import torch
 
+# Seconds a test waits on what it tests (a worker, a subprocess) before it fails: far above what a busy machine
+# takes (a wait that passed alone in 24 s timed out at 120 s beside load 16-28), below CI's 90 minutes. A passing
+# test never waits this long; only a real hang does.
+PATIENCE = 1800
+
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", "/tmp/mase_lite_inductor_cache")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

@@ -3,6 +3,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.conftest import PATIENCE
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -15,6 +16,6 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
     ],
 )
 def test_course_examples_run(script, expected):
-    proc = subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True, text=True, timeout=PATIENCE)
     assert proc.returncode == 0, proc.stderr
     assert expected in proc.stdout

@@ -15,6 +15,7 @@ import pytest
 
 from mase_lite.cli import build_parser, main
 from mase_lite.pipeline.spec import check_pipeline, load_spec
+from tests.conftest import PATIENCE
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -35,7 +36,7 @@ def test_the_readme_blocks_are_the_ones_this_test_knows():
 
 def test_python_blocks_run_in_one_session(tmp_path):
     code = "\n".join(text for lang, text in BLOCKS if lang == "python")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=PATIENCE,
                           env={**os.environ, "TQDM_DISABLE": "1"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("['bert_encoder_layer_0_attention_self_query'")

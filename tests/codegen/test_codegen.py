@@ -15,6 +15,7 @@ from transformers import BertConfig, BertForSequenceClassification
 
 import mase_lite as ml
 from mase_lite.codegen import CodegenError
+from tests.conftest import PATIENCE
 
 BERT_SHAPE = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512)
 PACKED = {"by": "type", "rules": {"linear": {"name": "mxint", "element_width": 8, "storage": "packed"}}}
@@ -202,7 +203,7 @@ def test_emitted_package_imports_neither_ir_nor_passes(captured, tmp_path, varia
     blocked = BLOCKED + (("mase_lite.nn",) if variant == "packed" else ())
     script = BLOCKING_RUN.format(blocked=blocked, root=str(tmp_path), name=name,
                                  inputs=str(tmp_path / "inputs.safetensors"))
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=PATIENCE)
     assert run.returncode == 0, run.stderr[-2000:]
     loaded = eval(run.stdout.strip().splitlines()[-1])
     assert not [m for m in loaded if m.startswith(BLOCKED)]
@@ -245,7 +246,7 @@ def test_a_packed_package_runs_without_mase_lite(captured, tmp_path):
     inputs["bound"] = torch.tensor(1e-5) * inputs["expected"].abs().max()
     save_file(inputs, str(tmp_path / "inputs.safetensors"))
     script = WITHOUT_MASE_LITE.format(root=str(tmp_path), name="no_mase", inputs=str(tmp_path / "inputs.safetensors"))
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=PATIENCE)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().splitlines()[-1].startswith("[] PackedLinear")
 

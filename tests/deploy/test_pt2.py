@@ -15,6 +15,7 @@ import mase_lite as ml
 from mase_lite import UserError
 from mase_lite.deploy import export
 from mase_lite.ir.module_model import ModuleModel
+from tests.conftest import PATIENCE
 
 FRESH = """
 import sys, torch, safetensors.torch
@@ -42,7 +43,7 @@ def test_a_fresh_process_computes_the_tools_logits(tmp_path):
     with torch.no_grad():
         safetensors.torch.save_file({"input_ids": ids, "logits": mg.model(input_ids=ids).logits}, tmp_path / "x.safetensors")
     done = subprocess.run([sys.executable, "-c", FRESH, str(tmp_path / "m.pt2"), str(tmp_path / "x.safetensors")],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=PATIENCE)
     assert done.stdout.split() == ["True", "GraphModule"], done.stderr[-2000:]
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mase_lite.kernels.mxint8 import MXInt8Linear, pack_linears
+from tests.conftest import PATIENCE
 
 RSS_SCRIPT = """
 import json, os, torch
@@ -42,7 +43,7 @@ print(json.dumps(dict(base=base, with_float=with_float, after=rss(), peak=peak()
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="resident memory is read from /proc (Linux)")
 def test_packing_returns_the_float_weights_memory():
     run = subprocess.run([sys.executable, "-c", RSS_SCRIPT.format(by_pass=False)], capture_output=True, text=True,
-                         timeout=300)
+                         timeout=PATIENCE)
     assert run.returncode == 0, run.stderr[-2000:]
     m = json.loads(run.stdout.strip().splitlines()[-1])
     assert m["floats"] == 24 * 1024 * 512 * 4 + (12 * 1024 + 12 * 512) * 4 and m["packed"] < 0.27 * m["floats"]
@@ -60,7 +61,7 @@ def test_the_quantize_pass_with_packed_storage_returns_the_float_weights_memory(
     replacement first and keeps the float layers until all are in (it puts them back if one fails), so its
     peak is the float model plus the packed one."""
     run = subprocess.run([sys.executable, "-c", RSS_SCRIPT.format(by_pass=True)], capture_output=True, text=True,
-                         timeout=300)
+                         timeout=PATIENCE)
     assert run.returncode == 0, run.stderr[-2000:]
     m = json.loads(run.stdout.strip().splitlines()[-1])
     assert m["packed"] < 0.27 * m["floats"] and m["with_float"] - m["base"] >= 0.9 * m["floats"]

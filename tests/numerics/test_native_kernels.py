@@ -18,6 +18,7 @@ from mase_lite.numerics import mx, native, quantize
 from mase_lite.numerics.native import block_kernel, element_kernel, launch, scaled_kernel
 
 from .test_corpus_outputs import CONFIGS, INPUTS
+from tests.conftest import PATIENCE
 
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on this machine")
 KERNEL_MODULES = (block_kernel, element_kernel, scaled_kernel)
@@ -270,7 +271,7 @@ def test_a_damaged_library_in_the_cache_is_built_again(fresh_cache):
     os.replace(damaged, built)  # a new file: writing into the one this process has mapped would crash it
     # a new process: this one holds the library open under that path already
     check = "from mase_lite.numerics.native import library; print(library('blocks') is not None)"
-    run = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=PATIENCE)
     assert run.stdout.strip() == "True", run.stderr
     assert built.read_bytes() != b"not a shared library"
 

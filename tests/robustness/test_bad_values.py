@@ -14,6 +14,7 @@ from mase_lite import MaseGraph, UserError
 from mase_lite.cli import main
 from tests.robustness.nets import tiny
 from tests.search.conftest import WIDTH, search_spec
+from tests.conftest import PATIENCE
 
 
 def _search(tmp_path, capsys, text: str) -> str:
@@ -150,7 +151,7 @@ def test_a_fifo_in_a_checkpoint_is_refused_not_read(tmp_path, capsys):
     (ckpt / "model.safetensors").unlink()
     os.mkfifo(ckpt / "model.safetensors")
     proc = subprocess.run([sys.executable, "-m", "mase_lite.cli", "--plugin", "tests.robustness.nets", "draw", str(ckpt),
-                           "-o", str(tmp_path / "g.svg")], capture_output=True, text=True, timeout=120)
+                           "-o", str(tmp_path / "g.svg")], capture_output=True, text=True, timeout=PATIENCE)
     assert proc.returncode == 2 and f"{ckpt / 'model.safetensors'}: not a regular file" in proc.stderr
     assert _run_steps(tmp_path, [{"pass": "load", "params": {"path": str(ckpt)}}]) == 2
     assert f"{ckpt / 'model.safetensors'}: not a regular file" in capsys.readouterr().err

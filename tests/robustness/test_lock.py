@@ -8,6 +8,7 @@ import sys
 from mase_lite.cli import main
 from mase_lite.lock import lock_path
 from tests.robustness.waiting_run import start_waiting_run, wait_step
+from tests.conftest import PATIENCE
 
 
 def _spec(tmp_path, name, steps):
@@ -27,7 +28,7 @@ def test_two_concurrent_runs_on_one_directory(tmp_path, capsys):
         err = capsys.readouterr().err
         assert f"output_dir: {tmp_path / 'out'} is in use by another run (pid {proc.pid}); wait for it to finish" in err
         (tmp_path / "go").touch()
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=PATIENCE)
     finally:
         proc.kill()
     assert proc.returncode == 0, err

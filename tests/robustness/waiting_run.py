@@ -5,7 +5,9 @@ import sys
 import time
 from pathlib import Path
 
-WAIT_PASS = '''
+from tests.conftest import PATIENCE
+
+WAIT_PASS = f'''
 import time
 from pathlib import Path
 from mase_lite.passes import PassParams, PassResult, register_pass
@@ -18,10 +20,10 @@ class WaitParams(PassParams):
 def wait_for_go(mg, params):
     """Say the run has started, then wait until told to go on."""
     Path(params.started).touch()
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + {PATIENCE}
     while not Path(params.go).exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    return PassResult(metrics={"waited": True})
+    return PassResult(metrics={{"waited": True}})
 '''
 
 
@@ -35,7 +37,7 @@ def start_waiting_run(tmp_path: Path, spec: str, stdout=subprocess.PIPE) -> subp
     (tmp_path / "wait_pass.py").write_text(WAIT_PASS)
     proc = subprocess.Popen([sys.executable, "-m", "mase_lite.cli", "--plugin", str(tmp_path / "wait_pass.py"), "run", spec],
                             stdout=stdout, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + PATIENCE
     while not (tmp_path / "started").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     if not (tmp_path / "started").exists():

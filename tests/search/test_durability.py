@@ -28,6 +28,7 @@ from mase_lite.pipeline.spec import load_spec
 from mase_lite.search import journal
 from mase_lite.search.cache import PrefixCache
 from mase_lite.search.storage import open_storage
+from tests.conftest import PATIENCE
 from tests.search.conftest import TINY_PIPELINE, WIDTH, start_worker, write_spec
 
 HERE = Path(__file__).parent
@@ -292,7 +293,7 @@ def test_another_spec_on_a_study_is_refused(tmp_path, tiny_search, capsys):
     assert len(_trials(tmp_path / "search")) == 2
 
 
-def _wait_for(condition, seconds=120):
+def _wait_for(condition, seconds=PATIENCE):
     deadline = time.time() + seconds
     while not condition():
         assert time.time() < deadline, "timed out"
@@ -316,7 +317,7 @@ def test_a_postgresql_restart_mid_search_is_waited_for(tmp_path, tiny_search, po
     flag.unlink()  # the trial ends while the server is down: telling its result waits for the server
     time.sleep(2)
     postgres.start()
-    output = worker.communicate(timeout=300)[0]
+    output = worker.communicate(timeout=PATIENCE)[0]
     assert worker.returncode == 0 and "Traceback" not in output, output
     study = optuna.load_study(study_name="search", storage=postgres.url)
     assert sorted(t.params[WIDTH] for t in study.get_trials(states=(TrialState.COMPLETE,))) == [4, 8]
@@ -326,7 +327,7 @@ def test_a_postgresql_server_that_stays_down_stops_the_worker(tmp_path, tiny_sea
     worker, flag = _held_search(tmp_path, tiny_search, postgres.url, storage_retry=2)
     postgres.stop()
     flag.unlink()
-    output = worker.communicate(timeout=300)[0]
+    output = worker.communicate(timeout=PATIENCE)[0]
     assert worker.returncode == 2 and "Traceback" not in output, output
     last = output.strip().splitlines()[-1]
     assert last.startswith(f"mase-lite: error: storage: {postgres.url} is unreachable (") and "retried for 2 s" in last
@@ -407,7 +408,7 @@ def test_a_worker_killed_between_ask_and_its_first_heartbeat_is_recovered(tmp_pa
     url = request.getfixturevalue("postgres").url if storage == "postgresql" else None
     spec = write_spec(tmp_path, tiny_search(**({"storage": url} if url else {})))
     killed = subprocess.run([sys.executable, "-c", KILLED_AT_ASK, str(spec)], capture_output=True, text=True,
-                            env={**os.environ, "TQDM_DISABLE": "1"}, timeout=600)
+                            env={**os.environ, "TQDM_DISABLE": "1"}, timeout=PATIENCE)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     study = optuna.load_study(study_name="search", storage=url or open_storage(None, tmp_path / "search", 1))
     (asked,) = study.get_trials()

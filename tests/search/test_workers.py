@@ -13,6 +13,7 @@ import pytest
 import mase_lite as ml
 from mase_lite.search.storage import open_storage
 from tests.search.conftest import TINY_PIPELINE, WIDTH, start_worker, write_spec
+from tests.conftest import PATIENCE
 
 WIDTHS = [4, 6, 8]
 
@@ -28,7 +29,7 @@ def assert_each_width_once(report):
     assert sorted(complete) == WIDTHS, trials
 
 
-def wait_for(condition, seconds=120):
+def wait_for(condition, seconds=PATIENCE):
     deadline = time.time() + seconds
     while not condition():
         assert time.time() < deadline, "timed out"
@@ -54,7 +55,7 @@ def test_killed_worker_is_resumed_by_two_workers(tmp_path, tiny_search, storage,
     flag.unlink()
     # two workers at once share the storage: the killed trial is failed by heartbeat and rerun
     workers = [start_worker(path) for _ in range(2)]
-    outputs = [w.communicate(timeout=300)[0] for w in workers]
+    outputs = [w.communicate(timeout=PATIENCE)[0] for w in workers]
     assert [w.returncode for w in workers] == [0, 0], outputs
     report = ml.run_search(spec).report  # a third run finds the study done
     assert_each_width_once(report)

@@ -18,6 +18,7 @@ import mase_lite as ml
 from mase_lite import UserError
 from mase_lite.nn.disk_weights import DiskWeights
 from mase_lite.train.tokenizer import train_wordpiece
+from tests.conftest import PATIENCE
 
 W4 = {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "full_range": True}
 
@@ -178,7 +179,7 @@ def test_streaming_keeps_the_float_model_out_of_memory(tmp_path):
     for stream in (False, True):  # in memory, loading the model is enough to show it
         run = spec(model_dir, tmp_path / f"out-{stream}", stream, steps if stream else steps[:1])
         out = subprocess.run([sys.executable, "-c", MEMORY_CHILD, json.dumps(warm), json.dumps(run)], capture_output=True,
-                             text=True, timeout=300, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"})
+                             text=True, timeout=PATIENCE, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"})
         assert out.returncode == 0, out.stderr[-2000:]
         figures = json.loads(out.stdout.strip().splitlines()[-1])
         growth[stream] = figures["growth"]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import mase_lite as ml
+from tests.conftest import PATIENCE
 
 
 class Batches:
@@ -73,7 +74,7 @@ print(json.dumps(dict(after=rss() - base, floats=floats)))
 def test_packing_a_captured_graph_through_the_pass_frees_the_float_weights():
     """The float layers were the model's children too; once both hold the packed ones, nothing keeps them: the
     resident weights fall to the packed bytes plus allocator slack, under 0.45 of the float model's."""
-    run = subprocess.run([sys.executable, "-c", RSS], capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-c", RSS], capture_output=True, text=True, timeout=PATIENCE)
     assert run.returncode == 0, run.stderr[-2000:]
     m = json.loads(run.stdout.strip().splitlines()[-1])
     assert m["after"] <= 0.45 * m["floats"], m
