@@ -50,7 +50,8 @@ class Generated:
     completions: list[dict[str, Any]] = field(default_factory=list)
     prefill_tokens: int = 0
     prefill_seconds: float = 0.0
-    decode_tokens: int = 0
+    decode_tokens: int = 0  # new tokens in all
+    decode_steps: int = 0  # forward calls after the prefill (a completion's first token comes from its prefill)
     decode_seconds: float = 0.0
     runner: str = "model"
 
@@ -59,8 +60,9 @@ class Generated:
         return self.prefill_tokens / self.prefill_seconds if self.prefill_seconds else 0.0
 
     @property
-    def decode_tokens_per_second(self) -> float:
-        return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
+    def decode_tokens_per_second(self) -> float | None:
+        """Tokens per second of the decoding steps; None where no completion took one (one-token completions)."""
+        return self.decode_steps / self.decode_seconds if self.decode_steps and self.decode_seconds else None
 
 
 def next_token(logits: Tensor, sampling: Sampling, generator: torch.Generator) -> int:
@@ -122,6 +124,7 @@ def generate(model: torch.nn.Module, tokenizer: Any, prompts: list[str], max_new
                 logits = forward(torch.tensor([[token]], device=device), False)
             result.decode_seconds += time.perf_counter() - start
             result.decode_tokens += len(new)
+            result.decode_steps += len(new) - 1
             text = tokenizer.decode(new, skip_special_tokens=True)
             if reason == "stop":
                 text = text[: min(text.find(s) for s in stop if s in text)]

@@ -13,6 +13,7 @@ from typing import Annotated
 
 import torch
 from pydantic import AfterValidator, Field, model_validator
+from tqdm import tqdm
 
 from mase_lite.errors import UserError
 from mase_lite.files import read_regular
@@ -39,6 +40,7 @@ class GenerateParams(PassParams):
     seed: Seed = Field(0, description="seed of the sampling generator")
     stop: list[str] = Field(default_factory=list, description="strings that end a completion (cut before them)")
     label: str = Field("generate", min_length=1, description="name of the metrics in the run's report")
+    console: bool = Field(True, description="print each completion")
 
     @model_validator(mode="after")
     def _some_prompt(self) -> "GenerateParams":
@@ -70,6 +72,9 @@ def generate_pass(mg, params: GenerateParams, ctx):
                 err.location = ("prompts_file",)
             raise
     completions = [{k: c[k] for k in ("prompt", "completion", "stopped")} for c in out.completions]
+    if params.console:
+        for c in completions:
+            tqdm.write(f"{c['prompt']!r} -> {c['completion']!r} ({c['stopped']})")
     metrics = {"prefill_tokens_per_second": out.prefill_tokens_per_second,
                "decode_tokens_per_second": out.decode_tokens_per_second, "new_tokens": out.decode_tokens}
     return PassResult({"completions": completions, "runner": out.runner}, metrics=metrics, label=params.label)
@@ -104,6 +109,7 @@ def _seq2seq(model, tokenizer, prompts, params):
         result.decode_seconds += time.perf_counter() - start
         new = out[0].tolist()[1:]
         result.decode_tokens += len(new)
+        result.decode_steps += len(new)  # each new token is one step of the decoder
         text = tokenizer.decode(new, skip_special_tokens=True)
         hit = [text.find(s) for s in params.stop if s in text]
         result.completions.append({"prompt": prompt, "completion": text[: min(hit)] if hit else text,

@@ -97,6 +97,27 @@ def test_the_step_in_a_pipeline_reports_completions_and_speed(tmp_path):
     assert result.report["metrics"]["w8"]["new_tokens"] <= 4
 
 
+def test_completions_are_printed_and_a_one_token_completion_reports_no_decode_rate(tmp_path, capsys):
+    """A one-token completion comes from its prefill alone: no decoding step to time, so no rate (it read 8,000 to
+    16,000 tokens/s, one interval's); each completion is printed as it is reported."""
+    spec = {
+        "model": {"task": "causal-lm", "hf_config": {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1,
+                                                     "num_attention_heads": 2, "num_key_value_heads": 1,
+                                                     "intermediate_size": 64, "max_position_embeddings": 64}},
+        "data": {"block_size": 16, "n_train": 16, "n_test": 8},
+        "steps": [{"pass": "generate", "params": {"prompts": ["the dog"], "max_new_tokens": 1, "label": "one"}},
+                  {"pass": "generate", "params": {"prompts": ["the cat"], "max_new_tokens": 3, "label": "three"}}],
+        "output_dir": str(tmp_path / "run")}
+    result = ml.run_pipeline(spec)
+    one, three = result.report["metrics"]["one"], result.report["metrics"]["three"]
+    assert one["new_tokens"] == 1 and one["decode_tokens_per_second"] is None
+    assert three["decode_tokens_per_second"] > 0
+    printed = capsys.readouterr().out.splitlines()
+    for step in result.report["steps"]:
+        (c,) = step["info"]["completions"]
+        assert f"{c['prompt']!r} -> {c['completion']!r} ({c['stopped']})" in printed
+
+
 def test_prompts_are_required():
     with pytest.raises(UserError, match="give prompts or a prompts_file"):
         ml.passes.generate(llama(), {}, data=object())
