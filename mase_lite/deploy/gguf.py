@@ -153,6 +153,9 @@ def _plan(layer: Layer) -> tuple[str | None, Tensor | None]:
         raise unsupported(TARGET, layer.name, f"weight format {fmt['name']} (no stored codes for its values)", NEAREST)
     columns = layer.codes.shape[-1]
     blocks_of_32 = columns % 32 == 0
+    if not blocks_of_32 and fmt.get("block_size", fmt.get("group_size")) == 32:
+        raise unsupported(TARGET, layer.name, f"weight format {fmt['name']} in blocks of 32 over {columns} columns (a "
+                          f"short last block; GGUF's blocks are whole)", "leave this layer float (a null rule for it)")
     name = fmt["name"]
     if name == "mxfp" and fmt["element_format"] == "e2m1" and fmt["block_size"] == 32 and blocks_of_32:
         scale = _finite_mx_scale(layer)

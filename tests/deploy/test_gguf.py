@@ -246,3 +246,19 @@ def test_the_source_tokenizer_metadata_survives_an_import_and_an_export(tmp_path
                 "tokenizer.chat_template", "tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.eos_token_id"):
         assert field(after, key) == field(before, key), key
     assert field(after, "tokenizer.ggml.pre") == "smollm"
+
+
+def test_a_row_that_blocks_of_32_do_not_tile_is_refused_saying_so(tmp_path):
+    """A 344-wide down_proj in Q4_0's groups of 32 ends in a short block, which GGUF cannot hold: the refusal says
+    so, where it named only the format."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=344, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)).eval()
+    fmt = {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "full_range": True,
+           "scale_dtype": "float16"}
+    model, _ = ml.passes.quantize(model, {"by": "type", "rules": {"head": None, "linear": {"weight": fmt}}})
+    with pytest.raises(UserError, match=r"gguf cannot hold layer 'model.layers.0.mlp.down_proj': weight format "
+                       r"scaled_integer in blocks of 32 over 344 columns \(a short last block; GGUF's blocks are "
+                       r"whole\); nearest gguf scheme: leave this layer float \(a null rule for it\)"):
+        export(model, "gguf", tmp_path / "m.gguf")
+    assert not (tmp_path / "m.gguf").exists()
