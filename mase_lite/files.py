@@ -25,6 +25,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from mase_lite.errors import UserError
 
@@ -185,6 +186,17 @@ def check_regular(directory: str | Path, what: str) -> None:
             raise UserError(f"{path}: not a regular file; {what} holds only files and directories")
 
 
+def open_regular(path: str | Path) -> BinaryIO | None:
+    """``path`` opened for reading when it is a regular file, else None (a FIFO, a device, a directory: opened
+    without blocking and closed again, so a swap of the name after a check cannot make the reader hang); the
+    ``OSError`` of a path that cannot be opened."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
 def read_regular(path: str | Path, what: str, per_byte: float = 1.0) -> bytes:
     """The bytes of the regular file ``path``; a FIFO, a device or a directory is refused (a ``UserError`` naming
     ``path`` and ``what`` it should be) without blocking, and a file whose reader would take more than the memory
@@ -198,15 +210,14 @@ def read_regular(path: str | Path, what: str, per_byte: float = 1.0) -> bytes:
     from mase_lite.limits import check_fits
 
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without a writer, and is then refused
+        file = open_regular(path)
     except OSError as err:
         raise UserError(f"{path}: cannot read it ({err.strerror})") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
+    if file is None:
         raise UserError(f"{path}: not a regular file; {what} is one")
-    with os.fdopen(fd, "rb") as file:
-        check_fits(str(path), info.st_size * per_byte, f"reading {what} of {info.st_size} bytes")
+    with file:
+        size = os.fstat(file.fileno()).st_size
+        check_fits(str(path), size * per_byte, f"reading {what} of {size} bytes")
         try:
             return file.read()
         except OSError as err:
@@ -216,13 +227,12 @@ def read_regular(path: str | Path, what: str, per_byte: float = 1.0) -> bytes:
 def head_of(path: str | Path, size: int) -> bytes | None:
     """The first ``size`` bytes of ``path`` when it is a regular file (read without blocking on a FIFO), else None."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        file = open_regular(path)
     except OSError:
         return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
+    if file is None:
         return None
-    with os.fdopen(fd, "rb") as file:
+    with file:
         return file.read(size)
 
 

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from mase_lite.deploy.layers import ExportError
 from mase_lite.errors import UserError, short
+from mase_lite.files import open_regular
 from mase_lite.jsonio import loads
 
 INDEX = "model.safetensors.index.json"
@@ -57,8 +58,10 @@ def read_bytes(path: Path, root: Path | None, limit: int = MAX_JSON_BYTES) -> by
     index)."""
     regular(path, root)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as file:
+        file = open_regular(path)
+        if file is None:  # swapped for a FIFO or a device since the check
+            raise ExportError(f"{path}: not a regular file (a FIFO, a device or a directory)")
+        with file:
             data = file.read(limit + 1)
     except OSError as err:
         raise ExportError(f"{path}: cannot read it ({err.strerror})") from None
