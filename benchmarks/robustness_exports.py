@@ -78,11 +78,9 @@ def _checkpoint(work: Path) -> Path:
 
 
 def _exporter(fmt: str):
-    import importlib
+    from mase_lite.deploy import target_module
 
-    from mase_lite.deploy import EXPORT_FORMATS
-
-    return importlib.import_module(EXPORT_FORMATS[fmt])
+    return target_module(fmt)
 
 
 def export_cases(seed: int, work: Path, canary: Path) -> list[tuple[str, str, Path, Callable[[], int], Verify]]:

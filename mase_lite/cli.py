@@ -80,7 +80,13 @@ def _cmd_draw(args: argparse.Namespace) -> int:
     return 0
 
 
-EXPORT_FORMATS = ("compressed-tensors", "gguf", "onnx", "pt2")  # mase_lite.deploy.EXPORT_FORMATS, without importing it at start-up
+def _export_targets() -> list[str]:
+    """The built-in export targets and those installed as entry points, without importing torch at start-up (one
+    registered by a plug-in is checked when the export runs)."""
+    from importlib.metadata import entry_points
+
+    installed = [ep.name for ep in entry_points(group="mase_lite.export_targets")]
+    return list(dict.fromkeys(["compressed-tensors", "gguf", "onnx", "pt2", *installed]))
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -201,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", help="write a checkpoint for a runtime: compressed-tensors, gguf, onnx or pt2")
     export.add_argument("source", help="a checkpoint directory, or a run directory (or its report.json) that saved one")
-    export.add_argument("--format", required=True, choices=list(EXPORT_FORMATS),
+    export.add_argument("--format", required=True, choices=_export_targets(),
                         help="compressed-tensors (transformers, vLLM, SGLang), gguf (llama.cpp), onnx (onnxruntime), "
                         "pt2 (torch.export)")
     export.add_argument("-o", "--output", required=True, help="directory (compressed-tensors) or file to write: a new path, "

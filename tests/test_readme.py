@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import mase_lite as ml
 from mase_lite.cli import build_parser, main
 from mase_lite.pipeline.spec import check_pipeline, load_spec
 from tests.conftest import PATIENCE
@@ -25,7 +26,7 @@ NOT_RUN = {
     "run": "a whole pipeline: the README's main command runs pipelines/quickstart.json",
     "search": "a whole search: the search tests run searches",
     "bench": "minutes of timing: tests/bench runs its parts",
-    "export": "needs a run's checkpoint: tests/deploy/test_export_command.py runs the command on one",
+    "export": "needs a run's checkpoint: test_the_deploy_example_runs_shrunk_with_the_same_keys_and_exports_as_its_lines_say runs them",
 }
 
 
@@ -79,3 +80,18 @@ def test_command_lines_parse_and_the_quick_ones_run(argv, tmp_path, monkeypatch,
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 0
     assert capsys.readouterr().out
+
+
+def test_the_deploy_example_runs_shrunk_with_the_same_keys_and_exports_as_its_lines_say(tmp_path, monkeypatch):
+    """The README's W4A16 deploy pipeline, smaller (same keys), then its two export lines verbatim."""
+    deploy = [json.loads(text) for lang, text in BLOCKS if lang == "json"][3]
+    deploy["model"]["hf_config"].update(hidden_size=128, num_hidden_layers=1, intermediate_size=256)
+    deploy["data"].update(n_train=64, n_test=16)
+    deploy["steps"][0]["params"]["epochs"] = 1
+    deploy["steps"][2]["params"]["num_batches"] = 2
+    monkeypatch.chdir(tmp_path)
+    assert ml.run_pipeline(deploy).report["status"] == "ok"
+    lines = [line for line in _command_lines() if line[:1] == ["export"] and "runs/w4a16" in line[1]]
+    assert {"onnx", "pt2"} <= {line[3] for line in lines}
+    for argv in lines:
+        assert main(argv) == 0 and (tmp_path / argv[-1]).exists()

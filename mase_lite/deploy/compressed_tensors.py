@@ -20,6 +20,13 @@ per tensor with a static scale (``input_scale``) or dynamic per tensor or per to
 refused before anything is written, naming the layer, its format and the nearest scheme. Float Linears go to
 ``ignore``; a quantized bias is written as its (exact) float values.
 
+Each format says how it is held here in its own module (``register_mapping(name, "compressed-tensors", scheme,
+tensors)``): ``scheme(fmt, shape)`` gives the weight's quantization args (with ``format``, the compression format,
+where the format fixes it; an int scheme's form is chosen here) or None, or raises ``Unfit``; ``tensors(codes,
+args)`` gives an int scheme's ``weight_scale`` and signed ``zero_point`` (the codes are packed here) or the other
+schemes' tensors as written. Activations: ``register_mapping(name, "compressed-tensors/input", scheme)``,
+``scheme(fmt, weight_fmt)`` the input args (with a static ``scale`` or ``global_scale``) or None.
+
 >>> import torch
 >>> args = weight_args({"name": "scaled_integer", "width": 4, "symmetric": True, "full_range": False,
 ...                     "granularity": "group", "group_size": 128, "clip": 1.0, "scale_dtype": "float16", "scale": None},
@@ -45,13 +52,16 @@ from mase_lite.files import follow_umask, staged_directory
 from mase_lite.nn.disk_weights import streamed
 from mase_lite.nn.quant_functional import QuantizedFunction
 from mase_lite.numerics.codes import offset_values, pack_bits
+from mase_lite.numerics.registry import Unfit, target_mapping
 
 TARGET = "compressed-tensors"
 MARKER = ".mase_lite_export.json"  # a file naming the writer: what tells a previous export at a path
 NEAREST = ("int4 or int8 weights per channel or group (scaled_integer, W4A16 / W8A16), scaled_float e4m3 (FP8), "
            "mxfp e2m1 in blocks of 32, or nvfp4 with per_tensor global_scale (NVFP4)")
-NVFP4_ARGS = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "group_size": 16,
-              "dynamic": False, "scale_dtype": "torch.float8_e4m3fn"}
+NEAREST_ACTIVATION = ("8-bit scaled_integer activations with full_range true (its grid), per tensor with a static "
+                      "scale or dynamic per tensor or per token (granularity channel); the same in scaled_float "
+                      "e4m3 (FP8); or nvfp4 with per_tensor global_scale and a calibrated tensor_amax beside nvfp4 "
+                      "weights")
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"  # a sharded checkpoint's map of tensors to files
 
@@ -233,26 +243,17 @@ def layer_scheme(layer: Layer) -> tuple[dict[str, Any], dict[str, Tensor]] | Non
     if layer.codes is None:
         raise unsupported(TARGET, layer.name, f"weight format {fmt['name']} (no stored codes for its values)", NEAREST)
     weights = weight_args(fmt, layer.name, layer.codes.shape)
+    form = weights.pop("format", None)
     inputs = input_args(layer)
-    if fmt["name"] == "mxfp":
-        tensors = _mxfp4_tensors(layer)
-        form = "mxfp4-pack-quantized"
-    elif fmt["name"] == "nvfp4":
-        tensors = _nvfp4_tensors(layer)
-        form = "nvfp4-pack-quantized"
-    elif fmt["name"] == "scaled_float":
-        rows = layer.codes.shape[0]
-        scale = layer.codes.side["scale"]
-        tensors = {"weight": layer.codes.unpacked().to(torch.uint8).view(torch.float8_e4m3fn).contiguous(),
-                   "weight_scale": scale.reshape(rows, 1) if weights["strategy"] == "channel" else scale.contiguous()}
-        form = "float-quantized"
-    else:
-        tensors = _int_tensors(layer, weights)
+    try:
+        held = target_mapping(fmt["name"], TARGET).tensors(layer.codes, weights)
+    except Unfit as unfit:
+        raise unsupported(TARGET, layer.name, unfit.why, unfit.nearest) from None
+    if weights["type"] == "int":  # the format gives scales and signed zero points; the codes are packed here
         form = "int-quantized" if inputs is not None and weights["num_bits"] == 8 else "pack-quantized"
-        if form == "int-quantized":  # int8 codes as they are, and the zero point unpacked
-            tensors = {"weight": _signed_codes(layer), "weight_scale": tensors["weight_scale"]}
-            if not weights["symmetric"] and layer.codes.format["name"] == "scaled_integer":
-                tensors["weight_zero_point"] = (layer.codes.side["zero_point"].to(torch.int64) - 128).to(torch.int8)
+        tensors = _int_tensors(layer, weights, held, packed=form == "pack-quantized")
+    else:
+        tensors = held
     if inputs is not None and inputs.get("global_scale") is not None:
         tensors["input_global_scale"] = inputs.pop("global_scale")
     elif inputs is not None and inputs.get("scale") is not None:
@@ -263,121 +264,52 @@ def layer_scheme(layer: Layer) -> tuple[dict[str, Any], dict[str, Tensor]] | Non
 
 
 def weight_args(fmt: dict[str, Any], layer: str, shape: tuple[int, ...]) -> dict[str, Any]:
-    """compressed-tensors' quantization args of a weight format; refused where it has none."""
-    name, columns = fmt["name"], shape[-1]
-    if name == "scaled_integer":
-        if fmt["width"] > 8:
-            raise unsupported(TARGET, layer, f"{fmt['width']}-bit scaled_integer", "at most 8 bits")
-        strategy = {"tensor": "tensor", "channel": "channel", "group": "group"}[fmt["granularity"]]
-        group = fmt["group_size"] if strategy == "group" else None
-        if group is not None and columns % group:
-            raise unsupported(TARGET, layer, f"groups of {group} over {columns} columns (a short last group)",
-                              "a group size that divides the columns")
-        return {"num_bits": fmt["width"], "type": "int", "symmetric": fmt["symmetric"], "strategy": strategy,
-                "group_size": group, "dynamic": False}
-    if name == "integer":
-        if fmt["width"] > 8:
-            raise unsupported(TARGET, layer, f"{fmt['width']}-bit integer", "at most 8 bits")
-        return {"num_bits": fmt["width"], "type": "int", "symmetric": fmt["signed"], "strategy": "tensor",
-                "group_size": None, "dynamic": False}
-    if name == "mxint":
-        if columns % fmt["block_size"]:
-            raise unsupported(TARGET, layer, f"mxint blocks of {fmt['block_size']} over {columns} columns",
-                              "blocks that tile a row")
-        return {"num_bits": fmt["element_width"], "type": "int", "symmetric": True, "strategy": "group",
-                "group_size": fmt["block_size"], "dynamic": False}
-    if name == "mxfp" and fmt["element_format"] == "e2m1" and fmt["block_size"] == 32 and columns % 32 == 0:
-        return {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "group", "group_size": 32,
-                "dynamic": False, "scale_dtype": "torch.uint8"}
-    if name == "scaled_float" and fmt["element"] == "e4m3" and fmt["scale"] is None:
-        strategy, group = fmt["granularity"], fmt["group_size"] if fmt["granularity"] == "group" else None
-        if group is not None and columns % group:
-            raise unsupported(TARGET, layer, f"groups of {group} over {columns} columns (a short last group)",
-                              "a group size that divides the columns")
-        return {"num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy, "group_size": group,
-                "dynamic": False}
-    if name == "nvfp4" and fmt["per_tensor"] == "global_scale" and columns % 16 == 0:
-        return dict(NVFP4_ARGS)
-    described = ", ".join(f"{k}={v}" for k, v in fmt.items() if k != "name" and v is not None)
-    raise unsupported(TARGET, layer, f"weight format {name} ({described})", NEAREST)
+    """compressed-tensors' quantization args of a weight format (with ``format``, its compression format, where the
+    format fixes it); refused where it has none."""
+    mapping = target_mapping(fmt["name"], TARGET)
+    try:
+        args = mapping.scheme(fmt, tuple(shape)) if mapping is not None else None
+    except Unfit as unfit:
+        raise unsupported(TARGET, layer, unfit.why, unfit.nearest) from None
+    if args is None:
+        described = ", ".join(f"{k}={v}" for k, v in fmt.items() if k != "name" and v is not None)
+        raise unsupported(TARGET, layer, f"weight format {fmt['name']} ({described})", NEAREST)
+    return dict(args)
 
 
 def input_args(layer: Layer) -> dict[str, Any] | None:
-    """compressed-tensors' args of the layer's input activations (with ``scale``: the static one), or None."""
+    """compressed-tensors' args of the layer's input activations (with ``scale`` or ``global_scale``: the static
+    one), or None."""
     fmt = layer.data_in
     if fmt is None:
         return None
-    if fmt["name"] == "nvfp4" and fmt["per_tensor"] == "global_scale" and isinstance(fmt["tensor_amax"], float):
-        if layer.weight_format is None or layer.weight_format["name"] != "nvfp4":
-            raise unsupported(TARGET, layer.name, "NVFP4 activations beside a weight that is not NVFP4", "NVFP4 weights")
-        from mase_lite.numerics.scaled import nvfp4_global_scale
-
-        amax = torch.tensor(fmt["tensor_amax"], dtype=torch.float32)
-        global_scale = _written_global_scale(nvfp4_global_scale(amax)).reshape(1)
-        return {**NVFP4_ARGS, "dynamic": "local", "global_scale": global_scale}
-    if fmt["name"] == "scaled_float" and fmt["element"] == "e4m3" and fmt["granularity"] in ("tensor", "channel") \
-            and not (fmt["granularity"] == "channel" and fmt["scale"] is not None):
-        strategy = "tensor" if fmt["granularity"] == "tensor" else "token"
-        return {"num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy, "group_size": None,
-                "dynamic": fmt["scale"] is None, "scale": fmt["scale"]}
-    exact = (fmt["name"] == "scaled_integer" and fmt["width"] == 8 and fmt["symmetric"] and fmt["full_range"]
-             and fmt["clip"] == 1.0 and fmt["scale_dtype"] == "float32" and fmt["granularity"] in ("tensor", "channel"))
-    if not exact or (fmt["granularity"] == "channel" and fmt["scale"] is not None):
+    mapping = target_mapping(fmt["name"], f"{TARGET}/input")
+    try:
+        args = mapping.scheme(fmt, layer.weight_format) if mapping is not None else None
+    except Unfit as unfit:
+        raise unsupported(TARGET, layer.name, unfit.why, unfit.nearest) from None
+    if args is None:
         raise unsupported(TARGET, layer.name, f"activation format {fmt['name']} "
-                          f"({', '.join(f'{k}={v}' for k, v in fmt.items() if k != 'name')})",
-                          "8-bit scaled_integer activations with full_range true (its grid), per tensor with a static "
-                          "scale or dynamic per tensor or per token (granularity channel); the same in scaled_float "
-                          "e4m3 (FP8); or nvfp4 with per_tensor "
-                          "global_scale and a calibrated tensor_amax beside nvfp4 weights")
-    strategy = "tensor" if fmt["granularity"] == "tensor" else "token"
-    return {"num_bits": 8, "type": "int", "symmetric": True, "strategy": strategy, "group_size": None,
-            "dynamic": fmt["scale"] is None, "scale": fmt["scale"]}
+                          f"({', '.join(f'{k}={v}' for k, v in fmt.items() if k != 'name')})", NEAREST_ACTIVATION)
+    return dict(args)
 
 
-def _written_global_scale(scale: Tensor) -> Tensor:
-    """An NVFP4 global scale as written: 1 where it is infinite (a tensor of zeros, whose codes are all zero under
-    any scale), as compressed-tensors has it."""
-    return torch.where(torch.isfinite(scale), scale, torch.ones_like(scale)).float()
-
-
-def _signed_codes(layer: Layer) -> Tensor:
-    """The weight's codes as compressed-tensors' signed integers (int8): offset codes less ``2**(bits-1)``."""
-    return offset_values(layer.codes.unpacked(), layer.codes.bits).to(torch.int8)
-
-
-def _int_tensors(layer: Layer, weights: dict[str, Any]) -> dict[str, Tensor]:
-    """``weight_packed`` (int32, dense), ``weight_scale``, ``weight_shape`` and, asymmetric, ``weight_zero_point``."""
-    codes, fmt, bits = layer.codes, layer.codes.format, weights["num_bits"]
+def _int_tensors(layer: Layer, weights: dict[str, Any], held: dict[str, Tensor], packed: bool) -> dict[str, Tensor]:
+    """An int scheme's tensors: ``weight_packed`` (int32, dense; ``weight`` int8 where not ``packed``), ``weight_scale``,
+    ``weight_shape`` and, asymmetric, ``weight_zero_point`` (packed per group or channel, int8 per tensor)."""
+    codes, bits = layer.codes, weights["num_bits"]
     rows = codes.shape[0] if len(codes.shape) == 2 else 1
-    unsigned = codes.unpacked().reshape(rows, -1)
-    if fmt["name"] == "integer" and not fmt["signed"]:  # unsigned codes: zero point -2**(w-1) in CT's signed codes
-        scale = torch.tensor([2.0 ** -fmt["frac_width"]])
-        zero = torch.full((1,), -(1 << (bits - 1)), dtype=torch.int8)
-        return {"weight_packed": pack_rows(unsigned, bits), "weight_scale": scale, "weight_shape": _shape(codes),
-                "weight_zero_point": zero}
-    if fmt["name"] == "integer":
-        return {"weight_packed": pack_rows(unsigned, bits), "weight_scale": torch.tensor([2.0 ** -fmt["frac_width"]]),
-                "weight_shape": _shape(codes)}
-    if fmt["name"] == "mxint":
-        scale = codes.side["scale"]
-        if bool((scale == 0xFF).any()):
-            raise unsupported(TARGET, layer.name, "an MX block holding NaN or Inf", "finite weights")
-        exponent = scale.to(torch.float64) - 127 - (fmt["element_width"] - 2)
-        return {"weight_packed": pack_rows(unsigned, bits), "weight_scale": torch.pow(2.0, exponent).float(),
-                "weight_shape": _shape(codes)}
-    side = codes.side
-    if "scale_exponent" in side:
-        exponent = side["scale_exponent"].to(torch.float64)
-        scale = torch.where(exponent == -128, 0.0, torch.pow(2.0, exponent)).float()
+    out = {"weight_scale": held["weight_scale"]}
+    if packed:
+        out["weight_packed"] = pack_rows(codes.unpacked().reshape(rows, -1), bits)
+        out["weight_shape"] = torch.tensor(list(codes.shape), dtype=torch.int64)
     else:
-        scale = side["scale"]
-    out = {"weight_packed": pack_rows(unsigned, bits), "weight_scale": scale.contiguous(), "weight_shape": _shape(codes)}
-    if not fmt["symmetric"]:  # CT's zero point in its signed codes: ours less 2**(w-1)
-        zero = side["zero_point"].to(torch.int64)
-        if weights["strategy"] in ("group", "channel"):
-            out["weight_zero_point"] = pack_rows(zero.t(), bits).t().contiguous()
-        else:
-            out["weight_zero_point"] = (zero - (1 << (bits - 1))).to(torch.int8)
+        out["weight"] = offset_values(codes.unpacked(), codes.bits).to(torch.int8)
+    zero = held.get("zero_point")
+    if zero is not None:
+        grouped = packed and weights["strategy"] in ("group", "channel")
+        out["weight_zero_point"] = (pack_rows((zero + (1 << (bits - 1))).t(), bits).t().contiguous() if grouped
+                                    else zero.to(torch.int8))
     return out
 
 
@@ -394,30 +326,6 @@ def pack_rows(unsigned: Tensor, bits: int) -> Tensor:
         packed = torch.nn.functional.pad(packed, (0, -packed.numel() % 4))
         rows.append(packed.view(torch.int32))
     return torch.stack(rows)
-
-
-def _shape(codes) -> Tensor:
-    return torch.tensor(list(codes.shape), dtype=torch.int64)
-
-
-def _mxfp4_tensors(layer: Layer) -> dict[str, Tensor]:
-    """E2M1 codes two per byte (low nibble first) and the E8M0 scale codes."""
-    codes = layer.codes
-    scale = codes.side["scale"]
-    if bool((scale == 0xFF).any()):
-        raise unsupported(TARGET, layer.name, "an MX block holding NaN or Inf", "finite weights")
-    rows, columns = codes.shape
-    packed = pack_bits(codes.unpacked(), 4).reshape(rows, columns // 2)
-    return {"weight_packed": packed, "weight_scale": scale.contiguous()}
-
-
-def _nvfp4_tensors(layer: Layer) -> dict[str, Tensor]:
-    """E2M1 codes two per byte (low nibble first), the E4M3 block scales and the float32 global scale."""
-    codes = layer.codes
-    rows, columns = codes.shape
-    return {"weight_packed": pack_bits(codes.unpacked(), 4).reshape(rows, columns // 2),
-            "weight_scale": codes.side["block_scale"].contiguous(),
-            "weight_global_scale": _written_global_scale(codes.side["global_scale"].reshape(1))}
 
 
 # Import ------------------------------------------------------------------------------------------------

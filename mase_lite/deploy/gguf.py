@@ -9,8 +9,14 @@ Quantized weights map exactly, or are refused naming the layer:
 - ``Q4_0`` (blocks of 32, a float16 scale, codes ``q - 8``): 4-bit symmetric ``scaled_integer`` in groups of
   32 (either grid) and ``mxint`` 4-bit, with float16 scales as above;
 - ``MXFP4`` (blocks of 32, an E8M0 scale, E2M1 codes): ``mxfp`` E2M1 in blocks of 32;
-- ``Q2_K`` .. ``Q6_K`` and ``IQ4_NL``: the formats ``q2_k`` .. ``q6_k`` and ``iq4_nl`` (:mod:`mase_lite.numerics.ggml`),
-  whose codes are llama.cpp's block bytes; the import reads them back as the same formats.
+- ``Q4_0``, ``Q8_0``, ``Q2_K`` .. ``Q6_K`` and ``IQ4_NL``: the formats ``q4_0``, ``q8_0``, ``q2_k`` .. ``q6_k`` and
+  ``iq4_nl`` (:mod:`mase_lite.numerics.ggml`: llama.cpp's own types, their scales chosen at least as well as
+  llama.cpp chooses them), whose codes are llama.cpp's block bytes; the import reads every Q4_0, Q8_0, K-quant and
+  IQ4_NL tensor back as these formats (MXFP4 as ``mxfp``).
+
+Each format declares its GGUF type in its own module (``register_mapping(name, "gguf", scheme, tensors)``:
+``scheme(fmt, shape)`` the GGML type name or None, or ``Unfit``; ``tensors(codes, type)`` the blocks, uint8
+``[rows, bytes]``).
 
 Float matrices are written as F32 (or F16: ``float_dtype``), vectors as F32. llama.cpp quantizes activations its own way, so a model with
 quantized activations is refused. Llama's query and key rows are permuted to llama.cpp's rotary layout,
@@ -40,8 +46,8 @@ from mase_lite.errors import UserError, short
 from mase_lite.files import follow_umask, staged_file
 from mase_lite.limits import check_fits, model_bytes
 from mase_lite.nn.quant_functional import QuantizedFunction
-from mase_lite.numerics.codes import offset_values
-from mase_lite.numerics.ggml import GGML_TYPE_NAMES, from_ggml_blocks, ggml_values, to_ggml_blocks
+from mase_lite.numerics.ggml import GGML_TYPE_NAMES, from_ggml_blocks, ggml_values
+from mase_lite.numerics.registry import Unfit, target_mapping
 
 logger = logging.getLogger(__name__)
 
@@ -151,68 +157,16 @@ def _plan(layer: Layer) -> tuple[str | None, Tensor | None]:
         return None, None
     if layer.codes is None:
         raise unsupported(TARGET, layer.name, f"weight format {fmt['name']} (no stored codes for its values)", NEAREST)
-    columns = layer.codes.shape[-1]
-    blocks_of_32 = columns % 32 == 0
-    if not blocks_of_32 and fmt.get("block_size", fmt.get("group_size")) == 32:
-        raise unsupported(TARGET, layer.name, f"weight format {fmt['name']} in blocks of 32 over {columns} columns (a "
-                          f"short last block; GGUF's blocks are whole)", "leave this layer float (a null rule for it)")
-    name = fmt["name"]
-    if name == "mxfp" and fmt["element_format"] == "e2m1" and fmt["block_size"] == 32 and blocks_of_32:
-        scale = _finite_mx_scale(layer)
-        return "MXFP4", _mxfp4_blocks(layer.codes.unpacked(), scale)
-    if name == "mxint" and fmt["block_size"] == 32 and blocks_of_32 and fmt["element_width"] in (8, 4):
-        exponent = _finite_mx_scale(layer).to(torch.int64) - 127 - (fmt["element_width"] - 2)
-        scale = torch.where(exponent < -149, torch.zeros((), dtype=torch.float64), torch.ldexp(torch.ones(()), exponent.double()))
-        signed = offset_values(layer.codes.unpacked(), fmt["element_width"])
-        return _integer_blocks(layer, signed, scale.float(), fmt["element_width"])
-    if (name == "scaled_integer" and fmt["symmetric"] and fmt["width"] in (8, 4) and blocks_of_32
-            and (fmt["granularity"] == "group" and fmt["group_size"] == 32)):
-        side = layer.codes.side
-        if "scale" in side:
-            scale = side["scale"].float()
-        else:
-            exponent = side["scale_exponent"].to(torch.float64)
-            scale = torch.where(exponent == -128, 0.0, torch.pow(2.0, exponent)).float()
-        signed = offset_values(layer.codes.unpacked(), fmt["width"])
-        return _integer_blocks(layer, signed, scale, fmt["width"])
-    if name in GGML_TYPE_NAMES:  # ggml's own block formats: their codes are llama.cpp's bytes
-        return GGML_TYPE_NAMES[name], torch.from_numpy(to_ggml_blocks(name, layer.codes))
-    described = ", ".join(f"{k}={v}" for k, v in fmt.items() if k != "name" and v is not None)
-    raise unsupported(TARGET, layer.name, f"weight format {name} ({described})", NEAREST)
-
-
-def _finite_mx_scale(layer: Layer) -> Tensor:
-    scale = layer.codes.side["scale"]
-    if bool((scale == 0xFF).any()):
-        raise unsupported(TARGET, layer.name, "an MX block holding NaN or Inf", "finite weights")
-    return scale
-
-
-def _integer_blocks(layer: Layer, signed: Tensor, scale: Tensor, bits: int) -> tuple[str, Tensor]:
-    """Q8_0 or Q4_0 blocks: the float16 scale (exact, or the layer is refused), then the codes."""
-    half = scale.half()
-    codes_zero = (signed.reshape(*scale.shape, 32) == 0).all(-1)
-    inexact = (half.float() != scale) & ~codes_zero
-    if bool(inexact.any()):
-        row, block = (int(i) for i in inexact.nonzero()[0])
-        raise unsupported(TARGET, layer.name, f"the scale {float(scale[row, block]):.6g} of block {block} of row {row} "
-                          "is not a float16 value", "scale_dtype float16 (and weights within float16's range)")
-    d = torch.where(codes_zero, torch.zeros((), dtype=torch.float16), half).view(torch.uint8).reshape(*scale.shape, 2)
-    blocks = signed.reshape(*scale.shape, 32)
-    if bits == 8:
-        qs = blocks.to(torch.int8).view(torch.uint8)
-        return "Q8_0", torch.cat([d, qs], -1).reshape(scale.shape[0], -1)
-    nibbles = (blocks + 8).to(torch.uint8)  # Q4_0: the low nibbles hold elements 0-15, the high ones 16-31
-    qs = nibbles[..., :16] | (nibbles[..., 16:] << 4)
-    return "Q4_0", torch.cat([d, qs], -1).reshape(scale.shape[0], -1)
-
-
-def _mxfp4_blocks(codes: Tensor, scale: Tensor) -> Tensor:
-    """MXFP4 blocks: the E8M0 scale, then E2M1 codes (low nibbles elements 0-15, high nibbles 16-31)."""
-    rows = codes.shape[0]
-    nibbles = codes.reshape(*scale.shape, 32).to(torch.uint8)
-    qs = nibbles[..., :16] | (nibbles[..., 16:] << 4)
-    return torch.cat([scale.unsqueeze(-1), qs], -1).reshape(rows, -1)
+    mapping = target_mapping(fmt["name"], TARGET)
+    try:
+        qtype = mapping.scheme(fmt, tuple(layer.codes.shape)) if mapping is not None else None
+        if qtype is None:
+            described = ", ".join(f"{k}={v}" for k, v in fmt.items() if k != "name" and v is not None)
+            raise unsupported(TARGET, layer.name, f"weight format {fmt['name']} ({described})", NEAREST)
+        blocks = mapping.tensors(layer.codes, qtype)
+    except Unfit as unfit:
+        raise unsupported(TARGET, layer.name, unfit.why, unfit.nearest) from None
+    return qtype, torch.as_tensor(blocks)
 
 
 def _tied_head(model: torch.nn.Module, hf: Any) -> str | None:
@@ -333,7 +287,7 @@ CONFIGS = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config
 # tokenizer metadata an import keeps (on the tokenizer, as gguf_metadata) and an export writes back unchanged:
 # llama.cpp picks its pre-tokenizer by tokenizer.ggml.pre
 CARRIED = {"tokenizer.ggml.pre": str, "tokenizer.ggml.add_bos_token": bool, "tokenizer.ggml.add_eos_token": bool}
-QUANTIZED_TYPES = ("Q8_0", "Q4_0", "MXFP4", *GGML_TYPE_NAMES.values())
+QUANTIZED_TYPES = ("MXFP4", *GGML_TYPE_NAMES.values())
 FLOAT_TYPES = ("F32", "F16", "F64")
 MAX_SIZE = 2**31 - 1  # a width or count of a model (torch indexes its kernels with int32)
 MAX_CONTEXT = 2**24
@@ -538,26 +492,13 @@ def _quantized_layer(model, name: str, module: torch.nn.Linear, qtype: str, bloc
 
 def _legacy_blocks(qtype: str, blocks: np.ndarray, rows: int, columns: int, name: str,
                    path: Path) -> tuple[dict[str, Any], Tensor, dict[str, Tensor]]:
-    """The equivalent format, the codes and the side of a Q8_0, Q4_0 or MXFP4 tensor's blocks."""
+    """The equivalent format (OCP MX's ``mxfp`` E2M1), the codes and the side of an MXFP4 tensor's blocks."""
     raw = torch.from_numpy(np.array(blocks, dtype=np.uint8)).reshape(rows, columns // 32, -1)
-    if qtype == "Q8_0":
-        fmt = {"name": "scaled_integer", "width": 8, "full_range": True, "granularity": "group", "group_size": 32,
-               "scale_dtype": "float16"}
-        side = {"scale": raw[..., :2].contiguous().view(torch.float16).reshape(rows, -1)}
-        codes = raw[..., 2:].contiguous().view(torch.int8).to(torch.int64).reshape(rows, columns) + 128
-    else:
-        head, qs = raw[..., : raw.shape[-1] - 16], raw[..., -16:].to(torch.int64)
-        codes = torch.cat([qs & 0xF, qs >> 4], -1).reshape(rows, columns)
-        if qtype == "Q4_0":
-            fmt = {"name": "scaled_integer", "width": 4, "full_range": True, "granularity": "group", "group_size": 32,
-                   "scale_dtype": "float16"}
-            side = {"scale": head.contiguous().view(torch.float16).reshape(rows, -1)}
-        else:
-            fmt = {"name": "mxfp", "element_format": "e2m1", "block_size": 32}
-            if bool((head == 0xFF).any()):
-                raise ExportError(f"{path}: {name}: an MXFP4 scale 0xFF (2**128 in GGML, NaN in OCP MX) has no equivalent")
-            side = {"scale": head.reshape(rows, -1)}
-    return fmt, codes, side
+    head, qs = raw[..., :1], raw[..., 1:].to(torch.int64)
+    codes = torch.cat([qs & 0xF, qs >> 4], -1).reshape(rows, columns)
+    if bool((head == 0xFF).any()):
+        raise ExportError(f"{path}: {name}: an MXFP4 scale 0xFF (2**128 in GGML, NaN in OCP MX) has no equivalent")
+    return {"name": "mxfp", "element_format": "e2m1", "block_size": 32}, codes, {"scale": head.reshape(rows, -1)}
 
 
 def _finite(path: Path, name: str, values: Tensor) -> None:

@@ -10,6 +10,10 @@ format is written as its exact float values. Activations (a layer's ``data_in``,
 ``integer`` of 8 bits, become a QuantizeLinear/DequantizeLinear pair; any other activation format is refused
 before anything is written (ONNX has no operator for it), naming the layer.
 
+A format's ``onnx`` mapping (in its own module) gives a weight's DequantizeLinear from its stored codes
+(``tensors(codes)``: ``values``, ``scale``, ``zero``, ``axis``, ``block``, ``bits``, ``signed``, or None), its
+``onnx/input`` mapping an activation's Q/DQ (``scheme(fmt)``: scale, zero point, signed, or None).
+
 The graph is ``torch.onnx.export`` of the model with its quantized weights swapped for their values for the
 duration of the export (the model is left as it was), inputs named as the model's, batch and sequence
 dimensions dynamic.
@@ -40,10 +44,10 @@ from mase_lite.deploy.tracing import Outputs, dynamic, evaluating, example_input
 from mase_lite.files import follow_umask, head_of, staged_file
 from mase_lite.nn.quant_functional import QuantizedFunction
 from mase_lite.nn.quantized import QuantizedLayer
-from mase_lite.numerics.codes import offset_values
-from mase_lite.numerics.scaled import stored_scale
+from mase_lite.numerics.registry import target_mapping
 
 TARGET = "onnx"
+ANY_WEIGHT_FORMAT = True  # a weight format without a mapping here is written as its values
 PRODUCER = "mase_lite"  # the model's producer_name: what tells a previous export at a path
 OPSET = 21
 NEAREST_ACTIVATION = ("8-bit scaled_integer per tensor with a static scale and full_range true, or an 8-bit integer "
@@ -136,15 +140,10 @@ def _check_activations(model: nn.Module) -> None:
 
 
 def _activation_qdq(fmt: dict[str, Any]) -> tuple[float, int, bool] | None:
-    """(scale, zero point, signed) of an activation format ONNX's QuantizeLinear computes exactly, else None."""
-    if fmt["name"] == "scaled_integer":
-        if (fmt["width"] == 8 and fmt["symmetric"] and fmt["full_range"] and fmt["granularity"] == "tensor"
-                and isinstance(fmt["scale"], float)):
-            return float(stored_scale(torch.tensor([fmt["scale"]]), fmt["scale_dtype"])), 0, True
-        return None
-    if fmt["name"] == "integer" and fmt["width"] == 8 and not fmt["floor"]:
-        return 2.0 ** -fmt["frac_width"], 0, fmt["signed"]
-    return None
+    """(scale, zero point, signed) of an activation format ONNX's QuantizeLinear computes exactly, else None: the
+    format's ``onnx/input`` mapping."""
+    mapping = target_mapping(fmt["name"], f"{TARGET}/input")
+    return mapping.scheme(fmt) if mapping is not None else None
 
 
 def _translations() -> dict:
@@ -164,38 +163,13 @@ def _translations() -> dict:
 
 def _dequantize_spec(layer: Layer) -> dict[str, Any] | None:
     """How a layer's weight is a DequantizeLinear: its codes (numpy), scale, zero point, axis, block size, ONNX
-    element type; None where the format has no integer codes of at most 8 bits (the float values are written)."""
+    element type; None where the format has no integer codes of at most 8 bits (the float values are written).
+    The format's ``onnx`` mapping gives them from the stored codes (``values``, ``scale``, ``zero``, ``axis``,
+    ``block``, ``bits``, ``signed``), or None."""
     fmt, codes = layer.weight_format, layer.codes
-    if fmt is None or codes is None:
-        return None
-    name, (rows, columns) = fmt["name"], codes.shape
-    unsigned = codes.unpacked()
-    if name == "scaled_integer" and fmt["width"] <= 8:
-        side = codes.side
-        scale = side["scale"].float() if "scale" in side else torch.where(
-            side["scale_exponent"] == -128, 0.0, torch.pow(2.0, side["scale_exponent"].double())).float()
-        if fmt["symmetric"]:
-            values, zero = offset_values(unsigned, fmt["width"]), None
-        else:
-            values, zero = unsigned, side["zero_point"].to(torch.int64)
-        axis, block = {"tensor": (None, None), "channel": (0, None), "group": (1, fmt["group_size"])}[fmt["granularity"]]
-        scale = scale.reshape(()) if axis is None else scale.reshape(rows) if axis == 0 else scale
-        zero = None if zero is None else zero.reshape(scale.shape)
-        return _spec(values, scale, zero, axis, block, fmt["width"], fmt["symmetric"])
-    if name == "integer" and fmt["width"] <= 8:
-        values = offset_values(unsigned, fmt["width"]) if fmt["signed"] else unsigned
-        return _spec(values, torch.tensor(2.0 ** -fmt["frac_width"]), None, None, None, fmt["width"], fmt["signed"])
-    if name == "mxint":
-        scale_codes = codes.side["scale"]
-        if bool((scale_codes == 0xFF).any()):
-            return None
-        exponent = scale_codes.to(torch.float64) - 127 - (fmt["element_width"] - 2)
-        scale = torch.pow(2.0, exponent).float()
-        if bool((scale == 0).any()):  # a step below float32's range: the float values are written
-            return None
-        values = offset_values(unsigned, fmt["element_width"])
-        return _spec(values, scale, None, 1, fmt["block_size"], fmt["element_width"], True)
-    return None
+    mapping = target_mapping(fmt["name"], TARGET) if fmt is not None and codes is not None else None
+    spec = mapping.tensors(codes) if mapping is not None else None
+    return None if spec is None else _spec(**spec)
 
 
 def _spec(values: Tensor, scale: Tensor, zero: Tensor | None, axis: int | None, block: int | None, bits: int,

@@ -39,6 +39,7 @@ from mase_lite.files import follow_umask, head_of, read_regular, staged_file
 from mase_lite.trust import trusted
 
 TARGET = "pt2"
+ANY_WEIGHT_FORMAT = True  # a weight format without a mapping here is written as its values
 MARKER = "mase_lite.json"  # an extra file naming the writer: what tells a previous export at a path
 
 

@@ -5,7 +5,7 @@ complement range), so the result exports as it is.
 >>> PRESETS["W4A16"]["weight"]["group_size"]
 128
 >>> sorted(PRESETS)
-['FP8', 'MXFP4', 'MXINT8', 'NVFP4', 'W4A16', 'W8A16', 'W8A8']
+['FP8', 'MXFP4', 'MXINT8', 'NVFP4', 'Q4_0', 'Q4_K', 'Q5_K', 'Q6_K', 'Q8_0', 'W4A16', 'W8A16', 'W8A8']
 """
 
 from __future__ import annotations
@@ -29,4 +29,6 @@ PRESETS = MappingProxyType({
     "MXFP4": {"weight": {"name": "mxfp", "element_format": "e2m1"}},
     # NVIDIA's FP4 weights: E2M1 elements, an E4M3 scale per 16, a float32 global scale per tensor (vLLM's NVFP4A16)
     "NVFP4": {"weight": {"name": "nvfp4", "per_tensor": "global_scale"}},
+    # llama.cpp's own types for every Linear (llama-quantize --pure): Q8_0, Q4_0 and the K-quants
+    **{name.upper(): {"weight": {"name": name}} for name in ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k")},
 })

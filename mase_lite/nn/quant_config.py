@@ -394,22 +394,22 @@ def _finish(specs: dict[str, OperandFormat], storage: str, operands: tuple[str, 
                                location=(where, "activations"))
     if storage == "packed":
         weight = specs.get("weight")
-        from mase_lite.kernels.packed4.module import packable
+        from mase_lite.kernels.packed4.module import packed_kind
+        from mase_lite.numerics.registry import Unfit
 
-        is_mxint8 = weight is not None and weight.format.name == "mxint" and weight.params.element_width == 8
-        is_4bit = weight is not None and packable(weight.format.as_dict(weight.params))
-        if operands != LAYER_OPERANDS or not (is_mxint8 or is_4bit):
+        try:
+            kind = packed_kind(weight.format.as_dict(weight.params), activations) if weight is not None else None
+        except Unfit as unfit:
+            raise QuantConfigError(unfit.why, location=(where, unfit.field or "storage")) from None
+        if operands != LAYER_OPERANDS or kind is None:
             raise QuantConfigError("'packed' needs a layer weight in format mxint with element_width 8, or 4-bit: "
                                    "mxint element_width 4, mxfp e2m1 or scaled_integer width 4 (symmetric) in blocks "
-                                   "of 32", location=(where, "storage"))
+                                   "of 32, q4_0 or iq4_nl", location=(where, "storage"))
         others = sorted(set(specs) - {"weight"})
         if others:
             raise QuantConfigError(
                 f"'packed' quantizes the weight only; remove the config of {', '.join(others)}", location=(where, "storage")
             )
-        if activations == "int8" and is_mxint8 and weight.params.block_size != 32:
-            raise QuantConfigError(f"activations 'int8' takes MXINT8 in blocks of 32, not {weight.params.block_size}",
-                                   location=(where, "activations"))
     return QuantConfig(specs, storage, activations)
 
 

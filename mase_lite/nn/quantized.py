@@ -370,7 +370,9 @@ def quantize_module(module: nn.Module, config: Mapping[str, Any] | QuantConfig) 
         if not isinstance(module, nn.Linear):
             raise QuantConfigError(f"storage 'packed' is available for Linear only, not {type(module).__name__}")
         weight = parsed.get("weight")
-        if weight.format.name != "mxint" or weight.params.element_width != 8:  # a 4-bit weight: packed from its codes
+        from mase_lite.kernels.packed4.module import packed_kind
+
+        if packed_kind(weight.format.as_dict(weight.params)) == "packed4":  # a 4-bit weight: packed from its codes
             from mase_lite.kernels.packed4 import Packed4Linear
 
             return Packed4Linear.from_quantized(QuantizedLinear.from_float(module, parse_quant_config(

@@ -1,8 +1,10 @@
-"""GGML's K-quants ``q2_k`` .. ``q6_k`` and ``iq4_nl`` as number formats, bit for bit as llama.cpp stores them.
+"""GGML's K-quants ``q2_k`` .. ``q6_k``, ``iq4_nl``, ``q4_0`` and ``q8_0`` as number formats, bit for bit as
+llama.cpp stores them.
 
 A row (the last dimension; all leading dimensions are rows) is cut into blocks: super-blocks of 256 weights
-for the K-quants, blocks of 32 for ``iq4_nl``; a row's length must be a multiple of the block. Each block
-stores, as llama.cpp's ``ggml-common.h`` lays it out (``block_q2_K`` .. ``block_q6_K``, ``block_iq4_nl``):
+for the K-quants, blocks of 32 for ``iq4_nl``, ``q4_0`` and ``q8_0``; a row's length must be a multiple of the
+block. Each block stores, as llama.cpp's ``ggml-common.h`` lays it out (``block_q2_K`` .. ``block_q6_K``,
+``block_iq4_nl``, ``block_q4_0``, ``block_q8_0``):
 
 - ``q2_k``: sub-blocks of 16, ``(d·sc)·q - dmin·m``, q 0..3, 4-bit sc and m; 84 bytes, 2.625 bits a weight;
 - ``q3_k``: sub-blocks of 16, ``(d·sc)·q``, q -4..3, 6-bit signed sc (-32..31); 110 bytes, 3.4375 bits;
@@ -10,6 +12,8 @@ stores, as llama.cpp's ``ggml-common.h`` lays it out (``block_q2_K`` .. ``block_
 - ``q5_k``: sub-blocks of 32, ``(d·sc)·q - dmin·m``, q 0..31, 6-bit sc and m; 176 bytes, 5.5 bits;
 - ``q6_k``: sub-blocks of 16, ``(d·sc)·q``, q -32..31, int8 sc; 210 bytes, 6.5625 bits;
 - ``iq4_nl``: blocks of 32, ``d·kvalues_iq4nl[i]``, i 0..15; 18 bytes, 4.5 bits;
+- ``q4_0``: blocks of 32, ``d·q``, q -8..7 (stored q+8, low nibbles weights 0..15, high 16..31); 18 bytes, 4.5 bits;
+- ``q8_0``: blocks of 32, ``d·q``, q -128..127 (int8); 34 bytes, 8.5 bits;
 
 ``d`` and ``dmin`` are float16, one per block.
 
@@ -28,29 +32,34 @@ sub-block scales. Every weight is finally the nearest code of its sub-block's gr
 (d·sc))`` clamped (llama.cpp's last step too), so a block's error is never above that of llama.cpp's reference
 quantizer (as transcribed here: the same up to the order of float32 sums). ``iq4_nl`` tries llama.cpp's scales
 (its reference and its ``ntry = 7`` search, as ``llama-quantize`` runs it), least-squares ones and a
-least-squares refit; weights go to the nearest table value (``best_index_int8``). A sub-block of non-negative
-weights holding a zero keeps a zero min, so its zeros stay exact zeros; a block of zeros is zeros. NaN is
+least-squares refit; weights go to the nearest table value (``best_index_int8``). ``q4_0`` and ``q8_0`` try
+llama.cpp's reference scales (``quantize_row_q4_0_ref``: ``max / -8``; ``quantize_row_q8_0_ref``: ``amax /
+127``), ``make_qx_quants`` (``quantize_row_q4_0_impl``'s importance path), least-squares fits of trial steps and
+a refit, every weight at the exact nearest code under the stored float16 ``d``, so no block's error is above
+the reference's (which stores its codes under the same ``d``). A sub-block of non-negative weights holding a
+zero keeps a zero min, so its zeros stay exact zeros; a block of zeros is zeros (``d = +0.0``, where llama.cpp's
+q4_0 stores ``0 / -8 = -0.0``, decoding to -0.0). NaN is
 refused (GGML has no NaN code); ±Inf and magnitudes beyond a type's largest value saturate, and so does a
 float16 scale (at 65504, where ggml would store Inf). The search runs on 2**18 weights at a time.
 
 The codes (``codec``): per weight its unsigned code (q2_k 0..3; q3_k q+4; q4_k 0..15; q5_k 0..31; q6_k q+32;
-iq4_nl the table index), and the side ``d`` (float16 per block), ``dmin`` (float16, q2_k/q4_k/q5_k),
-``scales`` and ``mins`` (per sub-block: uint8; int8 for q3_k and q6_k). :func:`to_ggml_blocks` packs codes
-and side into the GGUF tensor bytes, :func:`from_ggml_blocks` reads them back.
+iq4_nl the table index; q4_0 q+8; q8_0 q+128), and the side ``d`` (float16 per block), ``dmin`` (float16,
+q2_k/q4_k/q5_k), ``scales`` and ``mins`` (per sub-block: uint8; int8 for q3_k and q6_k). :func:`to_ggml_blocks`
+packs codes and side into the GGUF tensor bytes, :func:`from_ggml_blocks` reads them back.
 
 GPTQ (``group``, ``group_quantizer``): a K-quant's sub-block grids all hang on the super-block's ``d``/``dmin``,
-fixed from all 256 weights, so the group is the super-block (256; 32 for iq4_nl). The grid function the
-group quantizer returns (:class:`BlockGrid`) rounds values to the nearest code of the grid the group's values
-fixed: a ``[rows, 256]`` block by position, or one column ``[rows]`` with its position in the block given as
-``column=`` (the sub-block it belongs to decides its scale and min; iq4_nl needs none). Its ``positional``
-attribute tells a caller it wants the position.
+fixed from all 256 weights, so the group is the super-block (256; 32, one ``d``, for iq4_nl, q4_0 and q8_0).
+The grid function the group quantizer returns (:class:`BlockGrid`) rounds values to the nearest code of the grid
+the group's values fixed: a ``[rows, 256]`` block by position, or one column ``[rows]`` with its position in the
+block given as ``column=`` (the sub-block it belongs to decides its scale and min; iq4_nl, q4_0 and q8_0 need
+none). Its ``positional`` attribute tells a caller it wants the position.
 
 >>> import torch
 >>> from mase_lite.numerics import quantize, bits_per_element
 >>> w = torch.randn(4, 512)
 >>> y = quantize(w, "q4_k")
->>> bits_per_element("q4_k"), bits_per_element("iq4_nl")
-(4.5, 4.5)
+>>> bits_per_element("q4_k"), bits_per_element("iq4_nl"), bits_per_element("q4_0"), bits_per_element("q8_0")
+(4.5, 4.5, 4.5, 8.5)
 """
 
 from __future__ import annotations
@@ -64,7 +73,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mase_lite.numerics.registry import Codec, FormatError, FormatParams, Shape, register_format
+from mase_lite.numerics.registry import (
+    Codec, FormatError, FormatParams, Shape, Unfit, check_tiles, register_format, register_mapping,
+)
 
 QK_K = 256
 KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
@@ -73,6 +84,7 @@ F16_MAX = 65504.0
 F16_TINY = 2.0**-24  # the smallest float16 subnormal
 CHUNK = 1 << 18  # weights quantized at a time (keeps the search's buffers in cache)
 REFINE_ROUNDS = 2
+PLAIN_TRIALS = 65  # q4_0, q8_0: trial steps searched per block
 
 
 @dataclass(frozen=True)
@@ -97,6 +109,11 @@ class GGMLType:
         return self.block // self.sub
 
     @property
+    def scaled(self) -> bool:
+        """Whether a block stores integer sub-block scales (the K-quants; not q4_0, q8_0 or iq4_nl)."""
+        return self.scale_max > 0
+
+    @property
     def qmax(self) -> int:
         return (1 << self.code_bits) - 1 - self.offset
 
@@ -116,6 +133,8 @@ TYPES: dict[str, GGMLType] = {
     "q5_k": GGMLType("q5_k", "Q5_K", QK_K, 32, 176, 5, has_min=True, scale_max=63),
     "q6_k": GGMLType("q6_k", "Q6_K", QK_K, 16, 210, 6, offset=32, scale_min=-128, scale_max=127),
     "iq4_nl": GGMLType("iq4_nl", "IQ4_NL", 32, 32, 18, 4),
+    "q4_0": GGMLType("q4_0", "Q4_0", 32, 32, 18, 4, offset=8),
+    "q8_0": GGMLType("q8_0", "Q8_0", 32, 32, 34, 8, offset=128),
 }
 GGML_TYPE_NAMES = {t.name: t.ggml for t in TYPES.values()}  # format name -> GGMLQuantizationType name
 
@@ -315,12 +334,22 @@ class _Grid:
         return _Grid(pick(self.d, other.d), pick(self.sc, other.sc), pick(self.dmin, other.dmin), pick(self.m, other.m))
 
 
+def _grid_of(t: GGMLType, qb: _Quantized) -> _Grid:
+    """The grid of stored blocks (not iq4_nl's); q4_0 and q8_0 have one sub-block of integer scale 1."""
+    sc = qb.scales.float() if t.scaled else torch.ones(qb.d.shape[0], 1)
+    return _Grid(qb.d.float(), sc, qb.dmin.float() if t.has_min else None, qb.mins.float() if t.has_min else None)
+
+
 def _nearest(t: GGMLType, x: Tensor, d1: Tensor, m1: Tensor | None) -> Tensor:
     """The integer ``q`` (float32) of each weight of ``x`` (``[B, subs, sub]``) nearest on its sub-block's grid:
     ``round((x + m1) / d1)`` (``round(x / d1)`` without a min), clamped to the codes; 0 where ``d1`` is 0."""
     live = d1 != 0
     shifted = x + m1 if m1 is not None else x
-    q = (shifted / _safe(d1, ~live)).round_().clamp_(t.qmin, t.qmax).add_(0.0)  # +0.0, as a code decodes (not -0.0)
+    if t.scaled:
+        q = (shifted / _safe(d1, ~live)).round_()
+    else:  # q4_0, q8_0: ``x / d`` in float64 tells the exact nearest (a midpoint ``d·(q + ½)`` is a float32)
+        q = (shifted.double() / _safe(d1, ~live).double()).round_().float()
+    q = q.clamp_(t.qmin, t.qmax).add_(0.0)  # +0.0, as a code decodes (not -0.0)
     return q.masked_fill_(~live.expand_as(q), 0.0) if not bool(live.all()) else q
 
 
@@ -621,13 +650,60 @@ def _search_iq4(blocks: Tensor, ew: Tensor | None) -> Tensor:
     return best_scale
 
 
+def _search_plain(t: GGMLType, blocks: Tensor, ew: Tensor | None) -> _Grid:
+    """The stored step ``d`` of each q4_0 / q8_0 block (``[B, 32]``), as a grid of one sub-block of scale 1.
+
+    Candidates: llama.cpp's reference scales (q4_0's ``max / -8``, the signed extreme on code -8; q8_0's
+    ``amax / 127``) and the signed extreme on the top code (``max / qmax``); the scales of ``make_qx_quants``
+    (nmax 8 for q4_0, as its importance path ``quantize_row_q4_0_impl`` runs it; 128 for q8_0) weighted by ``x²``
+    and by ``ew·sqrt(σ² + x²)`` (σ²: the block's mean square, where llama.cpp takes the row's); the
+    ``ew``-weighted least-squares scales of the codes of ``PLAIN_TRIALS`` trial steps ``max / (qmin·r)``, r 0.7 ..
+    1.1; float16's smallest steps. Each is taken as float16 with the nearest codes under it (the exact nearest,
+    ties to even) and the least ``ew``-weighted error (summed in float64) kept; then, ``REFINE_ROUNDS`` times, the
+    least-squares scale of the kept codes where it lowers the error. llama.cpp's reference stores its codes under
+    the same float16 ``d``, so no block's error is above the reference's."""
+    x = blocks[:, None]  # [B, 1, 32]: one sub-block
+    ew = torch.ones_like(x) if ew is None else ew.reshape(x.shape)
+    amax, extreme = _signed_extreme(blocks)
+    zero = amax == 0
+    nmax = -t.qmin
+
+    def codes(d: Tensor) -> Tensor:
+        return _nearest(t, x, d[:, None, None], None)
+
+    def least_squares(d: Tensor) -> Tensor:
+        q = codes(_f16(d).float())
+        eq = ew * q
+        eq2 = (eq * q).sum((-2, -1))
+        return torch.where(eq2 > 0, (eq * x).sum((-2, -1)) / _safe(eq2, eq2 <= 0), torch.zeros_like(eq2))
+
+    tiny = torch.full_like(extreme, F16_TINY)
+    sigma2 = blocks.square().mean(-1, keepdim=True)
+    candidates = [extreme / t.qmin, amax / t.qmax, extreme / t.qmax, tiny, -tiny, _qx(blocks, nmax, blocks.square())[0],
+                  _qx(blocks, nmax, ew[:, 0] * (sigma2 + blocks.square()).sqrt())[0]]
+    safe = _safe(extreme, zero)
+    candidates += [least_squares(safe / (t.qmin * (0.7 + 0.4 * k / (PLAIN_TRIALS - 1)))) for k in range(PLAIN_TRIALS)]
+    best, best_error = None, None
+    for i in range(len(candidates) + REFINE_ROUNDS):
+        d = candidates[i] if i < len(candidates) else least_squares(best)
+        d = _f16(d.masked_fill(zero, 0.0)).float()
+        error = (ew.double() * (x.double() - d[:, None, None] * codes(d)).square()).sum((-2, -1))
+        if best is None:
+            best, best_error = d, error
+            continue
+        better = error < best_error
+        best = torch.where(better, d, best)
+        best_error = torch.where(better, error, best_error)
+    return _Grid(best, torch.ones_like(best)[:, None])
+
+
 # The format: checks, chunks, values, codes --------------------------------------------------------
 
 def _largest(t: GGMLType) -> float:
     """A magnitude no value of the type exceeds (weights beyond it saturate)."""
     if t.name == "iq4_nl":
         return F16_MAX * 127
-    return F16_MAX * max(abs(t.scale_min), t.scale_max) * max(abs(t.qmin), t.qmax)
+    return F16_MAX * (max(abs(t.scale_min), t.scale_max) if t.scaled else 1) * max(abs(t.qmin), t.qmax)
 
 
 def _checked_rows(x: Tensor, t: GGMLType) -> Tensor:
@@ -669,14 +745,15 @@ def _quantize_blocks(t: GGMLType, blocks: Tensor, ew: Tensor | None = None) -> _
             d = _search_iq4(chunk, weights)
             parts.append(_Quantized(_iq4_nearest(chunk, d), d.to(torch.float16)))
             continue
-        grid = _search_k(t, chunk, weights)
+        grid = _search_k(t, chunk, weights) if t.scaled else _search_plain(t, chunk, weights)
         x = chunk.reshape(-1, t.subs, t.sub)
         d1, m1 = grid.steps()
         q = _nearest(t, x, d1, m1)
         codes = (q + t.offset).to(torch.int64).reshape(chunk.shape)
         int_dtype = torch.int8 if t.scale_min < 0 else torch.uint8
         parts.append(_Quantized(codes, grid.d.to(torch.float16), grid.dmin.to(torch.float16) if t.has_min else None,
-                                grid.sc.to(int_dtype), grid.m.to(torch.uint8) if t.has_min else None))
+                                grid.sc.to(int_dtype) if t.scaled else None,
+                                grid.m.to(torch.uint8) if t.has_min else None))
     if not parts:
         return _empty(t, 0)
     cat = lambda name: None if getattr(parts[0], name) is None else torch.cat([getattr(p, name) for p in parts])
@@ -689,7 +766,7 @@ def _empty(t: GGMLType, blocks: int) -> _Quantized:
     zero_code = _IQ4_ZERO if t.name == "iq4_nl" else t.offset
     return _Quantized(torch.full((blocks, t.block), zero_code, dtype=torch.int64), torch.zeros(blocks, dtype=torch.float16),
                       torch.zeros(blocks, dtype=torch.float16) if t.has_min else None,
-                      torch.zeros(blocks, t.subs, dtype=int_dtype) if t.name != "iq4_nl" else None,
+                      torch.zeros(blocks, t.subs, dtype=int_dtype) if t.scaled else None,
                       torch.zeros(blocks, t.subs, dtype=torch.uint8) if t.has_min else None)
 
 
@@ -698,8 +775,7 @@ def _decode_blocks(t: GGMLType, qb: _Quantized) -> Tensor:
     d = qb.d.float()
     if t.name == "iq4_nl":
         return d[:, None] * _IQ4_VALUES[qb.codes]
-    grid = _Grid(d, qb.scales.float(), qb.dmin.float() if t.has_min else None, qb.mins.float() if t.has_min else None)
-    d1, m1 = grid.steps()
+    d1, m1 = _grid_of(t, qb).steps()
     q = (qb.codes - t.offset).float().reshape(-1, t.subs, t.sub)
     return _values(q, d1, m1).reshape(qb.codes.shape)
 
@@ -712,7 +788,7 @@ def _side_of(t: GGMLType, qb: _Quantized, shape: torch.Size) -> dict[str, Tensor
     side = {"d": qb.d.reshape(*lead, per_row)}
     if t.has_min:
         side["dmin"] = qb.dmin.reshape(*lead, per_row)
-    if t.name != "iq4_nl":
+    if t.scaled:
         side["scales"] = qb.scales.reshape(*lead, per_row * t.subs)
     if t.has_min:
         side["mins"] = qb.mins.reshape(*lead, per_row * t.subs)
@@ -787,9 +863,7 @@ def _codec(t: GGMLType) -> Codec:
             d = qb.d.float()
             code = _iq4_nearest(v, d)
             return code.reshape(values.shape)
-        grid = _Grid(qb.d.float(), qb.scales.float(), qb.dmin.float() if t.has_min else None,
-                     qb.mins.float() if t.has_min else None)
-        d1, m1 = grid.steps()
+        d1, m1 = _grid_of(t, qb).steps()
         x = v.reshape(-1, t.subs, t.sub)
         q = _nearest(t, x, d1, m1)
         for shift in (1.0, -1.0):  # float32 rounding of ``(v + m1) / d1``: try the neighbours where it missed
@@ -831,9 +905,7 @@ class BlockGrid:
         if t.name == "iq4_nl":
             self.d = qb.d.float()
         else:
-            grid = _Grid(qb.d.float(), qb.scales.float(), qb.dmin.float() if t.has_min else None,
-                         qb.mins.float() if t.has_min else None)
-            self.d1, self.m1 = grid.steps()  # [rows, subs, 1]
+            self.d1, self.m1 = _grid_of(t, qb).steps()  # [rows, subs, 1]
 
     def __call__(self, x: Tensor, column: int | None = None) -> Tensor:
         t = self.t
@@ -843,12 +915,12 @@ class BlockGrid:
             return self._round(x.to(torch.float32)).to(x.dtype)
         if t.name == "iq4_nl":  # one scale for the whole block: any column
             return self._round(x.to(torch.float32)[:, None])[:, 0].to(x.dtype)
-        if column is None:
+        if column is None and t.subs > 1:
             raise FormatError(f"format '{t.name}': a column's grid depends on its sub-block of {t.sub}: "
                               f"give its position in the block of {t.block} (column=)")
-        if not 0 <= column < t.block:
+        if column is not None and not 0 <= column < t.block:
             raise FormatError(f"format '{t.name}': column {column} is outside the block of {t.block}")
-        j = column // t.sub
+        j = (column or 0) // t.sub
         d1 = self.d1[:, j]
         m1 = self.m1[:, j] if self.m1 is not None else None
         q = _nearest(t, x.to(torch.float32)[:, None, None], d1[:, :, None], m1[:, :, None] if m1 is not None else None)
@@ -962,8 +1034,10 @@ def to_ggml_blocks(name: str, codes: Any, side: dict[str, Tensor] | None = None)
     if bool((c < 0).any()) or bool((c >= 1 << t.code_bits).any()):
         raise FormatError(f"format '{name}': codes must lie in 0..{(1 << t.code_bits) - 1}")
     d = _f16_bytes(qb.d)
-    if t.name == "iq4_nl":
+    if t.name in ("iq4_nl", "q4_0"):  # low nibbles: weights 0..15, high: 16..31
         parts = [d, _u8(c[:, :16] | (c[:, 16:] << 4))]
+    elif t.name == "q8_0":
+        parts = [d, _u8(c ^ 128)]  # the int8 q (code - 128) as its byte
     elif t.name == "q2_k":
         scales = _u8(qb.scales.to(torch.int64) | (qb.mins.to(torch.int64) << 4))
         parts = [scales, _pack_crumbs(c), d, _f16_bytes(qb.dmin)]
@@ -1003,10 +1077,13 @@ def from_ggml_blocks(name: str, raw: np.ndarray, shape: Shape | torch.Size) -> t
     r = torch.from_numpy(data.copy()).reshape(blocks, t.type_size)
     half = lambda b: b.contiguous().view(torch.float16).reshape(-1)
     dmin = scales = mins = None
-    if t.name == "iq4_nl":
+    if t.name in ("iq4_nl", "q4_0"):
         d = half(r[:, 0:2])
         q = r[:, 2:18].to(torch.int64)
         codes = torch.cat([q & 15, q >> 4], 1)
+    elif t.name == "q8_0":
+        d = half(r[:, 0:2])
+        codes = r[:, 2:34].to(torch.int64) ^ 128
     elif t.name == "q2_k":
         packed = r[:, 0:16].to(torch.int64)
         scales, mins = _u8(packed & 15), _u8(packed >> 4)
@@ -1049,9 +1126,48 @@ def _register(t: GGMLType) -> Callable[[Tensor, GGMLParams], Tensor]:
     quantize.__doc__ = (f"GGML's {t.ggml}: blocks of {t.block} weights"
                         + (f", a scale{' and a min' if t.has_min else ''} per {t.sub}" if t.block != t.sub else "")
                         + f"; {t.bits:g} bits per weight, bit for bit as llama.cpp stores them.")
-    return register_format(t.name, params=GGMLParams, bits=lambda p, shape: t.bits, bounds=_bounds(t),
-                           group=lambda p, row: t.block, codec=_codec(t),
-                           group_quantizer=_group_quantizer(t))(quantize)
+    registered = register_format(t.name, params=GGMLParams, bits=lambda p, shape: t.bits, bounds=_bounds(t),
+                                 group=lambda p, row: t.block, codec=_codec(t),
+                                 group_quantizer=_group_quantizer(t))(quantize)
+    register_mapping(t.name, "gguf", _gguf_type(t), lambda codes, gguf_type: to_ggml_blocks(t.name, codes))
+    if t.code_bits == 4 and t.block == 32 and not t.scaled:  # a table of 16 values times d: the 4-bit packed layer
+        register_mapping(t.name, "packed", lambda fmt, activations: "packed4", _packed_table(t),
+                         lambda scales, fmt: {"d": scales.to(torch.float16)})
+    return registered
+
+
+def _gguf_type(t: GGMLType) -> Callable[[dict, Shape], str]:
+    def scheme(fmt: dict, shape: Shape) -> str:
+        check_tiles(shape[-1], t.block, "blocks", "leave this layer float (a null rule for it)")
+        return t.ggml
+
+    return scheme
+
+
+def _packed_table(t: GGMLType) -> Callable[[Any], tuple[Tensor, Tensor]]:
+    """The 16 values a code stands for (under ``d = 1``) and each block's ``d``, as the packed layer holds them."""
+
+    def table(codes) -> tuple[Tensor, Tensor]:
+        unit = ggml_values(torch.arange(32) % 16, {"d": torch.ones(1, dtype=torch.float16)}, t.name)
+        return unit[:16].contiguous(), codes.side["d"].float()
+
+    return table
+
+
+def integer_blocks(codes: Tensor, scale: Tensor, gguf_type: str) -> Tensor:
+    """GGUF ``Q8_0`` or ``Q4_0`` blocks of another format's integer codes (offset binary: ``q + 128`` / ``q + 8``,
+    ``[rows, columns]``) under float32 scales per block of 32 (``[rows, columns / 32]``), which must be float16
+    values (:class:`Unfit` naming the first that is not); a block of zero codes stores ``d = 0``."""
+    t = _type(gguf_type.lower())
+    half = scale.half()
+    codes_zero = (codes.reshape(*scale.shape, t.block) == t.offset).all(-1)
+    inexact = (half.float() != scale) & ~codes_zero
+    if bool(inexact.any()):
+        row, block = (int(i) for i in inexact.nonzero()[0])
+        raise Unfit(f"the scale {float(scale[row, block]):.6g} of block {block} of row {row} is not a float16 value",
+                    "scale_dtype float16 (and weights within float16's range)")
+    d = torch.where(codes_zero, torch.zeros((), dtype=torch.float16), half)
+    return torch.from_numpy(to_ggml_blocks(t.name, codes.to(torch.int64), {"d": d}))
 
 
 q2_k = _register(TYPES["q2_k"])
@@ -1060,3 +1176,5 @@ q4_k = _register(TYPES["q4_k"])
 q5_k = _register(TYPES["q5_k"])
 q6_k = _register(TYPES["q6_k"])
 iq4_nl = _register(TYPES["iq4_nl"])
+q4_0 = _register(TYPES["q4_0"])
+q8_0 = _register(TYPES["q8_0"])

@@ -25,7 +25,7 @@ from mase_lite.numerics.codes import exact_integers, offset_codes, offset_values
 from mase_lite.numerics.exponents import largest_float32_at_most
 from mase_lite.numerics.memory import empty_like_advised
 from mase_lite.numerics.native import element_kernel
-from mase_lite.numerics.registry import Calibrated, Codec, FormatParams, register_format
+from mase_lite.numerics.registry import Calibrated, Codec, FormatParams, Unfit, register_format, register_mapping
 
 
 class IntegerParams(FormatParams):
@@ -99,3 +99,37 @@ def integer(x: Tensor, p: IntegerParams) -> Tensor:
     codes = torch.mul(x, 2.0**p.frac_width, out=empty_like_advised(x))
     codes = codes.floor_() if p.floor else codes.round_()
     return codes.clamp_(lo, hi).mul_(2.0**-p.frac_width).add_(0.0)  # + 0.0: code 0 is +0.0
+
+
+# Targets (each target's module says what its mapping takes and gives) --------------------------------------
+
+def _ct_weight(fmt: dict, shape) -> dict:
+    if fmt["width"] > 8:
+        raise Unfit(f"{fmt['width']}-bit integer", "at most 8 bits")
+    return {"num_bits": fmt["width"], "type": "int", "symmetric": fmt["signed"], "strategy": "tensor",
+            "group_size": None, "dynamic": False}
+
+
+def _ct_weight_tensors(codes, args: dict) -> dict[str, Tensor]:
+    out = {"weight_scale": torch.tensor([2.0 ** -codes.format["frac_width"]])}
+    if not codes.format["signed"]:  # unsigned codes: a zero point of -2**(w-1) in compressed-tensors' signed codes
+        out["zero_point"] = torch.full((1,), -(1 << (codes.bits - 1)), dtype=torch.int64)
+    return out
+
+
+def _onnx_weight(codes) -> dict | None:
+    fmt = codes.format
+    if fmt["width"] > 8:
+        return None
+    values = offset_values(codes.unpacked(), fmt["width"]) if fmt["signed"] else codes.unpacked()
+    return {"values": values, "scale": torch.tensor(2.0 ** -fmt["frac_width"]), "zero": None, "axis": None,
+            "block": None, "bits": fmt["width"], "signed": fmt["signed"]}
+
+
+def _onnx_input(fmt: dict) -> tuple[float, int, bool] | None:
+    return (2.0 ** -fmt["frac_width"], 0, fmt["signed"]) if fmt["width"] == 8 and not fmt["floor"] else None
+
+
+register_mapping("integer", "compressed-tensors", _ct_weight, _ct_weight_tensors)
+register_mapping("integer", "onnx", None, _onnx_weight)
+register_mapping("integer", "onnx/input", _onnx_input)

@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Literal
 
 import torch
@@ -18,7 +19,9 @@ from pydantic import Field
 from torch import Tensor
 
 from mase_lite.numerics.blocks import amax_and_non_finite, finite_amax, from_blocks, per_element, to_blocks
-from mase_lite.numerics.codes import exact_integers, float_grid_codes, float_grid_values, offset_codes, offset_values
+from mase_lite.numerics.codes import (
+    exact_integers, float_grid_codes, float_grid_values, offset_codes, offset_values, pack_bits,
+)
 from mase_lite.numerics.exponents import mul_pow2
 from mase_lite.numerics.mx import (
     E8M0_BIAS,
@@ -32,7 +35,7 @@ from mase_lite.numerics.mx import (
     shared_exponents,
     under_exponents,
 )
-from mase_lite.numerics.registry import Codec, FormatParams, register_format
+from mase_lite.numerics.registry import Codec, FormatParams, Unfit, check_tiles, register_format, register_mapping
 
 ScaleRule = Literal["floor", "ceil", "even", "rceil"]
 
@@ -159,3 +162,123 @@ def mxint_format(x: Tensor, p: MXIntParams) -> Tensor:
 def mxfp_format(x: Tensor, p: MXFPParams) -> Tensor:
     """MXFP: minifloat elements sharing an E8M0 scale per block."""
     return mxfp(x, element_format=p.element_format, block_size=p.block_size, scale_rule=p.scale_rule)
+
+
+# Targets (each target's module says what its mapping takes and gives) --------------------------------------
+
+def _finite_scales(codes) -> Tensor:
+    """The E8M0 scale codes of a weight; :class:`Unfit` where a block holds NaN or Inf."""
+    scale = codes.side["scale"]
+    if bool((scale == E8M0_NAN).any()):
+        raise Unfit("an MX block holding NaN or Inf", "finite weights")
+    return scale
+
+
+def _integer_steps(codes) -> Tensor:
+    """The float64 step of each mxint block's integer codes: ``2**(E - mbits)``."""
+    element = mxint_element(codes.format["element_width"])
+    return torch.pow(2.0, _finite_scales(codes).to(torch.float64) - E8M0_BIAS - element.mbits)
+
+
+def _mxint_ct(fmt: dict, shape) -> dict:
+    check_tiles(shape[-1], fmt["block_size"], "mxint blocks", "blocks that tile a row")
+    return {"num_bits": fmt["element_width"], "type": "int", "symmetric": True, "strategy": "group",
+            "group_size": fmt["block_size"], "dynamic": False}
+
+
+def _mxint_onnx(codes) -> dict | None:
+    if bool((codes.side["scale"] == E8M0_NAN).any()):
+        return None
+    scale = _integer_steps(codes).float()
+    if bool((scale == 0).any()):  # a step below float32's range: the float values are written
+        return None
+    width = codes.format["element_width"]
+    return {"values": offset_values(codes.unpacked(), width), "scale": scale, "zero": None, "axis": 1,
+            "block": codes.format["block_size"], "bits": width, "signed": True}
+
+
+def _mxint_gguf(fmt: dict, shape) -> str | None:
+    if fmt["block_size"] != 32 or fmt["element_width"] not in (8, 4):
+        return None
+    check_tiles(shape[-1], 32, "blocks", "leave this layer float (a null rule for it)")
+    return "Q8_0" if fmt["element_width"] == 8 else "Q4_0"
+
+
+def _mxint_gguf_blocks(codes, gguf_type: str):
+    from mase_lite.numerics.ggml import integer_blocks
+
+    return integer_blocks(codes.unpacked(), _integer_steps(codes).float(), gguf_type)
+
+
+def _mx_table(element_of, element_values):
+    """The 16 values a 4-bit element code stands for (under the scale 2**0) and each block's scale."""
+
+    def table(codes) -> tuple[Tensor, Tensor]:
+        values = element_values(torch.arange(16), element_of(SimpleNamespace(**codes.format)))
+        scale = codes.side["scale"].to(torch.int64)
+        scales = torch.where(scale == E8M0_NAN, float("nan"), torch.ldexp(torch.ones_like(scale, dtype=torch.float64),
+                                                                          (scale - E8M0_BIAS).double()))
+        return values.float(), scales.float()
+
+    return table
+
+
+def _mx_side(scales: Tensor, fmt: dict) -> dict[str, Tensor]:
+    """The inverse of :func:`_mx_table`'s scales: E8M0 codes ``log2(scale) + 127``, 255 for NaN."""
+    scales = scales.float()
+    return {"scale": torch.where(scales.isnan(), 255.0, torch.log2(scales) + E8M0_BIAS).round().to(torch.uint8)}
+
+
+def _mxint_packed(fmt: dict, activations: str) -> str | None:
+    if fmt.get("element_width") == 8:
+        if activations == "int8" and fmt.get("block_size", 32) != 32:
+            raise Unfit(f"activations 'int8' takes MXINT8 in blocks of 32, not {fmt['block_size']}",
+                        "block_size 32", field="activations")
+        return "mxint8"
+    return "packed4" if fmt.get("element_width") == 4 and fmt.get("block_size", 32) == 32 else None
+
+
+def _e2m1_blocks_of_32(fmt: dict) -> bool:
+    return fmt.get("element_format") == "e2m1" and fmt.get("block_size", 32) == 32
+
+
+def _mxfp_ct(fmt: dict, shape) -> dict | None:
+    if not _e2m1_blocks_of_32(fmt):
+        return None
+    check_tiles(shape[-1], 32, "blocks", "a row of whole blocks of 32")
+    return {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "group", "group_size": 32,
+            "dynamic": False, "scale_dtype": "torch.uint8", "format": "mxfp4-pack-quantized"}
+
+
+def _mxfp_ct_tensors(codes, args: dict) -> dict[str, Tensor]:
+    scale = _finite_scales(codes)
+    rows, columns = codes.shape
+    return {"weight_packed": pack_bits(codes.unpacked(), 4).reshape(rows, columns // 2), "weight_scale": scale.contiguous()}
+
+
+def _mxfp_gguf(fmt: dict, shape) -> str | None:
+    if not _e2m1_blocks_of_32(fmt):
+        return None
+    check_tiles(shape[-1], 32, "blocks", "leave this layer float (a null rule for it)")
+    return "MXFP4"
+
+
+def _mxfp_gguf_blocks(codes, gguf_type: str) -> Tensor:
+    """GGUF's MXFP4 blocks: the E8M0 scale, then E2M1 codes (low nibbles elements 0-15, high nibbles 16-31)."""
+    scale = _finite_scales(codes)
+    nibbles = codes.unpacked().reshape(*scale.shape, 32).to(torch.uint8)
+    qs = nibbles[..., :16] | (nibbles[..., 16:] << 4)
+    return torch.cat([scale.unsqueeze(-1), qs], -1).reshape(codes.shape[0], -1)
+
+
+def _mxfp_packed(fmt: dict, activations: str) -> str | None:
+    return "packed4" if _e2m1_blocks_of_32(fmt) else None
+
+
+register_mapping("mxint", "compressed-tensors", _mxint_ct, lambda codes, args: {"weight_scale": _integer_steps(codes).float()})
+register_mapping("mxint", "onnx", None, _mxint_onnx)
+register_mapping("mxint", "gguf", _mxint_gguf, _mxint_gguf_blocks)
+register_mapping("mxint", "packed", _mxint_packed, _mx_table(_mxint_element, _int_element_values), _mx_side)
+register_mapping("mxfp", "compressed-tensors", _mxfp_ct, _mxfp_ct_tensors)
+register_mapping("mxfp", "gguf", _mxfp_gguf, _mxfp_gguf_blocks)
+register_mapping("mxfp", "packed", _mxfp_packed, _mx_table(_mxfp_element, _fp_element_values), _mx_side)

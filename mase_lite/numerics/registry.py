@@ -30,6 +30,15 @@ class FormatError(UserError):
     """A format name or format parameter the user got wrong."""
 
 
+class Unfit(FormatError):
+    """A target cannot hold these params for this weight: ``why`` names the constraint, ``nearest`` what would fit,
+    ``field`` the config key at fault where it is not the format (e.g. ``activations``)."""
+
+    def __init__(self, why: str, nearest: str, field: str | None = None):
+        super().__init__(f"{why}; nearest: {nearest}")
+        self.why, self.nearest, self.field = why, nearest, field
+
+
 @dataclass(frozen=True)
 class Codec:
     """How a format stores a tensor as codes (see :mod:`mase_lite.numerics.codes`).
@@ -121,6 +130,65 @@ class NumberFormat:
 
 
 _FORMATS: dict[str, NumberFormat] = {}
+
+
+@dataclass(frozen=True)
+class TargetMapping:
+    """How one format is held by one target (an export target, or the packed layers as ``"packed"``), registered by
+    the format's own module with :func:`register_mapping`. Each target defines what its callables take and give
+    (its module's docstring says): ``scheme`` describes the params in the target's terms (data: a GGUF type name,
+    compressed-tensors' quantization args, a packed kernel) or raises :class:`Unfit`; ``tensors`` gives what the
+    target stores for a weight's stored codes; ``side``, where the target needs it, reads such tensors back into the
+    codec's side."""
+
+    scheme: Callable[..., Any] | None = None
+    tensors: Callable[..., Any] | None = None
+    side: Callable[..., Any] | None = None
+
+
+_MAPPINGS: dict[tuple[str, str], TargetMapping] = {}
+
+
+def fitting_groups(columns: int, group: int) -> str:
+    """What to use instead of groups of ``group`` where they do not tile ``columns``: the largest divisors of
+    ``columns`` up to ``group`` (the largest, and the largest multiple of 16 or 8), or one scale per row.
+
+    >>> fitting_groups(688, 128)
+    'use groups of 86 or 16, or granularity channel'
+    """
+    divisors = [d for d in range(min(group, columns), 0, -1) if columns % d == 0]
+    picks = [divisors[0]] + [next((d for d in divisors if d % m == 0), None) for m in (16, 8)]
+    picks = list(dict.fromkeys(d for d in picks if d is not None and d > 1))
+    listed = " or ".join(map(str, picks))
+    return f"use groups of {listed}, or granularity channel" if picks else "use granularity channel"
+
+
+def check_tiles(columns: int, size: int, what: str, nearest: str | None = None) -> None:
+    """Raise :class:`Unfit` where ``what`` of ``size`` (``groups``, ``blocks``) leave a short last one in a row of
+    ``columns``; ``nearest``: what fits instead (default: :func:`fitting_groups`)."""
+    if columns % size:
+        raise Unfit(f"{what} of {size} over {columns} columns (a short last {what.split()[-1].removesuffix('s')})",
+                    nearest or fitting_groups(columns, size))
+
+
+def register_mapping(format_name: str, target: str, scheme: Callable[..., Any] | None, tensors: Callable[..., Any] | None = None,
+                     side: Callable[..., Any] | None = None) -> TargetMapping:
+    """Declare how format ``format_name`` is held by ``target``; returns the mapping."""
+    mapping = TargetMapping(scheme, tensors, side)
+    if _MAPPINGS.get((format_name, target), mapping) != mapping:
+        raise FormatError(f"format '{format_name}' already has a mapping for {target}")
+    _MAPPINGS[format_name, target] = mapping
+    return mapping
+
+
+def target_mapping(format_name: str, target: str) -> TargetMapping | None:
+    """The mapping of format ``format_name`` for ``target``; None where the format declares none."""
+    return _MAPPINGS.get((format_name, target))
+
+
+def mapped_formats(target: str) -> list[str]:
+    """The formats that declare a mapping for ``target``, sorted."""
+    return sorted(name for name, t in _MAPPINGS if t == target)
 
 
 def register_format(

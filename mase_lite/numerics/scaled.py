@@ -52,10 +52,12 @@ from pydantic import Field, model_validator
 from torch import Tensor
 
 from mase_lite.numerics.blocks import finite_amax, from_blocks, per_element, to_blocks
-from mase_lite.numerics.codes import exact_integers, float_grid_codes, float_grid_values
+from mase_lite.numerics.codes import exact_integers, float_grid_codes, float_grid_values, offset_values, pack_bits
 from mase_lite.numerics.exponents import round_to_float
 from mase_lite.numerics.native import scaled_kernel
-from mase_lite.numerics.registry import Calibrated, Codec, FormatParams, Shape, register_format
+from mase_lite.numerics.registry import (
+    Calibrated, Codec, FormatParams, Shape, Unfit, check_tiles, register_format, register_mapping,
+)
 
 SCALE_BITS = {"float32": 32, "float16": 16, "bfloat16": 16, "pow2": 8}
 E4M3_MAX, E4M3_TINY, E2M1_MAX = 448.0, 2.0**-6, 6.0
@@ -411,3 +413,131 @@ def nvfp4(x: Tensor, p: NVFP4Params) -> Tensor:
     elements = round_to_float(ratio.clamp(-E2M1_MAX, E2M1_MAX), 1, 0, 2)
     values = torch.where(torch.isnan(blocks), blocks, elements * scale)
     return from_blocks(values, x.shape)
+
+
+# Targets (each target's module says what its mapping takes and gives) --------------------------------------
+
+def _ct_weight(fmt: dict, shape: Shape) -> dict:
+    if fmt["width"] > 8:
+        raise Unfit(f"{fmt['width']}-bit scaled_integer", "at most 8 bits")
+    group = fmt["group_size"] if fmt["granularity"] == "group" else None
+    if group is not None:
+        check_tiles(shape[-1], group, "groups")
+    return {"num_bits": fmt["width"], "type": "int", "symmetric": fmt["symmetric"], "strategy": fmt["granularity"],
+            "group_size": group, "dynamic": False}
+
+
+def _ct_weight_tensors(codes, args: dict) -> dict[str, Tensor]:
+    out = {"weight_scale": stored_scales(codes.side).contiguous()}
+    if not codes.format["symmetric"]:  # the zero point as a signed code, as compressed-tensors has it
+        out["zero_point"] = codes.side["zero_point"].to(torch.int64) - (1 << (codes.bits - 1))
+    return out
+
+
+def _exact_int8_activations(fmt: dict) -> bool:
+    return (fmt["width"] == 8 and fmt["symmetric"] and fmt["full_range"] and fmt["clip"] == 1.0
+            and fmt["scale_dtype"] == "float32" and fmt["granularity"] in ("tensor", "channel")
+            and not (fmt["granularity"] == "channel" and fmt["scale"] is not None))
+
+
+def _ct_input(fmt: dict, weight: dict | None) -> dict | None:
+    if not _exact_int8_activations(fmt):
+        return None
+    return {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "tensor" if fmt["granularity"] == "tensor"
+            else "token", "group_size": None, "dynamic": fmt["scale"] is None, "scale": fmt["scale"]}
+
+
+def _onnx_weight(codes) -> dict | None:
+    fmt = codes.format
+    if fmt["width"] > 8:
+        return None
+    values = codes.unpacked()
+    zero = None if fmt["symmetric"] else codes.side["zero_point"].to(torch.int64)
+    values = offset_values(values, fmt["width"]) if fmt["symmetric"] else values
+    axis, block = {"tensor": (None, None), "channel": (0, None), "group": (1, fmt["group_size"])}[fmt["granularity"]]
+    scale = stored_scales(codes.side)
+    scale = scale.reshape(()) if axis is None else scale.reshape(codes.shape[0]) if axis == 0 else scale
+    return {"values": values, "scale": scale, "zero": None if zero is None else zero.reshape(scale.shape), "axis": axis,
+            "block": block, "bits": fmt["width"], "signed": fmt["symmetric"]}
+
+
+def _onnx_input(fmt: dict) -> tuple[float, int, bool] | None:
+    if fmt["width"] == 8 and fmt["symmetric"] and fmt["full_range"] and fmt["granularity"] == "tensor" \
+            and isinstance(fmt["scale"], float):
+        return float(stored_scale(torch.tensor([fmt["scale"]]), fmt["scale_dtype"])), 0, True
+    return None
+
+
+def _gguf_type(fmt: dict, shape: Shape) -> str | None:
+    if not (fmt["symmetric"] and fmt["width"] in (8, 4) and fmt["granularity"] == "group" and fmt["group_size"] == 32):
+        return None
+    check_tiles(shape[-1], 32, "groups", "leave this layer float (a null rule for it)")
+    return "Q8_0" if fmt["width"] == 8 else "Q4_0"
+
+
+def _gguf_blocks(codes, gguf_type: str):
+    from mase_lite.numerics.ggml import integer_blocks
+
+    return integer_blocks(codes.unpacked(), stored_scales(codes.side), gguf_type)
+
+
+def _packed(fmt: dict, activations: str) -> str | None:
+    """The 4-bit packed layer holds symmetric 4-bit codes in groups of 32 (-8..7 times the group's scale)."""
+    fits = (fmt.get("width") == 4 and fmt.get("symmetric", True) and fmt.get("granularity") == "group"
+            and fmt.get("group_size") == 32)
+    return "packed4" if fits else None
+
+
+def _packed_table(codes) -> tuple[Tensor, Tensor]:
+    return torch.arange(16, dtype=torch.float32) - 8, stored_scales(codes.side)
+
+
+def _packed_side(scales: Tensor, fmt: dict) -> dict[str, Tensor]:
+    """The inverse of :func:`_packed_table`'s scales: as the format stores them."""
+    if fmt.get("scale_dtype") == "pow2":
+        return {"scale_exponent": torch.log2(scales.float()).round().to(torch.int8)}
+    return {"scale": scales.clone()}
+
+
+register_mapping("scaled_integer", "compressed-tensors", _ct_weight, _ct_weight_tensors)
+register_mapping("scaled_integer", "compressed-tensors/input", _ct_input)
+register_mapping("scaled_integer", "onnx", None, _onnx_weight)
+register_mapping("scaled_integer", "onnx/input", _onnx_input)
+register_mapping("scaled_integer", "gguf", _gguf_type, _gguf_blocks)
+register_mapping("scaled_integer", "packed", _packed, _packed_table, _packed_side)
+
+NVFP4_ARGS = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "group_size": 16,
+              "dynamic": False, "scale_dtype": "torch.float8_e4m3fn"}
+
+
+def written_global_scale(scale: Tensor) -> Tensor:
+    """An NVFP4 global scale as compressed-tensors writes it: 1 where it is infinite (a tensor of zeros, whose codes
+    are all zero under any scale)."""
+    return torch.where(torch.isfinite(scale), scale, torch.ones_like(scale)).float()
+
+
+def _nvfp4_ct_weight(fmt: dict, shape: Shape) -> dict | None:
+    if fmt["per_tensor"] != "global_scale":
+        return None
+    check_tiles(shape[-1], 16, "blocks", "a row of whole blocks of 16")
+    return {**NVFP4_ARGS, "format": "nvfp4-pack-quantized"}
+
+
+def _nvfp4_ct_tensors(codes, args: dict) -> dict[str, Tensor]:
+    rows, columns = codes.shape
+    return {"weight_packed": pack_bits(codes.unpacked(), 4).reshape(rows, columns // 2),
+            "weight_scale": codes.side["block_scale"].contiguous(),
+            "weight_global_scale": written_global_scale(codes.side["global_scale"].reshape(1))}
+
+
+def _nvfp4_ct_input(fmt: dict, weight: dict | None) -> dict | None:
+    if fmt["per_tensor"] != "global_scale" or not isinstance(fmt["tensor_amax"], float):
+        return None
+    if weight is None or weight["name"] != "nvfp4":
+        raise Unfit("NVFP4 activations beside a weight that is not NVFP4", "NVFP4 weights")
+    global_scale = written_global_scale(nvfp4_global_scale(torch.tensor(fmt["tensor_amax"], dtype=torch.float32)))
+    return {**NVFP4_ARGS, "dynamic": "local", "global_scale": global_scale.reshape(1)}
+
+
+register_mapping("nvfp4", "compressed-tensors", _nvfp4_ct_weight, _nvfp4_ct_tensors)
+register_mapping("nvfp4", "compressed-tensors/input", _nvfp4_ct_input)

@@ -24,7 +24,7 @@ from pydantic import Field, model_validator
 from torch import Tensor
 
 from mase_lite.numerics.blocks import finite_amax, from_blocks, per_element, to_blocks
-from mase_lite.numerics.registry import Calibrated, Codec, FormatParams, Shape, register_format
+from mase_lite.numerics.registry import Calibrated, Codec, FormatParams, Shape, check_tiles, register_format, register_mapping
 
 ELEMENTS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
@@ -151,3 +151,33 @@ def _group_quantizer(p: ScaledFloatParams, values: Tensor):
         return ratio.to(dtype).to(x.dtype).mul_(flat).add_(0.0)
 
     return side, quantize
+
+
+# Targets (each target's module says what its mapping takes and gives) --------------------------------------
+
+def _ct_weight(fmt: dict, shape: Shape) -> dict | None:
+    if fmt["element"] != "e4m3" or fmt["scale"] is not None:
+        return None
+    group = fmt["group_size"] if fmt["granularity"] == "group" else None
+    if group is not None:
+        check_tiles(shape[-1], group, "groups")
+    return {"num_bits": 8, "type": "float", "symmetric": True, "strategy": fmt["granularity"], "group_size": group,
+            "dynamic": False, "format": "float-quantized"}
+
+
+def _ct_weight_tensors(codes, args: dict) -> dict[str, Tensor]:
+    scale = codes.side["scale"]
+    return {"weight": codes.unpacked().to(torch.uint8).view(torch.float8_e4m3fn).contiguous(),
+            "weight_scale": scale.reshape(codes.shape[0], 1) if args["strategy"] == "channel" else scale.contiguous()}
+
+
+def _ct_input(fmt: dict, weight: dict | None) -> dict | None:
+    if fmt["element"] != "e4m3" or fmt["granularity"] not in ("tensor", "channel") \
+            or (fmt["granularity"] == "channel" and fmt["scale"] is not None):
+        return None
+    return {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor" if fmt["granularity"] == "tensor"
+            else "token", "group_size": None, "dynamic": fmt["scale"] is None, "scale": fmt["scale"]}
+
+
+register_mapping("scaled_float", "compressed-tensors", _ct_weight, _ct_weight_tensors)
+register_mapping("scaled_float", "compressed-tensors/input", _ct_input)

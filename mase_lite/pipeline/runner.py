@@ -35,6 +35,7 @@ from mase_lite.ir.serialize import example_inputs_from_specs
 from mase_lite.passes.instruments import DrawAfter, GraphChange, Timing, VerifyAfterEach
 from mase_lite.passes.manager import PassContext, PassInstrument, PassRun, run_pass
 from mase_lite.passes.registry import get_pass
+from mase_lite.pipeline.preflight import check_targets
 from mase_lite.pipeline.spec import PipelineSpec, StepSpec, check_pipeline, graph_steps, load_spec
 from mase_lite.train.seeding import seed_everything
 
@@ -264,6 +265,7 @@ def _run_steps(spec: PipelineSpec, ctx: PassContext, report: dict[str, Any], ins
         restored = cache.restore(spec, ctx) if cache is not None else None  # skips build and capture on a hit
         if restored is None:
             mg, ctx.data = build_graph(spec, ctx.output_dir)
+            check_targets(spec.steps, mg)  # an export its quantize steps cannot meet: refused before any step
             if cache is not None:
                 cache.store(spec, 0, mg, [], ctx)
         else:

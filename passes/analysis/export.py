@@ -17,20 +17,27 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from mase_lite.deploy import ExportFormat, export
+from mase_lite.deploy import export, target_names
 from mase_lite.passes.registry import PassParams, PassResult, register_pass
 
 
 class ExportParams(PassParams):
-    format: ExportFormat = Field(description="compressed-tensors (a Hugging Face directory), gguf (llama.cpp), "
-                                 "onnx (Q/DQ for onnxruntime) or pt2 (a torch.export program)")
+    format: str = Field(description="compressed-tensors (a Hugging Face directory), gguf (llama.cpp), onnx (Q/DQ for "
+                        "onnxruntime), pt2 (a torch.export program) or a registered target")
     path: str = Field(min_length=1, description="where to write (a directory for compressed-tensors, else a file), "
                       "relative to the run")
     overwrite: bool = Field(False, description="replace a previous export of this format at an absolute path outside the "
                             "run (nothing but the tool's own export is ever replaced)")
     tokenizer: bool = Field(True, description="write the run's tokenizer with the model where the format keeps one")
+    @field_validator("format")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if value not in target_names():
+            raise ValueError(f"unknown export target {value!r}; allowed: {', '.join(target_names())}")
+        return value
+
     float_dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="dtype of the tensors that are not quantized (compressed-tensors; gguf: float32 or "
         "float16); float32 keeps the tool's numerics exactly")

@@ -98,7 +98,8 @@ class QuantizeParams(PassParams):
         "activation statistics",
     )
     preset: Literal[tuple(PRESETS)] | None = Field(  # type: ignore[valid-type]
-        None, description="a named scheme for every Linear (W4A16, W8A16, W8A8, MXINT8, MXFP4, NVFP4): expands to "
+        None, description="a named scheme for every Linear (W4A16, W8A16, W8A8, MXINT8, MXFP4, NVFP4, or llama.cpp's Q8_0, "
+        "Q4_0, Q4_K, Q5_K, Q6_K): expands to "
         "by 'type' and rules {'linear': its config}"
     )
     ignore: list[str] = Field(default_factory=list, description="nodes left alone whatever the rules say: node names "
@@ -353,6 +354,30 @@ def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str], list[d
     _check_rules_matched(mg, params, matched, modules)
     _check_default_applies(mg, params, modules)
     return list(layers.values()) + functions, skipped, [{k: e[k] for k in ("node", "operand")} for e in integers]
+
+
+def weight_formats(mg, params: QuantizeParams) -> dict[str, dict[str, Any] | None]:
+    """The weight format dict each Linear/Conv module would get (module path -> format, None: left float), decided
+    as the pass decides but without changing anything; a config the pass would refuse is left out (the pass names
+    it). What a pipeline checks its export targets against before its first step."""
+    formats: dict[str, dict[str, Any] | None] = {}
+    if params.bypass:
+        return formats
+    for node in mg.nodes:
+        if _kind(node, mg.modules) != "layer":
+            continue
+        rule = _rule_of(node, params)
+        raw = params.rules[rule] if rule is not None else params.default
+        if raw is None or (params.ignore and _ignored(node, params.ignore)):
+            formats[node.target] = None
+            continue
+        try:
+            config = resolve(raw, LAYER_OPERANDS, "rules")
+        except (UserError, ValueError):
+            continue
+        weight = config.get("weight") if config is not None else None
+        formats[node.target] = weight.format.as_dict(weight.params) if weight is not None else None
+    return formats
 
 
 def _operand_values(mg, node: fx.Node, modules: dict[str, nn.Module], operand: str, where: str) -> torch.Tensor:

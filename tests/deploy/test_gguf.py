@@ -257,8 +257,7 @@ def test_a_row_that_blocks_of_32_do_not_tile_is_refused_saying_so(tmp_path):
     fmt = {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "full_range": True,
            "scale_dtype": "float16"}
     model, _ = ml.passes.quantize(model, {"by": "type", "rules": {"head": None, "linear": {"weight": fmt}}})
-    with pytest.raises(UserError, match=r"gguf cannot hold layer 'model.layers.0.mlp.down_proj': weight format "
-                       r"scaled_integer in blocks of 32 over 344 columns \(a short last block; GGUF's blocks are "
-                       r"whole\); nearest gguf scheme: leave this layer float \(a null rule for it\)"):
+    with pytest.raises(UserError, match=r"gguf cannot hold layer 'model.layers.0.mlp.down_proj': groups of 32 over 344 "
+                       r"columns \(a short last group\); nearest gguf scheme: leave this layer float \(a null rule for it\)"):
         export(model, "gguf", tmp_path / "m.gguf")
     assert not (tmp_path / "m.gguf").exists()

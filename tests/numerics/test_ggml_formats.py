@@ -1,6 +1,6 @@
-"""GGML's K-quants and IQ4_NL (mase_lite.numerics.ggml): bit for bit with gguf's dequantizers, byte-exact GGUF
-blocks, errors against a transcription of llama.cpp's reference quantizers, edge blocks, dtypes, ranks and
-GPTQ's grid."""
+"""GGML's K-quants, IQ4_NL, Q4_0 and Q8_0 (mase_lite.numerics.ggml): bit for bit with gguf's dequantizers,
+byte-exact GGUF blocks, errors against a transcription of llama.cpp's reference quantizers, edge blocks, dtypes,
+ranks and GPTQ's grid."""
 
 import math
 
@@ -14,7 +14,8 @@ from mase_lite.numerics.codes import decode, encode, same_bits
 from mase_lite.numerics.ggml import TYPES, from_ggml_blocks, ggml_quantize, ggml_values, to_ggml_blocks
 
 NAMES = list(TYPES)
-BITS = {"q2_k": 2.625, "q3_k": 3.4375, "q4_k": 4.5, "q5_k": 5.5, "q6_k": 6.5625, "iq4_nl": 4.5}
+BITS = {"q2_k": 2.625, "q3_k": 3.4375, "q4_k": 4.5, "q5_k": 5.5, "q6_k": 6.5625, "iq4_nl": 4.5, "q4_0": 4.5,
+        "q8_0": 8.5}
 
 
 def gguf_type(name):
@@ -31,7 +32,7 @@ def bits_of(a):
 
 
 def edge_rows(n=256):
-    """Rows of 256 that stress the scale search: each is one K-quant block (eight iq4_nl blocks)."""
+    """Rows of 256 that stress the scale search: each is one K-quant block (eight iq4_nl, q4_0 or q8_0 blocks)."""
     g = torch.Generator().manual_seed(3)
     outlier = torch.randn(n, generator=g) * 0.01
     outlier[7] = 50.0
@@ -99,7 +100,8 @@ def test_bytes_to_codes_to_bytes_round_trip(name):
     block, type_size = GGML_QUANT_SIZES[gguf_type(name)]
     noise = np.random.default_rng(5).integers(0, 256, size=(6, 2 * type_size), dtype=np.uint8)
     scales = np.random.default_rng(6).normal(0, 0.01, size=(6, 2, 2)).astype(np.float16)
-    offsets = {"q2_k": [80, 82], "q3_k": [108], "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208], "iq4_nl": [0]}[name]
+    offsets = {"q2_k": [80, 82], "q3_k": [108], "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208], "iq4_nl": [0],
+               "q4_0": [0], "q8_0": [0]}[name]
     for b in range(2):
         for k, at in enumerate(offsets):
             noise[:, b * type_size + at : b * type_size + at + 2] = scales[:, b, k].copy().view(np.uint8).reshape(6, 2)
@@ -120,7 +122,8 @@ def test_block_bytes_refuse_what_does_not_fit():
 
 # (c) errors against llama.cpp's reference quantizers ------------------------------------------------------------
 # A straightforward block-by-block transcription of ggml-quants.c (quantize_row_q{2..6}_K_ref,
-# quantize_row_iq4_nl_ref, and quantize_iq4_nl as llama-quantize runs it without an importance matrix), in float32
+# quantize_row_iq4_nl_ref, quantize_iq4_nl as llama-quantize runs it without an importance matrix, and
+# quantize_row_q4_0_ref / quantize_row_q8_0_ref, which quantize_q4_0 / quantize_q8_0 run without one), in float32
 # as the C computes (numpy float32 scalars, sums accumulated one term at a time), giving the values its blocks
 # dequantize to.
 
@@ -275,6 +278,23 @@ def ref_iq4_nl(x, ntry):
     return f16(d) * KV[L]
 
 
+def ref_q4_0(x):
+    i = int(np.abs(x).argmax())  # the first of the largest magnitude, as the C loop's strict `<` keeps it
+    d = x[i] / F(-8)
+    inverse = F(1) / d if d else F(0)
+    q = np.minimum(15, np.trunc(x * inverse + F(8.5)))  # (int8)(x·id + 8.5): toward zero, and it is positive
+    return f16(d) * (q - F(8))
+
+
+def ref_q8_0(x):
+    d = np.abs(x).max() / F(127)
+    inverse = F(1) / d if d else F(0)
+    v = x * inverse
+    whole = np.trunc(v)
+    q = np.where(np.abs(v - whole) == F(0.5), whole + np.sign(v), np.rint(v))  # roundf: halves away from zero
+    return f16(d) * q.astype(np.int8).astype(F)  # stored as int8: no -0
+
+
 REFERENCE = {
     "q2_k": lambda x: asym_values(x, [make_qkx2(x[16 * j : 16 * j + 16], np.abs(x[16 * j : 16 * j + 16]), 3, -0.5,
                                                 0.1, 15, True) for j in range(16)], 15, 3, 16),
@@ -284,6 +304,8 @@ REFERENCE = {
     "q6_k": lambda x: sym_values(x, [make_qx(x[16 * j : 16 * j + 16], 32) for j in range(16)], 128, 16, 32, EPS),
     "iq4_nl": lambda x: ref_iq4_nl(x, -1),  # quantize_row_iq4_nl_ref
     "iq4_nl_llama_quantize": lambda x: ref_iq4_nl(x, 7),  # quantize_iq4_nl, as llama-quantize runs it
+    "q4_0": ref_q4_0,
+    "q8_0": ref_q8_0,
 }
 
 
@@ -293,14 +315,25 @@ def reference_values(name, x):
     return np.stack([REFERENCE[name](b) for b in flat]).reshape(x.shape)
 
 
+@pytest.mark.parametrize("name", ["q4_0", "q8_0"])
+def test_the_q4_0_and_q8_0_transcriptions_are_ggufs_quantizers(name):
+    """gguf's Q4_0 and Q8_0 quantizers follow ggml-quants.c bit for bit; so does the transcription here."""
+    finite = [row for key, row in EDGES.items() if key not in ("max", "plus_minus_max", "infinities")]  # d: Inf in C
+    x = torch.cat([torch.randn(64, 256, generator=torch.Generator().manual_seed(8)) * 3, torch.stack(finite)]).numpy()
+    qtype = gguf_type(name)
+    expected = quants.dequantize(quants.quantize(x, qtype), qtype).astype(np.float32)
+    assert np.array_equal(bits_of(reference_values(name, x)), bits_of(expected))
+
+
 @pytest.mark.parametrize("name", NAMES + ["iq4_nl_llama_quantize"])
 @pytest.mark.parametrize("distribution", ["gaussian", "laplace"])
 def test_error_is_below_llama_cpps_reference_quantizer(name, distribution):
     """Measured (16 × 512, seed 11): ours / llama.cpp's MSE is 0.77 (q2_k), 0.92 (q3_k), 0.96 (q4_k), 0.93 (q5_k),
-    0.96 (q6_k), 0.88 (iq4_nl's reference) and 0.94 (llama-quantize's iq4_nl) on Gaussian weights, 0.71-0.96 on
-    Laplace ones. The reference's scales are among the candidates each block is quantized with, so no block's
-    error is above the reference's (up to the order of float32 sums, which this transcription follows as C does
-    and the vectorized search does not): the totals must be below it."""
+    0.96 (q6_k), 0.88 (iq4_nl's reference), 0.94 (llama-quantize's iq4_nl), 0.88 (q4_0) and 0.76 (q8_0) on
+    Gaussian weights, 0.71-0.96 on Laplace ones (q4_0 0.93, q8_0 0.77). The reference's scales are among the
+    candidates each block is quantized with, so no block's error is above the reference's (up to the order of
+    float32 sums, which this transcription follows as C does and the vectorized search does not): the totals must
+    be below it."""
     g = torch.Generator().manual_seed(11)
     x = torch.randn(16, 512, generator=g)
     if distribution == "laplace":
@@ -332,7 +365,7 @@ def test_edge_blocks(name):
     assert bool(torch.isfinite(values).all())
     # ±max and ±Inf saturate at the type's largest values, with the sign kept
     largest = float(row["max"].abs().max())
-    assert largest > 1e6 and bool((row["max"] > 0).all())
+    assert largest >= 8 * 65504 and bool((row["max"] > 0).all())  # q4_0's largest: 65504·-8
     assert bool((torch.sign(row["plus_minus_max"]) == torch.sign(EDGES["plus_minus_max"])).all())
     assert float(row["infinities"][0]) > 0 > float(row["infinities"][1])
     # float16's largest weights: exact enough on the K-quants' grids; iq4_nl's table is not symmetric (-127..113)
@@ -355,7 +388,7 @@ def test_edge_blocks(name):
     zeros = EDGES["non_negative_with_zeros"] == 0
     if t.name != "iq4_nl":
         assert bool((row["non_negative_with_zeros"][zeros] == 0).all())
-    if t.name in ("q3_k", "q6_k"):
+    if t.offset:  # signed integer grids hold zero: q3_k, q6_k, q4_0, q8_0
         assert bool((row["sparse"][EDGES["sparse"] == 0] == 0).all())
 
 
@@ -384,7 +417,7 @@ def test_nan_and_ragged_rows_are_refused(name):
     with pytest.raises(FormatError, match="NaN"):
         quantize(x, name)
     with pytest.raises(FormatError, match=f"multiple of {TYPES[name].block}"):
-        quantize(torch.randn(2, 300 if name != "iq4_nl" else 40), name)
+        quantize(torch.randn(2, 300 if TYPES[name].block == 256 else 40), name)
     with pytest.raises(FormatError, match="0-d"):
         quantize(torch.tensor(1.0), name)
 
@@ -428,14 +461,14 @@ def test_group_quantizer_grid_reproduces_the_fake_quantized_values(name):
     x = torch.cat([weights(6, 512, seed=9), EDGE_MATRIX.repeat(1, 2)])
     expected = quantize(x, name)
     size = fmt.group(params, x.shape[1])
-    assert size == t.block  # the super-block fixes d/dmin, so it is GPTQ's group
+    assert size == t.block  # the (super-)block fixes d/dmin, so it is GPTQ's group
     sides, blocks, columns = [], [], []
     for start in range(0, x.shape[1], size):
         side, grid = fmt.group_quantizer(params, x[:, start : start + size].contiguous())
         sides.append(side)
         blocks.append(grid(x[:, start : start + size]))
         columns.append(torch.stack([grid(x[:, start + j].double(), column=j) for j in range(size)], 1).float())
-        if name != "iq4_nl":
+        if t.subs > 1:  # a K-quant's sub-blocks have their own scales: a column needs its place
             with pytest.raises(FormatError, match="column="):
                 grid(x[:, start])
     assert torch.equal(torch.cat(blocks, 1), expected)

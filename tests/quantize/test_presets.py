@@ -20,6 +20,11 @@ EXPANDED = {
     "MXFP4": {"weight": {"name": "mxfp", "element_format": "e2m1"}},
     "NVFP4": {"weight": {"name": "nvfp4", "per_tensor": "global_scale"}},
     "FP8": {"weight": {"name": "scaled_float"}, "data_in": {"name": "scaled_float"}},
+    "Q8_0": {"weight": {"name": "q8_0"}},
+    "Q4_0": {"weight": {"name": "q4_0"}},
+    "Q4_K": {"weight": {"name": "q4_k"}},
+    "Q5_K": {"weight": {"name": "q5_k"}},
+    "Q6_K": {"weight": {"name": "q6_k"}},
 }
 
 

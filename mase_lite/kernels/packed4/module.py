@@ -37,20 +37,22 @@ import mase_lite.kernels.int8_activations.cpu_kernel as int8_kernel
 from mase_lite.kernels.int8_activations.layers import Int8Weights, check_activations, check_input, fused
 import mase_lite.kernels.packed4.cpu_kernel as cpu_kernel
 from mase_lite.errors import UserError
+from mase_lite.numerics.registry import target_mapping
 
 BLOCK = 32
 
 
+def packed_kind(fmt: dict[str, Any] | None, activations: str = "float") -> str | None:
+    """The packed layer a weight format packs to (``"packed4"``, ``"mxint8"``), by the format's ``packed`` mapping
+    (``scheme(fmt, activations)``: the kind or None; ``tensors(encoded)``: the 16 values a code stands for and each
+    block's scale; ``side(scales, fmt)``: the stored side of such scales); None where it packs to none."""
+    mapping = target_mapping(fmt["name"], "packed") if fmt else None
+    return mapping.scheme(fmt, activations) if mapping is not None else None
+
+
 def packable(fmt: dict[str, Any] | None) -> bool:
     """Whether a weight format packs into 4-bit codes with a scale per block of 32 and a table."""
-    if not fmt:
-        return False
-    if fmt["name"] == "scaled_integer":
-        return (fmt.get("width") == 4 and fmt.get("symmetric", True) and fmt.get("granularity") == "group"
-                and fmt.get("group_size") == BLOCK)
-    if fmt["name"] == "mxint":
-        return fmt.get("element_width") == 4 and fmt.get("block_size", 32) == BLOCK
-    return fmt["name"] == "mxfp" and fmt.get("element_format") == "e2m1" and fmt.get("block_size", 32) == BLOCK
+    return packed_kind(fmt) == "packed4"
 
 
 def reference_linear(x: Tensor, nibbles: Tensor, scales: Tensor, table: Tensor, bias: Tensor | None) -> Tensor:
@@ -184,12 +186,7 @@ class Packed4Linear(nn.Module):
         from mase_lite.numerics.codes import encode
 
         values = self.dequantized_weight()
-        scales = self.scales.float()
-        if self.fmt["name"] == "scaled_integer":  # the inverse of _table_and_scales
-            side = ({"scale_exponent": torch.log2(scales).round().to(torch.int8)} if self.fmt.get("scale_dtype") == "pow2"
-                    else {"scale": self.scales.clone()})
-        else:  # E8M0: 2**(e - 127), 255 for NaN
-            side = {"scale": torch.where(scales.isnan(), 255.0, torch.log2(scales) + 127).round().to(torch.uint8)}
+        side = target_mapping(self.fmt["name"], "packed").side(self.scales, self.fmt)  # the inverse of _table_and_scales
         encoded = encode(values, self.fmt, side=side, values=values)
         if encoded is None:
             raise UserError(f"this packed {self.fmt['name']} weight has no stored codes of its format")
@@ -210,21 +207,7 @@ class Packed4Linear(nn.Module):
 
 def _table_and_scales(encoded) -> tuple[Tensor, Tensor]:
     """The 16 values a stored code stands for and the scale of each block of 32 (float32, exact)."""
-    from mase_lite.numerics.codes import Encoded, decode as decode_codes, pack_bits
-
-    fmt, side = encoded.format, encoded.side
-    if fmt["name"] == "scaled_integer":
-        from mase_lite.numerics.scaled import stored_scales
-
-        table = torch.arange(16, dtype=torch.float32) - 8  # offset codes: code - 8
-        return table, stored_scales(side).reshape(-1, side_blocks(encoded))
-    probe = torch.arange(16).repeat(2).reshape(1, BLOCK)  # every code, in a block whose scale is 2**0
-    unit = Encoded(fmt, 4, pack_bits(probe.reshape(-1), 4), {"scale": torch.full((1, 1), 127, dtype=torch.uint8)},
-                   (1, BLOCK), torch.float32, probe)
-    table = decode_codes(unit).reshape(-1)[:16].contiguous()
-    scale = side["scale"].to(torch.int64)
-    scales = torch.where(scale == 255, float("nan"), torch.ldexp(torch.ones_like(scale, dtype=torch.float64),
-                                                                 (scale - 127).double())).float()
+    table, scales = target_mapping(encoded.format["name"], "packed").tensors(encoded)
     return table, scales.reshape(-1, side_blocks(encoded))
 
 

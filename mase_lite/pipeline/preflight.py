@@ -1,0 +1,53 @@
+"""Pre-flight: an export step whose target cannot hold what the quantize steps before it give is refused before the
+first step runs, naming the layer, its shape, the constraint and the nearest scheme that fits — from the formats'
+own mappings (:func:`mase_lite.numerics.registry.register_mapping`), not from the target's code at the end of a run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mase_lite.deploy import target_module
+from mase_lite.errors import UserError
+from mase_lite.numerics.registry import Unfit, mapped_formats, target_mapping
+
+
+def check_targets(steps: list[Any], mg) -> None:
+    """One :class:`UserError` listing every Linear an export step's target cannot hold (``steps``: the validated
+    pipeline steps; ``mg``: the model as built, before any step)."""
+    from mase_lite.passes.transforms.quantize import weight_formats
+
+    modules = dict(mg.model.named_modules())
+    formats: dict[str, dict[str, Any] | None] = {}
+    problems = []
+    for i, step in enumerate(steps):
+        if step.pass_name == "quantize":
+            formats.update(weight_formats(mg, step.params))
+        elif step.pass_name == "export":
+            target = step.params.format
+            for path, fmt in formats.items():
+                weight = getattr(modules.get(path), "weight", None)
+                if fmt is None or weight is None or weight.dim() != 2:
+                    continue
+                why = _unfit(fmt, tuple(weight.shape), target)
+                if why is not None:
+                    problems.append(UserError(f"{target} cannot hold layer {path!r} {list(weight.shape)} in "
+                                              f"{fmt['name']}: {why}", location=("steps", i, "params", "format")))
+    if problems:
+        raise UserError("pipeline check failed: an export step cannot write what the quantize steps give "
+                        "(nothing has run):", problems=problems)
+
+
+def _unfit(fmt: dict[str, Any], shape: tuple[int, ...], target: str) -> str | None:
+    """Why ``target`` cannot hold a weight of ``shape`` in ``fmt`` (the constraint and what fits), or None. A target
+    module with ``ANY_WEIGHT_FORMAT`` writes the values of a format it has no mapping for (ONNX, pt2)."""
+    if getattr(target_module(target), "ANY_WEIGHT_FORMAT", False):
+        return None
+    mapping = target_mapping(fmt["name"], target)
+    try:
+        if mapping is None or mapping.scheme(fmt, shape) is None:
+            described = ", ".join(f"{k}={v}" for k, v in fmt.items() if k != "name" and v is not None)
+            return f"it has no type for {fmt['name']} ({described}); formats it holds: {', '.join(mapped_formats(target))}"
+    except Unfit as unfit:
+        return f"{unfit.why}; {unfit.nearest}"
+    return None
