@@ -10,6 +10,7 @@ complement range), so the result exports as it is.
 
 from __future__ import annotations
 
+import re
 from types import MappingProxyType
 
 _W8_CHANNEL = {"name": "scaled_integer", "width": 8, "granularity": "channel", "full_range": True}
@@ -32,3 +33,47 @@ PRESETS = MappingProxyType({
     # llama.cpp's own types for every Linear (llama-quantize --pure): Q8_0, Q4_0 and the K-quants
     **{name.upper(): {"weight": {"name": name}} for name in ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k")},
 })
+
+# llama.cpp's mixed recipes (llama-quantize's Q4_K_M, Q5_K_M for Llama-family models): the base type, and the type
+# of the output head and of the value projections and down projections of the layers use_more_bits picks
+MIXED_PRESETS = MappingProxyType({"Q4_K_M": ("q4_k", "q6_k"), "Q5_K_M": ("q5_k", "q6_k")})
+# llama.cpp's type for a row whose length is not a multiple of a K-quant's 256 (llama-quant.cpp's fallbacks)
+K_FALLBACK = MappingProxyType({"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"})
+_LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
+
+
+def use_more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's choice of the layers whose value and down projections get more bits: the first and last eighth
+    and every third layer between.
+
+    >>> [i for i in range(16) if use_more_bits(i, 16)]
+    [0, 1, 4, 7, 10, 13, 14, 15]
+    """
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def mixed_rules(preset: str, columns: dict[str, int], head: str | None, tied: bool = False) -> dict[str, dict | None]:
+    """The weight format of each Linear (module path -> columns) under mixed preset ``preset``, as llama-quantize
+    chooses: the head (``head``; left float where ``tied`` to the embedding, which is written once) and the value and
+    down projections of :func:`use_more_bits` layers in the larger type, the rest in the base type; a row that
+    256 does not tile takes llama.cpp's fallback, one that 32 does not tile stays float.
+
+    >>> rules = mixed_rules("Q4_K_M", {"model.layers.0.self_attn.v_proj": 256, "model.layers.0.self_attn.q_proj": 576,
+    ...                                 "lm_head": 256}, "lm_head")
+    >>> {k: v and v["weight"]["name"] for k, v in rules.items()}
+    {'model.layers.0.self_attn.v_proj': 'q6_k', 'model.layers.0.self_attn.q_proj': 'q5_0', 'lm_head': 'q6_k'}
+    """
+    base, more = MIXED_PRESETS[preset]
+    indices = {path: int(found.group(1)) for path in columns if (found := _LAYER.search(path))}
+    layers = max(indices.values(), default=-1) + 1
+    rules: dict[str, dict | None] = {}
+    for path, width in columns.items():
+        if path == head and tied:
+            rules[path] = None
+            continue
+        projection = path.endswith(("v_proj", "down_proj")) and path in indices
+        kind = more if path == head or (projection and use_more_bits(indices[path], layers)) else base
+        if width % 256:
+            kind = K_FALLBACK[kind]
+        rules[path] = None if width % 32 else {"weight": {"name": kind}}
+    return rules

@@ -1,10 +1,10 @@
-"""GGML's K-quants ``q2_k`` .. ``q6_k``, ``iq4_nl``, ``q4_0`` and ``q8_0`` as number formats, bit for bit as
-llama.cpp stores them.
+"""GGML's K-quants ``q2_k`` .. ``q6_k``, ``iq4_nl`` and the legacy types ``q4_0``, ``q4_1``, ``q5_0``, ``q5_1`` and
+``q8_0`` as number formats, bit for bit as llama.cpp stores them.
 
 A row (the last dimension; all leading dimensions are rows) is cut into blocks: super-blocks of 256 weights
-for the K-quants, blocks of 32 for ``iq4_nl``, ``q4_0`` and ``q8_0``; a row's length must be a multiple of the
+for the K-quants, blocks of 32 for ``iq4_nl`` and the legacy types; a row's length must be a multiple of the
 block. Each block stores, as llama.cpp's ``ggml-common.h`` lays it out (``block_q2_K`` .. ``block_q6_K``,
-``block_iq4_nl``, ``block_q4_0``, ``block_q8_0``):
+``block_iq4_nl``, ``block_q4_0``, ``block_q4_1``, ``block_q5_0``, ``block_q5_1``, ``block_q8_0``):
 
 - ``q2_k``: sub-blocks of 16, ``(d·sc)·q - dmin·m``, q 0..3, 4-bit sc and m; 84 bytes, 2.625 bits a weight;
 - ``q3_k``: sub-blocks of 16, ``(d·sc)·q``, q -4..3, 6-bit signed sc (-32..31); 110 bytes, 3.4375 bits;
@@ -13,13 +13,17 @@ block. Each block stores, as llama.cpp's ``ggml-common.h`` lays it out (``block_
 - ``q6_k``: sub-blocks of 16, ``(d·sc)·q``, q -32..31, int8 sc; 210 bytes, 6.5625 bits;
 - ``iq4_nl``: blocks of 32, ``d·kvalues_iq4nl[i]``, i 0..15; 18 bytes, 4.5 bits;
 - ``q4_0``: blocks of 32, ``d·q``, q -8..7 (stored q+8, low nibbles weights 0..15, high 16..31); 18 bytes, 4.5 bits;
+- ``q4_1``: blocks of 32, ``d·q + m``, q 0..15 (nibbles as q4_0), float16 d and m; 20 bytes, 5 bits;
+- ``q5_0``: blocks of 32, ``d·q``, q -16..15 (stored q+16: its low 4 bits as q4_0's nibbles, its 5th bit as bit j of
+  the little-endian uint32 ``qh`` for weight j); 22 bytes, 5.5 bits;
+- ``q5_1``: blocks of 32, ``d·q + m``, q 0..31 (``qh`` and nibbles as q5_0), float16 d and m; 24 bytes, 6 bits;
 - ``q8_0``: blocks of 32, ``d·q``, q -128..127 (int8); 34 bytes, 8.5 bits;
 
-``d`` and ``dmin`` are float16, one per block.
+``d``, ``dmin`` and ``m`` (q4_1, q5_1) are float16, one per block.
 
-Every product and difference is one float32 operation in that order, as ``gguf``'s dequantizers compute
-them, so the fake-quantized values equal ``gguf.quants.dequantize`` of the block bytes bit for bit (a zero
-weight of a sub-block whose scale is negative is ``-0.0``, as ggml decodes it).
+Every product, sum and difference is one float32 operation in that order, as ``gguf``'s dequantizers compute
+them (``d·q + m`` for q4_1 and q5_1), so the fake-quantized values equal ``gguf.quants.dequantize`` of the block
+bytes bit for bit (a zero weight of a sub-block whose scale is negative is ``-0.0``, as ggml decodes it).
 
 Choosing the scales, per block: candidate scale sets are built — llama.cpp's reference quantizer
 (``quantize_row_qX_K_ref``: ``make_qkx2_quants`` / ``make_q3_quants`` / ``make_qx_quants`` per sub-block, the
@@ -32,34 +36,40 @@ sub-block scales. Every weight is finally the nearest code of its sub-block's gr
 (d·sc))`` clamped (llama.cpp's last step too), so a block's error is never above that of llama.cpp's reference
 quantizer (as transcribed here: the same up to the order of float32 sums). ``iq4_nl`` tries llama.cpp's scales
 (its reference and its ``ntry = 7`` search, as ``llama-quantize`` runs it), least-squares ones and a
-least-squares refit; weights go to the nearest table value (``best_index_int8``). ``q4_0`` and ``q8_0`` try
-llama.cpp's reference scales (``quantize_row_q4_0_ref``: ``max / -8``; ``quantize_row_q8_0_ref``: ``amax /
-127``), ``make_qx_quants`` (``quantize_row_q4_0_impl``'s importance path), least-squares fits of trial steps and
-a refit, every weight at the exact nearest code under the stored float16 ``d``, so no block's error is above
-the reference's (which stores its codes under the same ``d``). A sub-block of non-negative weights holding a
-zero keeps a zero min, so its zeros stay exact zeros; a block of zeros is zeros (``d = +0.0``, where llama.cpp's
-q4_0 stores ``0 / -8 = -0.0``, decoding to -0.0). NaN is
-refused (GGML has no NaN code); ±Inf and magnitudes beyond a type's largest value saturate, and so does a
-float16 scale (at 65504, where ggml would store Inf). The search runs on 2**18 weights at a time.
+least-squares refit; weights go to the nearest table value (``best_index_int8``). ``q4_0``, ``q5_0`` and ``q8_0``
+try llama.cpp's reference scales (``quantize_row_q4_0_ref``: ``max / -8``; ``quantize_row_q5_0_ref``: ``max /
+-16``; ``quantize_row_q8_0_ref``: ``amax / 127``), ``make_qx_quants`` (``quantize_row_q4_0_impl``'s and
+``quantize_row_q5_0_impl``'s importance path), least-squares fits of trial steps and a refit; ``q4_1`` and
+``q5_1`` try the reference's ``d = (max - min) / qmax``, ``m = min`` (``quantize_row_q4_1_ref`` /
+``quantize_row_q5_1_ref``), that step taken from the stored float16 min (or from the max down, ``d < 0``),
+``make_qkx3_quants`` (``quantize_row_q4_1_impl`` / ``q5_1_impl``'s importance path), least-squares ``(d, m)`` fits
+of trial codes clipping either end and least-squares refits; every weight at the exact nearest code under the
+stored float16 ``d`` (and ``m``: the nearest of the float32 values ``d·q + m`` decode to), so no block's error is
+above the reference's (which stores its codes under the same ``d`` and ``m``). A sub-block of non-negative
+weights holding a zero keeps a zero min, so its zeros stay exact zeros; a block of zeros is zeros (``d = +0.0``,
+where llama.cpp's q4_0 and q5_0 store ``0 / -8 = -0.0``, decoding to -0.0). NaN is refused (GGML has no NaN
+code); ±Inf and magnitudes beyond a type's largest value saturate, and so does a float16 scale (at 65504, where
+ggml would store Inf). The search runs on 2**18 weights at a time.
 
 The codes (``codec``): per weight its unsigned code (q2_k 0..3; q3_k q+4; q4_k 0..15; q5_k 0..31; q6_k q+32;
-iq4_nl the table index; q4_0 q+8; q8_0 q+128), and the side ``d`` (float16 per block), ``dmin`` (float16,
-q2_k/q4_k/q5_k), ``scales`` and ``mins`` (per sub-block: uint8; int8 for q3_k and q6_k). :func:`to_ggml_blocks`
-packs codes and side into the GGUF tensor bytes, :func:`from_ggml_blocks` reads them back.
+iq4_nl the table index; q4_0 q+8; q4_1 q; q5_0 q+16; q5_1 q; q8_0 q+128), and the side ``d`` (float16 per
+block), ``dmin`` (float16, q2_k/q4_k/q5_k), ``m`` (float16 per block, q4_1/q5_1), ``scales`` and ``mins`` (per
+sub-block: uint8; int8 for q3_k and q6_k). :func:`to_ggml_blocks` packs codes and side into the GGUF tensor
+bytes, :func:`from_ggml_blocks` reads them back.
 
 GPTQ (``group``, ``group_quantizer``): a K-quant's sub-block grids all hang on the super-block's ``d``/``dmin``,
-fixed from all 256 weights, so the group is the super-block (256; 32, one ``d``, for iq4_nl, q4_0 and q8_0).
-The grid function the group quantizer returns (:class:`BlockGrid`) rounds values to the nearest code of the grid
-the group's values fixed: a ``[rows, 256]`` block by position, or one column ``[rows]`` with its position in the
-block given as ``column=`` (the sub-block it belongs to decides its scale and min; iq4_nl, q4_0 and q8_0 need
-none). Its ``positional`` attribute tells a caller it wants the position.
+fixed from all 256 weights, so the group is the super-block (256; 32, one ``d`` (and ``m``), for iq4_nl and the
+legacy types). The grid function the group quantizer returns (:class:`BlockGrid`) rounds values to the nearest
+code of the grid the group's values fixed: a ``[rows, 256]`` block by position, or one column ``[rows]`` with its
+position in the block given as ``column=`` (the sub-block it belongs to decides its scale and min; iq4_nl and the
+legacy types need none). Its ``positional`` attribute tells a caller it wants the position.
 
 >>> import torch
 >>> from mase_lite.numerics import quantize, bits_per_element
 >>> w = torch.randn(4, 512)
 >>> y = quantize(w, "q4_k")
->>> bits_per_element("q4_k"), bits_per_element("iq4_nl"), bits_per_element("q4_0"), bits_per_element("q8_0")
-(4.5, 4.5, 4.5, 8.5)
+>>> [bits_per_element(name) for name in ("q4_k", "iq4_nl", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0")]
+[4.5, 4.5, 4.5, 5.0, 5.5, 6.0, 8.5]
 """
 
 from __future__ import annotations
@@ -84,14 +94,18 @@ F16_MAX = 65504.0
 F16_TINY = 2.0**-24  # the smallest float16 subnormal
 CHUNK = 1 << 18  # weights quantized at a time (keeps the search's buffers in cache)
 REFINE_ROUNDS = 2
-PLAIN_TRIALS = 65  # q4_0, q8_0: trial steps searched per block
+PLAIN_TRIALS = 65  # q4_0, q5_0, q8_0: trial steps searched per block
+AFFINE_STEPS = 13  # q4_1, q5_1: trial steps (range / (0.75·qmax) .. range / (1.35·qmax)) searched per block ...
+AFFINE_PHASES = 5  # ... each shifted against the block's ends in as many proportions
 
 
 @dataclass(frozen=True)
 class GGMLType:
     """The layout of one GGML type: ``block`` weights per block of ``type_size`` bytes, ``sub`` weights per
     sub-block scale, codes of ``code_bits`` bits (``offset``: the code of the integer 0 for signed grids),
-    integer scales up to ``scale_max`` (``scale_min`` below zero for signed ones), with a min (``has_min``)."""
+    integer scales up to ``scale_max`` (``scale_min`` below zero for signed ones), with a min (``has_min``: the
+    K-quants' ``dmin·m`` per sub-block; for a type without integer scales, q4_1 and q5_1, a float16 ``m`` per
+    block, ``value = d·q + m``)."""
 
     name: str
     ggml: str
@@ -110,8 +124,13 @@ class GGMLType:
 
     @property
     def scaled(self) -> bool:
-        """Whether a block stores integer sub-block scales (the K-quants; not q4_0, q8_0 or iq4_nl)."""
+        """Whether a block stores integer sub-block scales (the K-quants; not iq4_nl or the legacy types)."""
         return self.scale_max > 0
+
+    @property
+    def block_min(self) -> bool:
+        """Whether a block stores its min as a float16 ``m`` (q4_1, q5_1: ``value = d·q + m``)."""
+        return self.has_min and not self.scaled
 
     @property
     def qmax(self) -> int:
@@ -134,6 +153,9 @@ TYPES: dict[str, GGMLType] = {
     "q6_k": GGMLType("q6_k", "Q6_K", QK_K, 16, 210, 6, offset=32, scale_min=-128, scale_max=127),
     "iq4_nl": GGMLType("iq4_nl", "IQ4_NL", 32, 32, 18, 4),
     "q4_0": GGMLType("q4_0", "Q4_0", 32, 32, 18, 4, offset=8),
+    "q4_1": GGMLType("q4_1", "Q4_1", 32, 32, 20, 4, has_min=True),
+    "q5_0": GGMLType("q5_0", "Q5_0", 32, 32, 22, 5, offset=16),
+    "q5_1": GGMLType("q5_1", "Q5_1", 32, 32, 24, 5, has_min=True),
     "q8_0": GGMLType("q8_0", "Q8_0", 32, 32, 34, 8, offset=128),
 }
 GGML_TYPE_NAMES = {t.name: t.ggml for t in TYPES.values()}  # format name -> GGMLQuantizationType name
@@ -335,7 +357,11 @@ class _Grid:
 
 
 def _grid_of(t: GGMLType, qb: _Quantized) -> _Grid:
-    """The grid of stored blocks (not iq4_nl's); q4_0 and q8_0 have one sub-block of integer scale 1."""
+    """The grid of stored blocks (not iq4_nl's); the legacy types have one sub-block of integer scale 1 (q4_1 and
+    q5_1: of integer min 1 under ``dmin = -m``: ``d·q - (-m)``, which IEEE computes as ``d·q + m``)."""
+    if t.block_min:
+        ones = torch.ones(qb.d.shape[0], 1)
+        return _Grid(qb.d.float(), ones, -qb.m.float(), ones)
     sc = qb.scales.float() if t.scaled else torch.ones(qb.d.shape[0], 1)
     return _Grid(qb.d.float(), sc, qb.dmin.float() if t.has_min else None, qb.mins.float() if t.has_min else None)
 
@@ -344,13 +370,54 @@ def _nearest(t: GGMLType, x: Tensor, d1: Tensor, m1: Tensor | None) -> Tensor:
     """The integer ``q`` (float32) of each weight of ``x`` (``[B, subs, sub]``) nearest on its sub-block's grid:
     ``round((x + m1) / d1)`` (``round(x / d1)`` without a min), clamped to the codes; 0 where ``d1`` is 0."""
     live = d1 != 0
-    shifted = x + m1 if m1 is not None else x
     if t.scaled:
+        shifted = x + m1 if m1 is not None else x
         q = (shifted / _safe(d1, ~live)).round_()
-    else:  # q4_0, q8_0: ``x / d`` in float64 tells the exact nearest (a midpoint ``d·(q + ½)`` is a float32)
-        q = (shifted.double() / _safe(d1, ~live).double()).round_().float()
+    elif m1 is None:  # q4_0, q5_0, q8_0: ``x / d`` in float64 is exact enough (a midpoint ``d·(q + ½)`` is a float32)
+        q = (x.double() / _safe(d1, ~live).double()).round_().float()
+    else:  # q4_1, q5_1
+        q = _nearest_affine(t, x, d1, m1, live)
     q = q.clamp_(t.qmin, t.qmax).add_(0.0)  # +0.0, as a code decodes (not -0.0)
     return q.masked_fill_(~live.expand_as(q), 0.0) if not bool(live.all()) else q
+
+
+def _nearest_affine(t: GGMLType, x: Tensor, d1: Tensor, m1: Tensor, live: Tensor) -> Tensor:
+    """q4_1, q5_1: the code whose float32 value ``d·q + m`` (one rounding: not an exact grid) is nearest each weight.
+    ``round((x - m) / d)`` in float64 is the nearest on the exact grid; the rounding of ``d·q + m`` moves a value by
+    at most half a unit in its last place, so where the step ``d`` is above that unit only a weight that close to a
+    midpoint between two codes may be nearer the neighbour (compared in float64); sub-blocks whose step is not above
+    it compare all codes."""
+    qmax = max(-t.qmin, t.qmax)
+    step = _safe(d1, ~live).abs()
+    slack = (m1.abs() + step * qmax) * 2.0**-22 / step  # two values' rounding, twice over, in steps
+    exact = (x.double() + m1.double()) / _safe(d1, ~live).double()
+    q = exact.round().clamp_(t.qmin, t.qmax)
+    near = ((exact - q).abs_() - 0.5).abs_() <= slack
+    q = q.float()
+    coarse = live & (slack >= 0.25)  # [B, subs, 1]
+    near &= ~coarse
+    if bool(near.any()):  # the nearer of the code and its neighbours, in float64
+        where = near.nonzero(as_tuple=True)
+        xs, ds, ms, qs = x[where].double(), d1.expand_as(x)[where], m1.expand_as(x)[where], q[where]
+
+        def distance(code: Tensor) -> Tensor:
+            return (xs - _values(code, ds, ms).double()).abs_()
+
+        gap = distance(qs)
+        for shift in (1.0, -1.0):
+            other = (qs + shift).clamp_(t.qmin, t.qmax)
+            other_gap = distance(other)
+            closer = other_gap < gap
+            qs = torch.where(closer, other, qs)
+            gap = torch.where(closer, other_gap, gap)
+        q[where] = qs
+    if bool(coarse.any()):  # all codes of these sub-blocks
+        where = coarse.squeeze(-1).nonzero(as_tuple=True)
+        codes = torch.arange(t.qmin, t.qmax + 1, dtype=torch.float32)
+        d, m = d1[where][:, :, None], m1[where][:, :, None]  # [n, 1, 1]
+        gaps = (x[where].double()[:, :, None] - _values(codes, d, m).double()).abs_()  # [n, sub, codes]
+        q[where] = codes[gaps.argmin(-1)]
+    return q
 
 
 def _values(q: Tensor, d1: Tensor, m1: Tensor | None) -> Tensor:
@@ -651,50 +718,115 @@ def _search_iq4(blocks: Tensor, ew: Tensor | None) -> Tensor:
 
 
 def _search_plain(t: GGMLType, blocks: Tensor, ew: Tensor | None) -> _Grid:
-    """The stored step ``d`` of each q4_0 / q8_0 block (``[B, 32]``), as a grid of one sub-block of scale 1.
+    """The stored step ``d`` (and min ``m``) of each block of a legacy type (``[B, 32]``), as a grid of one sub-block
+    of scale 1 (q4_1, q5_1: and of min 1 under ``dmin = -m``).
 
-    Candidates: llama.cpp's reference scales (q4_0's ``max / -8``, the signed extreme on code -8; q8_0's
-    ``amax / 127``) and the signed extreme on the top code (``max / qmax``); the scales of ``make_qx_quants``
-    (nmax 8 for q4_0, as its importance path ``quantize_row_q4_0_impl`` runs it; 128 for q8_0) weighted by ``x²``
-    and by ``ew·sqrt(σ² + x²)`` (σ²: the block's mean square, where llama.cpp takes the row's); the
-    ``ew``-weighted least-squares scales of the codes of ``PLAIN_TRIALS`` trial steps ``max / (qmin·r)``, r 0.7 ..
-    1.1; float16's smallest steps. Each is taken as float16 with the nearest codes under it (the exact nearest,
-    ties to even) and the least ``ew``-weighted error (summed in float64) kept; then, ``REFINE_ROUNDS`` times, the
-    least-squares scale of the kept codes where it lowers the error. llama.cpp's reference stores its codes under
-    the same float16 ``d``, so no block's error is above the reference's."""
+    Candidates of q4_0, q5_0, q8_0: llama.cpp's reference scales (q4_0's ``max / -8`` and q5_0's ``max / -16``, the
+    signed extreme on the lowest code; q8_0's ``amax / 127``) and the signed extreme on the top code (``max /
+    qmax``); the scales of ``make_qx_quants`` (nmax 8 for q4_0 and 16 for q5_0, as their importance paths
+    ``quantize_row_q4_0_impl`` / ``q5_0_impl`` run it; 128 for q8_0) weighted by ``x²`` and by ``ew·sqrt(σ² + x²)``
+    (σ²: the block's mean square, where llama.cpp takes the row's); the ``ew``-weighted least-squares scales of the
+    codes of ``PLAIN_TRIALS`` trial steps ``max / (qmin·r)``, r 0.7 .. 1.1; float16's smallest steps.
+
+    Candidates of q4_1, q5_1: llama.cpp's reference (``d = (max - min) / qmax``, ``m = min``), the step from the
+    stored float16 min (``(max - m) / qmax``) and from the stored max down (``m = max``, ``d = (min - m) / qmax <
+    0``), float16's smallest step from either end; ``make_qkx3_quants`` (as ``quantize_row_q4_1_impl`` /
+    ``q5_1_impl`` run it: nmax 15 / 31, rmin -0.9, rdelta 0.05, 36 steps, weighted by ``ew·sqrt(σ² + x²)``, and by
+    ``ew``); the ``ew``-weighted least-squares ``(d, m)`` of the codes of ``AFFINE_STEPS`` trial steps ``(max -
+    min) / (qmax·s)``, s 0.75 .. 1.35 (s > 1 clips the ends, s < 1 leaves codes unused: with 32 weights a coarser
+    step may meet them better), each shifted in ``AFFINE_PHASES`` proportions from the bottom on code 0 to the top
+    on code qmax. A block of non-negative weights holding a zero keeps ``m = 0`` (its zeros stay zeros; the
+    reference's ``m = min`` is 0 too).
+
+    Each is taken as float16 with the nearest codes under it (the exact nearest: ties to even on an exact grid, the
+    nearest float32 value ``d·q + m`` with a min) and the least ``ew``-weighted error (summed in float64) kept;
+    then, ``REFINE_ROUNDS`` times, the least-squares scale (and min) of the kept codes where it lowers the error.
+    llama.cpp's reference stores its codes under the same float16 ``d`` (and ``m``), so no block's error is above
+    the reference's."""
     x = blocks[:, None]  # [B, 1, 32]: one sub-block
     ew = torch.ones_like(x) if ew is None else ew.reshape(x.shape)
     amax, extreme = _signed_extreme(blocks)
     zero = amax == 0
-    nmax = -t.qmin
-
-    def codes(d: Tensor) -> Tensor:
-        return _nearest(t, x, d[:, None, None], None)
-
-    def least_squares(d: Tensor) -> Tensor:
-        q = codes(_f16(d).float())
-        eq = ew * q
-        eq2 = (eq * q).sum((-2, -1))
-        return torch.where(eq2 > 0, (eq * x).sum((-2, -1)) / _safe(eq2, eq2 <= 0), torch.zeros_like(eq2))
-
-    tiny = torch.full_like(extreme, F16_TINY)
+    ones = torch.ones_like(amax)[:, None]
+    keep_zero = blocks.amin(-1) == 0  # with a min: non-negative weights holding a zero keep m = 0
     sigma2 = blocks.square().mean(-1, keepdim=True)
-    candidates = [extreme / t.qmin, amax / t.qmax, extreme / t.qmax, tiny, -tiny, _qx(blocks, nmax, blocks.square())[0],
-                  _qx(blocks, nmax, ew[:, 0] * (sigma2 + blocks.square()).sqrt())[0]]
-    safe = _safe(extreme, zero)
-    candidates += [least_squares(safe / (t.qmin * (0.7 + 0.4 * k / (PLAIN_TRIALS - 1)))) for k in range(PLAIN_TRIALS)]
+    importance = ew[:, 0] * (sigma2 + blocks.square()).sqrt()  # llama.cpp's weights of its importance paths
+
+    def stored(d: Tensor, m: Tensor | None = None) -> _Grid:
+        """The grid of ``d`` (and ``m``) rounded to float16."""
+        d = _f16(d.masked_fill(zero, 0.0)).float()
+        if not t.has_min:
+            return _Grid(d, ones)
+        m = _f16(m.masked_fill(zero | keep_zero, 0.0)).float()
+        return _Grid(d, ones, -m, ones)
+
+    def codes(grid: _Grid) -> Tensor:
+        d1, m1 = grid.steps()
+        return _nearest(t, x, d1, m1)
+
+    def error(grid: _Grid) -> Tensor:
+        d1, m1 = grid.steps()
+        v = _values(_nearest(t, x, d1, m1), d1, m1)
+        return (ew.double() * (x.double() - v.double()).square()).sum((-2, -1))
+
+    if t.has_min:
+        def fit(q: Tensor) -> _Grid:
+            """The ``ew``-weighted least-squares ``d`` and ``m`` of codes ``q`` (``[B, 1, 32]``; m 0 where kept)."""
+            w, q, xx = ew.double(), q.double(), x.double()
+            sw, sq, sq2 = w.sum((-2, -1)), (w * q).sum((-2, -1)), (w * q * q).sum((-2, -1))
+            sx, sqx = (w * xx).sum((-2, -1)), (w * q * xx).sum((-2, -1))
+            det = sw * sq2 - sq * sq
+            ok = det > sw * sq2 * 1e-12
+            det = _safe(det, ~ok)
+            d = torch.where(ok, (sw * sqx - sq * sx) / det, torch.zeros_like(det))
+            m = torch.where(ok, (sq2 * sx - sq * sqx) / det, sx / _safe(sw, sw <= 0))
+            through_zero = torch.where(sq2 > 0, sqx / _safe(sq2, sq2 <= 0), torch.zeros_like(sq2))
+            return stored(torch.where(keep_zero, through_zero, d), m)
+
+        least_squares = lambda grid: fit(codes(grid))  # noqa: E731
+        low, high = blocks.amin(-1), blocks.amax(-1)
+        span = high - low
+        tiny = torch.full_like(span, F16_TINY)  # for blocks whose step would underflow float16
+        candidates = [stored(span / t.qmax, low),  # llama.cpp's reference
+                      stored((high - _f16(low).float()) / t.qmax, low),
+                      stored((low - _f16(high).float()) / t.qmax, high), stored(tiny, low), stored(-tiny, high)]
+        for weight in (importance, ew[:, 0]):
+            scale, negative_min = _qkx(blocks, weight, t.qmax, -0.9, 0.05, 36, False)
+            candidates.append(stored(scale, -negative_min))
+        inverse = torch.where(span > 0, _over(t.qmax, _safe(span, span <= 0)), torch.zeros_like(span))
+        position = (blocks - low[:, None])[:, None]  # [B, 1, 32]
+        for i in range(AFFINE_STEPS):
+            stretch = 0.75 + 0.6 * i / (AFFINE_STEPS - 1)
+            scaled = position * (inverse * stretch)[:, None, None]
+            for j in range(AFFINE_PHASES):  # from the bottom on code 0 to the top on code qmax
+                shift = (stretch - 1) * t.qmax * j / (AFFINE_PHASES - 1)
+                candidates.append(fit((scaled - shift).round_().clamp_(0, t.qmax)))
+    else:
+        def least_squares_d(d: Tensor) -> Tensor:
+            q = codes(stored(d))
+            eq = ew * q
+            eq2 = (eq * q).sum((-2, -1))
+            return torch.where(eq2 > 0, (eq * x).sum((-2, -1)) / _safe(eq2, eq2 <= 0), torch.zeros_like(eq2))
+
+        least_squares = lambda grid: stored(least_squares_d(grid.d))  # noqa: E731
+        nmax = -t.qmin
+        tiny = torch.full_like(extreme, F16_TINY)
+        steps = [extreme / t.qmin, amax / t.qmax, extreme / t.qmax, tiny, -tiny, _qx(blocks, nmax, blocks.square())[0],
+                 _qx(blocks, nmax, importance)[0]]
+        safe = _safe(extreme, zero)
+        steps += [least_squares_d(safe / (t.qmin * (0.7 + 0.4 * k / (PLAIN_TRIALS - 1)))) for k in range(PLAIN_TRIALS)]
+        candidates = [stored(d) for d in steps]
     best, best_error = None, None
     for i in range(len(candidates) + REFINE_ROUNDS):
-        d = candidates[i] if i < len(candidates) else least_squares(best)
-        d = _f16(d.masked_fill(zero, 0.0)).float()
-        error = (ew.double() * (x.double() - d[:, None, None] * codes(d)).square()).sum((-2, -1))
+        grid = candidates[i] if i < len(candidates) else least_squares(best)
+        grid_error = error(grid)
         if best is None:
-            best, best_error = d, error
+            best, best_error = grid, grid_error
             continue
-        better = error < best_error
-        best = torch.where(better, d, best)
-        best_error = torch.where(better, error, best_error)
-    return _Grid(best, torch.ones_like(best)[:, None])
+        better = grid_error < best_error
+        best = best.select(grid, better)
+        best_error = torch.where(better, grid_error, best_error)
+    return best
 
 
 # The format: checks, chunks, values, codes --------------------------------------------------------
@@ -703,6 +835,8 @@ def _largest(t: GGMLType) -> float:
     """A magnitude no value of the type exceeds (weights beyond it saturate)."""
     if t.name == "iq4_nl":
         return F16_MAX * 127
+    if t.block_min:  # |d·q + m| ≤ 65504·qmax + 65504 (d < 0 reaches as far down)
+        return F16_MAX * (t.qmax + 1)
     return F16_MAX * (max(abs(t.scale_min), t.scale_max) if t.scaled else 1) * max(abs(t.qmin), t.qmax)
 
 
@@ -729,6 +863,7 @@ class _Quantized:
     dmin: Tensor | None = None  # float16 [B]
     scales: Tensor | None = None  # [B, subs] uint8 / int8
     mins: Tensor | None = None  # [B, subs] uint8
+    m: Tensor | None = None  # float16 [B]: q4_1's and q5_1's min
 
 
 def _quantize_blocks(t: GGMLType, blocks: Tensor, ew: Tensor | None = None) -> _Quantized:
@@ -751,13 +886,16 @@ def _quantize_blocks(t: GGMLType, blocks: Tensor, ew: Tensor | None = None) -> _
         q = _nearest(t, x, d1, m1)
         codes = (q + t.offset).to(torch.int64).reshape(chunk.shape)
         int_dtype = torch.int8 if t.scale_min < 0 else torch.uint8
+        if t.block_min:  # the grid's dmin is -m
+            parts.append(_Quantized(codes, grid.d.to(torch.float16), m=grid.dmin.neg().to(torch.float16)))
+            continue
         parts.append(_Quantized(codes, grid.d.to(torch.float16), grid.dmin.to(torch.float16) if t.has_min else None,
                                 grid.sc.to(int_dtype) if t.scaled else None,
                                 grid.m.to(torch.uint8) if t.has_min else None))
     if not parts:
         return _empty(t, 0)
     cat = lambda name: None if getattr(parts[0], name) is None else torch.cat([getattr(p, name) for p in parts])
-    return _Quantized(cat("codes"), cat("d"), cat("dmin"), cat("scales"), cat("mins"))
+    return _Quantized(cat("codes"), cat("d"), cat("dmin"), cat("scales"), cat("mins"), cat("m"))
 
 
 def _empty(t: GGMLType, blocks: int) -> _Quantized:
@@ -765,9 +903,10 @@ def _empty(t: GGMLType, blocks: int) -> _Quantized:
     int_dtype = torch.int8 if t.scale_min < 0 else torch.uint8
     zero_code = _IQ4_ZERO if t.name == "iq4_nl" else t.offset
     return _Quantized(torch.full((blocks, t.block), zero_code, dtype=torch.int64), torch.zeros(blocks, dtype=torch.float16),
-                      torch.zeros(blocks, dtype=torch.float16) if t.has_min else None,
+                      torch.zeros(blocks, dtype=torch.float16) if t.has_min and t.scaled else None,
                       torch.zeros(blocks, t.subs, dtype=int_dtype) if t.scaled else None,
-                      torch.zeros(blocks, t.subs, dtype=torch.uint8) if t.has_min else None)
+                      torch.zeros(blocks, t.subs, dtype=torch.uint8) if t.has_min and t.scaled else None,
+                      torch.zeros(blocks, dtype=torch.float16) if t.block_min else None)
 
 
 def _decode_blocks(t: GGMLType, qb: _Quantized) -> Tensor:
@@ -781,11 +920,14 @@ def _decode_blocks(t: GGMLType, qb: _Quantized) -> Tensor:
 
 
 def _side_of(t: GGMLType, qb: _Quantized, shape: torch.Size) -> dict[str, Tensor]:
-    """The side tensors shaped by the tensor's rows: ``d``/``dmin`` ``[*rows, n_blocks]``, ``scales``/``mins``
+    """The side tensors shaped by the tensor's rows: ``d``/``dmin``/``m`` ``[*rows, n_blocks]``, ``scales``/``mins``
     ``[*rows, n_blocks * subs]`` (a rank-1 tensor is one row: ``[n_blocks]``)."""
     lead = tuple(shape[:-1])
     per_row = shape[-1] // t.block
     side = {"d": qb.d.reshape(*lead, per_row)}
+    if t.block_min:
+        side["m"] = qb.m.reshape(*lead, per_row)
+        return side
     if t.has_min:
         side["dmin"] = qb.dmin.reshape(*lead, per_row)
     if t.scaled:
@@ -795,11 +937,22 @@ def _side_of(t: GGMLType, qb: _Quantized, shape: torch.Size) -> dict[str, Tensor
     return side
 
 
+def _side_keys(t: GGMLType) -> tuple[str, ...]:
+    if t.block_min:
+        return ("d", "m")
+    minimum = ("dmin",) if t.has_min else ()
+    return ("d", *minimum) + (("scales",) if t.scaled else ()) + (("mins",) if t.has_min else ())
+
+
 def _from_side(t: GGMLType, codes: Tensor | None, side: dict[str, Tensor]) -> _Quantized:
+    missing = [key for key in _side_keys(t) if key not in side]
+    if missing:
+        held = ", ".join(side) or "nothing"
+        raise FormatError(f"format '{t.name}': the side lacks {', '.join(missing)} (it holds {held})")
     blocks = side["d"].numel()
     get = lambda key, *tail: side[key].reshape(blocks, *tail) if key in side else None
     return _Quantized(codes.reshape(blocks, t.block) if codes is not None else None, get("d"), get("dmin"),
-                      get("scales", t.subs), get("mins", t.subs))
+                      get("scales", t.subs), get("mins", t.subs), get("m"))
 
 
 _LAST: list[Any] = [None]  # the last search: (tensor ref, version, name, codes as uint8, side)
@@ -1034,8 +1187,11 @@ def to_ggml_blocks(name: str, codes: Any, side: dict[str, Tensor] | None = None)
     if bool((c < 0).any()) or bool((c >= 1 << t.code_bits).any()):
         raise FormatError(f"format '{name}': codes must lie in 0..{(1 << t.code_bits) - 1}")
     d = _f16_bytes(qb.d)
-    if t.name in ("iq4_nl", "q4_0"):  # low nibbles: weights 0..15, high: 16..31
-        parts = [d, _u8(c[:, :16] | (c[:, 16:] << 4))]
+    if t.block == 32 and t.code_bits in (4, 5):  # iq4_nl, q4_0, q4_1, q5_0, q5_1
+        parts = [d, _f16_bytes(qb.m)] if t.block_min else [d]
+        if t.code_bits == 5:  # qh: weight j's 5th bit is bit j of a little-endian uint32
+            parts.append(_u8((((c >> 4) & 1).reshape(-1, 4, 8) << torch.arange(8)).sum(-1)))
+        parts.append(_u8((c[:, :16] & 15) | ((c[:, 16:] & 15) << 4)))  # low nibbles: weights 0..15, high: 16..31
     elif t.name == "q8_0":
         parts = [d, _u8(c ^ 128)]  # the int8 q (code - 128) as its byte
     elif t.name == "q2_k":
@@ -1076,11 +1232,18 @@ def from_ggml_blocks(name: str, raw: np.ndarray, shape: Shape | torch.Size) -> t
                           f"{t.ggml}, got {data.size}")
     r = torch.from_numpy(data.copy()).reshape(blocks, t.type_size)
     half = lambda b: b.contiguous().view(torch.float16).reshape(-1)
-    dmin = scales = mins = None
-    if t.name in ("iq4_nl", "q4_0"):
+    dmin = scales = mins = m = None
+    if t.block == 32 and t.code_bits in (4, 5):  # iq4_nl, q4_0, q4_1, q5_0, q5_1
         d = half(r[:, 0:2])
-        q = r[:, 2:18].to(torch.int64)
-        codes = torch.cat([q & 15, q >> 4], 1)
+        at = 2
+        if t.block_min:
+            m, at = half(r[:, 2:4]), 4
+        high = 0
+        if t.code_bits == 5:
+            high = ((r[:, at : at + 4].to(torch.int64).reshape(-1, 4, 1) >> torch.arange(8)) & 1).reshape(-1, 32) << 4
+            at += 4
+        q = r[:, at : at + 16].to(torch.int64)
+        codes = torch.cat([q & 15, q >> 4], 1) | high
     elif t.name == "q8_0":
         d = half(r[:, 0:2])
         codes = r[:, 2:34].to(torch.int64) ^ 128
@@ -1111,7 +1274,7 @@ def from_ggml_blocks(name: str, raw: np.ndarray, shape: Shape | torch.Size) -> t
         codes = (low | (high << 4)).reshape(-1, 256)
         scales = r[:, 192:208].contiguous().view(torch.int8)
         d = half(r[:, 208:210])
-    qb = _Quantized(codes, d, dmin, scales, mins)
+    qb = _Quantized(codes, d, dmin, scales, mins, m)
     return codes.reshape(shape), _side_of(t, qb, shape)
 
 
@@ -1124,13 +1287,14 @@ def _register(t: GGMLType) -> Callable[[Tensor, GGMLParams], Tensor]:
 
     quantize.__name__ = t.name
     quantize.__doc__ = (f"GGML's {t.ggml}: blocks of {t.block} weights"
-                        + (f", a scale{' and a min' if t.has_min else ''} per {t.sub}" if t.block != t.sub else "")
+                        + (f", a scale{' and a min' if t.has_min else ''} per {t.sub}" if t.block != t.sub else
+                           f", a float16 scale{' and min' if t.has_min else ''} per block")
                         + f"; {t.bits:g} bits per weight, bit for bit as llama.cpp stores them.")
     registered = register_format(t.name, params=GGMLParams, bits=lambda p, shape: t.bits, bounds=_bounds(t),
                                  group=lambda p, row: t.block, codec=_codec(t),
                                  group_quantizer=_group_quantizer(t))(quantize)
     register_mapping(t.name, "gguf", _gguf_type(t), lambda codes, gguf_type: to_ggml_blocks(t.name, codes))
-    if t.code_bits == 4 and t.block == 32 and not t.scaled:  # a table of 16 values times d: the 4-bit packed layer
+    if t.code_bits == 4 and t.block == 32 and not t.scaled and not t.has_min:  # 16 values times d: the packed layer
         register_mapping(t.name, "packed", lambda fmt, activations: "packed4", _packed_table(t),
                          lambda scales, fmt: {"d": scales.to(torch.float16)})
     return registered
@@ -1177,4 +1341,7 @@ q5_k = _register(TYPES["q5_k"])
 q6_k = _register(TYPES["q6_k"])
 iq4_nl = _register(TYPES["iq4_nl"])
 q4_0 = _register(TYPES["q4_0"])
+q4_1 = _register(TYPES["q4_1"])
+q5_0 = _register(TYPES["q5_0"])
+q5_1 = _register(TYPES["q5_1"])
 q8_0 = _register(TYPES["q8_0"])

@@ -53,13 +53,13 @@ from mase_lite.errors import UserError
 from mase_lite.ir.meta import module_class
 from mase_lite.ir.ops import function_packet_name
 from mase_lite.heap import return_free_memory
-from mase_lite.nn.presets import PRESETS
+from mase_lite.nn.presets import MIXED_PRESETS, PRESETS, mixed_rules
 from mase_lite.nn.quant_config import FUNCTION_OPERANDS, LAYER_OPERANDS, OperandFormat, QuantConfig, QuantSpec, resolve
 from mase_lite.numerics.calibration import Method, auto_keys, choose
 from mase_lite.nn.quant_functional import QUANTIZED_FUNCTIONS, QuantizedFunction
 from mase_lite.nn.quantized import is_quantizable_layer, quantize_module
 from mase_lite.passes.registry import PassError, PassParams, PassResult, register_pass
-from mase_lite.passes.select import SelectBy, node_matches
+from mase_lite.passes.select import SelectBy, is_output_head, node_matches
 
 logger = logging.getLogger(__name__)
 
@@ -97,9 +97,9 @@ class QuantizeParams(PassParams):
         description="how 'auto' format parameters are chosen: from the weight itself, and from the calibrate pass's "
         "activation statistics",
     )
-    preset: Literal[tuple(PRESETS)] | None = Field(  # type: ignore[valid-type]
+    preset: Literal[tuple(PRESETS) + tuple(MIXED_PRESETS)] | None = Field(  # type: ignore[valid-type]
         None, description="a named scheme for every Linear (W4A16, W8A16, W8A8, MXINT8, MXFP4, NVFP4, or llama.cpp's Q8_0, "
-        "Q4_0, Q4_K, Q5_K, Q6_K): expands to "
+        "Q4_0, Q4_K, Q5_K, Q6_K; the mixed Q4_K_M and Q5_K_M choose per layer as llama-quantize does): expands to "
         "by 'type' and rules {'linear': its config}"
     )
     ignore: list[str] = Field(default_factory=list, description="nodes left alone whatever the rules say: node names "
@@ -112,15 +112,30 @@ class QuantizeParams(PassParams):
         if not isinstance(data, dict) or data.get("preset") is None:
             return data
         preset = data["preset"]
-        if preset not in PRESETS:
+        if preset not in PRESETS and preset not in MIXED_PRESETS:
             raise PydanticCustomError("quant_preset", "preset {preset!r} is unknown; allowed: {allowed}",
-                                      {"preset": preset, "allowed": ", ".join(PRESETS)})
+                                      {"preset": preset, "allowed": ", ".join([*PRESETS, *MIXED_PRESETS])})
         given = sorted(k for k in ("rules", "default") if data.get(k)) + (["by"] if data.get("by", "type") != "type" else [])
         if given:
             raise PydanticCustomError("quant_preset", "give a preset or rules, not both (got preset and {given})",
                                       {"given": ", ".join(given)})
+        if preset in MIXED_PRESETS:  # chosen per layer: see for_model
+            return data
         return {**{k: v for k, v in data.items() if k != "preset"}, "by": "type",
                 "rules": {"linear": copy.deepcopy(dict(PRESETS[preset]))}}
+
+    def for_model(self, mg) -> "QuantizeParams":
+        """These params with a mixed preset (Q4_K_M, Q5_K_M) expanded into rules by module path for ``mg``'s
+        Linears (:func:`mase_lite.nn.presets.mixed_rules`); the params themselves otherwise."""
+        if self.preset not in MIXED_PRESETS:
+            return self
+        modules = mg.modules
+        columns = {str(n.target): modules[n.target].weight.shape[-1] for n in mg.nodes
+                   if _kind(n, modules) == "layer" and isinstance(modules[n.target], nn.Linear)}
+        head = next((str(n.target) for n in mg.nodes if _kind(n, modules) == "layer" and is_output_head(n)), None)
+        rules = mixed_rules(self.preset, columns, head, tied=head is not None and _tied(mg.model, head))
+        return type(self).model_validate({**self.model_dump(exclude={"preset", "rules", "by"}), "by": "name",
+                                          "rules": rules})
 
     @model_validator(mode="before")
     @classmethod
@@ -183,6 +198,13 @@ class QuantizeParams(PassParams):
                 except re.error as err:
                     raise PydanticCustomError("quant_regex", f"ignore.{i}: not a valid regex ({err})") from None
         return self
+
+
+def _tied(model: nn.Module, path: str) -> bool:
+    """Whether module ``path``'s weight is also another module's (an output head tied to the embedding)."""
+    owners = {name.rpartition(".")[0] for name, param in model.named_parameters(remove_duplicate=False)
+              if param is model.get_submodule(path).weight}
+    return len(owners) > 1
 
 
 def _unwrapped(value: Any) -> Any:
@@ -363,6 +385,7 @@ def weight_formats(mg, params: QuantizeParams) -> dict[str, dict[str, Any] | Non
     formats: dict[str, dict[str, Any] | None] = {}
     if params.bypass:
         return formats
+    params = params.for_model(mg)
     for node in mg.nodes:
         if _kind(node, mg.modules) != "layer":
             continue
@@ -537,6 +560,7 @@ def quantize(mg, params: QuantizeParams):
     functions there, not modules, so rules can select modules only."""
     if params.bypass:
         return PassResult({"bypassed": True, "replaced": [], "skipped": []}, changed=False)
+    params = params.for_model(mg)
     plan, skipped, integers = _plan(mg, params)
     _apply_all(mg, plan)
     if any(p.config.storage == "packed" for p in plan):

@@ -126,33 +126,42 @@ def test_a_gguf_file_comes_back_with_the_same_logits_and_its_vocabulary(fmt, tmp
     assert vocabulary.eos_token == "[SEP]" and vocabulary.decode(vocabulary(text)["input_ids"]) == text
 
 
-def test_other_ggml_types_are_read_as_their_dequantized_floats(tmp_path):
-    """A Q5_0 tensor (no equivalent format) becomes float weights, as gguf's dequantizer gives them."""
+@pytest.mark.parametrize(("kind", "layer"), [("Q5_0", "q5_0"), ("Q4_1", "q4_1"), ("BF16", None)])
+def test_other_ggml_types_are_read_as_their_formats_or_their_dequantized_floats(kind, layer, tmp_path):
+    """A Q5_0 or Q4_1 tensor (llama.cpp's own types) becomes a layer of that format, a BF16 one (no format here) float
+    weights, either holding what gguf's dequantizer gives."""
     from gguf.quants import dequantize, quantize
 
+    qtype = gguf.GGMLQuantizationType[kind]
     model = llama()
     export(model, "gguf", tmp_path / "float.gguf")
     reader = gguf.GGUFReader(tmp_path / "float.gguf")
-    writer = gguf.GGUFWriter(str(tmp_path / "q5.gguf"), "llama")
+    writer = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "llama")
     for field in reader.fields.values():
         if not field.name.startswith("GGUF.") and field.name != "general.architecture":
             writer.add_key_value(field.name, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
-    q5 = {}
+    stored = {}
     for tensor in reader.tensors:
         data = np.array(tensor.data)
         if tensor.name == "blk.0.ffn_up.weight":
-            data = quantize(data, gguf.GGMLQuantizationType.Q5_0)
-            q5[tensor.name] = dequantize(data, gguf.GGMLQuantizationType.Q5_0)
-            writer.add_tensor(tensor.name, data, raw_dtype=gguf.GGMLQuantizationType.Q5_0)
+            data = quantize(data, qtype)
+            stored[tensor.name] = dequantize(data, qtype)
+            writer.add_tensor(tensor.name, data, raw_dtype=qtype)
         else:
             writer.add_tensor(tensor.name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    back = hub.read_model(tmp_path / "q5.gguf", AutoModelForCausalLM)
+    back = hub.read_model(tmp_path / "q.gguf", AutoModelForCausalLM)
     up = back.model.layers[0].mlp.up_proj
-    assert type(up) is torch.nn.Linear and np.array_equal(up.weight.detach().numpy(), q5["blk.0.ffn_up.weight"])
+    if layer is None:
+        assert type(up) is torch.nn.Linear
+        weight = up.weight.detach()
+    else:
+        assert up.quant_formats()["weight"] == {"name": layer}
+        weight = up._operand("weight", up.weight).detach()
+    assert np.array_equal(weight.numpy(), stored["blk.0.ffn_up.weight"])
 
 
 def test_what_a_file_names_is_never_run(tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
-"""GGML's K-quants, IQ4_NL, Q4_0 and Q8_0 (mase_lite.numerics.ggml): bit for bit with gguf's dequantizers,
-byte-exact GGUF blocks, errors against a transcription of llama.cpp's reference quantizers, edge blocks, dtypes,
-ranks and GPTQ's grid."""
+"""GGML's K-quants, IQ4_NL, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (mase_lite.numerics.ggml): bit for bit with gguf's
+dequantizers, byte-exact GGUF blocks, errors against a transcription of llama.cpp's reference quantizers, edge blocks,
+dtypes, ranks and GPTQ's grid."""
 
 import math
 
@@ -15,7 +15,7 @@ from mase_lite.numerics.ggml import TYPES, from_ggml_blocks, ggml_quantize, ggml
 
 NAMES = list(TYPES)
 BITS = {"q2_k": 2.625, "q3_k": 3.4375, "q4_k": 4.5, "q5_k": 5.5, "q6_k": 6.5625, "iq4_nl": 4.5, "q4_0": 4.5,
-        "q8_0": 8.5}
+        "q4_1": 5.0, "q5_0": 5.5, "q5_1": 6.0, "q8_0": 8.5}
 
 
 def gguf_type(name):
@@ -32,7 +32,7 @@ def bits_of(a):
 
 
 def edge_rows(n=256):
-    """Rows of 256 that stress the scale search: each is one K-quant block (eight iq4_nl, q4_0 or q8_0 blocks)."""
+    """Rows of 256 that stress the scale search: each is one K-quant block (eight blocks of iq4_nl or a legacy type)."""
     g = torch.Generator().manual_seed(3)
     outlier = torch.randn(n, generator=g) * 0.01
     outlier[7] = 50.0
@@ -101,7 +101,7 @@ def test_bytes_to_codes_to_bytes_round_trip(name):
     noise = np.random.default_rng(5).integers(0, 256, size=(6, 2 * type_size), dtype=np.uint8)
     scales = np.random.default_rng(6).normal(0, 0.01, size=(6, 2, 2)).astype(np.float16)
     offsets = {"q2_k": [80, 82], "q3_k": [108], "q4_k": [0, 2], "q5_k": [0, 2], "q6_k": [208], "iq4_nl": [0],
-               "q4_0": [0], "q8_0": [0]}[name]
+               "q4_0": [0], "q4_1": [0, 2], "q5_0": [0], "q5_1": [0, 2], "q8_0": [0]}[name]
     for b in range(2):
         for k, at in enumerate(offsets):
             noise[:, b * type_size + at : b * type_size + at + 2] = scales[:, b, k].copy().view(np.uint8).reshape(6, 2)
@@ -123,9 +123,9 @@ def test_block_bytes_refuse_what_does_not_fit():
 # (c) errors against llama.cpp's reference quantizers ------------------------------------------------------------
 # A straightforward block-by-block transcription of ggml-quants.c (quantize_row_q{2..6}_K_ref,
 # quantize_row_iq4_nl_ref, quantize_iq4_nl as llama-quantize runs it without an importance matrix, and
-# quantize_row_q4_0_ref / quantize_row_q8_0_ref, which quantize_q4_0 / quantize_q8_0 run without one), in float32
-# as the C computes (numpy float32 scalars, sums accumulated one term at a time), giving the values its blocks
-# dequantize to.
+# quantize_row_q4_0_ref / q4_1_ref / q5_0_ref / q5_1_ref / q8_0_ref, which quantize_q4_0 etc. run without one), in
+# float32 as the C computes (numpy float32 scalars, sums accumulated one term at a time), giving the values its
+# blocks dequantize to.
 
 F = np.float32
 EPS = F(1e-15)
@@ -286,6 +286,23 @@ def ref_q4_0(x):
     return f16(d) * (q - F(8))
 
 
+def ref_q5_0(x):
+    i = int(np.abs(x).argmax())
+    d = x[i] / F(-16)
+    inverse = F(1) / d if d else F(0)
+    q = np.minimum(31, np.trunc(x * inverse + F(16.5)))  # (int8)(x·id + 16.5)
+    return f16(d) * (q - F(16))
+
+
+def ref_q_1(x, nmax):
+    """quantize_row_q4_1_ref (nmax 15) / quantize_row_q5_1_ref (31): d = (max - min) / nmax, m = min."""
+    low, high = x.min(), x.max()
+    d = (high - low) / F(nmax)
+    inverse = F(1) / d if d else F(0)
+    q = np.minimum(nmax, np.trunc((x - low) * inverse + F(0.5)))  # (int8)((x - min)·id + 0.5)
+    return f16(d) * q + f16(low)
+
+
 def ref_q8_0(x):
     d = np.abs(x).max() / F(127)
     inverse = F(1) / d if d else F(0)
@@ -305,6 +322,9 @@ REFERENCE = {
     "iq4_nl": lambda x: ref_iq4_nl(x, -1),  # quantize_row_iq4_nl_ref
     "iq4_nl_llama_quantize": lambda x: ref_iq4_nl(x, 7),  # quantize_iq4_nl, as llama-quantize runs it
     "q4_0": ref_q4_0,
+    "q4_1": lambda x: ref_q_1(x, 15),
+    "q5_0": ref_q5_0,
+    "q5_1": lambda x: ref_q_1(x, 31),
     "q8_0": ref_q8_0,
 }
 
@@ -315,9 +335,10 @@ def reference_values(name, x):
     return np.stack([REFERENCE[name](b) for b in flat]).reshape(x.shape)
 
 
-@pytest.mark.parametrize("name", ["q4_0", "q8_0"])
-def test_the_q4_0_and_q8_0_transcriptions_are_ggufs_quantizers(name):
-    """gguf's Q4_0 and Q8_0 quantizers follow ggml-quants.c bit for bit; so does the transcription here."""
+@pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"])
+def test_the_legacy_transcriptions_are_ggufs_quantizers(name):
+    """gguf's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 quantizers follow ggml-quants.c bit for bit; so does the transcription
+    here."""
     finite = [row for key, row in EDGES.items() if key not in ("max", "plus_minus_max", "infinities")]  # d: Inf in C
     x = torch.cat([torch.randn(64, 256, generator=torch.Generator().manual_seed(8)) * 3, torch.stack(finite)]).numpy()
     qtype = gguf_type(name)
@@ -329,8 +350,9 @@ def test_the_q4_0_and_q8_0_transcriptions_are_ggufs_quantizers(name):
 @pytest.mark.parametrize("distribution", ["gaussian", "laplace"])
 def test_error_is_below_llama_cpps_reference_quantizer(name, distribution):
     """Measured (16 × 512, seed 11): ours / llama.cpp's MSE is 0.77 (q2_k), 0.92 (q3_k), 0.96 (q4_k), 0.93 (q5_k),
-    0.96 (q6_k), 0.88 (iq4_nl's reference), 0.94 (llama-quantize's iq4_nl), 0.88 (q4_0) and 0.76 (q8_0) on
-    Gaussian weights, 0.71-0.96 on Laplace ones (q4_0 0.93, q8_0 0.77). The reference's scales are among the
+    0.96 (q6_k), 0.88 (iq4_nl's reference), 0.94 (llama-quantize's iq4_nl), 0.88 (q4_0), 0.76 (q4_1), 0.89 (q5_0),
+    0.77 (q5_1) and 0.76 (q8_0) on Gaussian weights, 0.71-0.96 on Laplace ones (q4_0 0.93, q4_1 0.79, q5_0 0.92,
+    q5_1 0.77, q8_0 0.77). The reference's scales are among the
     candidates each block is quantized with, so no block's error is above the reference's (up to the order of
     float32 sums, which this transcription follows as C does and the vectorized search does not): the totals must
     be below it."""

@@ -70,3 +70,39 @@ def test_a_catch_all_rule_leaves_integer_operands_and_lists_them():
     integer_node = sorted(left)[0]
     with pytest.raises(UserError, match=rf"node .{integer_node}.: its data_in_\d .* is a tensor of int64 values .*selects no float operand"):
         ml.passes.quantize(mg, {"by": "name", "rules": {integer_node: {"name": "mxint", "element_width": 8}}})
+
+
+def _chosen(model, preset):
+    model, info = ml.passes.quantize(model, {"preset": preset})
+    return {r["target"]: r["formats"]["weight"]["name"] for r in info["replaced"]}
+
+
+@pytest.mark.parametrize(("preset", "base", "more"), [("Q4_K_M", "q4_k", "q6_k"), ("Q5_K_M", "q5_k", "q6_k")])
+def test_a_mixed_preset_chooses_each_layer_as_llama_quantize(preset, base, more):
+    """8 layers: use_more_bits picks layers 0, 3, 6 and 7 (the first and last eighth, every third between) for the
+    value and down projections; the untied head takes the larger type; everything else the base type."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                         tie_word_embeddings=False)).eval()
+    chosen = _chosen(model, preset)
+    expected = {"lm_head": more}
+    for i in range(8):
+        for proj in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj"):
+            expected[f"model.layers.{i}.{proj}"] = base
+        for proj in ("self_attn.v_proj", "mlp.down_proj"):
+            expected[f"model.layers.{i}.{proj}"] = more if i in (0, 3, 6, 7) else base
+    assert chosen == expected
+
+
+def test_a_mixed_preset_leaves_a_tied_head_float_and_falls_back_where_256_does_not_tile():
+    """A 96-wide model (no row a multiple of 256): llama.cpp's fallbacks, Q5_0 for Q4_K and Q8_0 for Q6_K; the head
+    tied to the embedding stays float (the embedding is written once)."""
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=96, intermediate_size=160, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                                         tie_word_embeddings=True)).eval()
+    chosen = _chosen(model, "Q4_K_M")
+    assert "lm_head" not in chosen and type(model.lm_head) is torch.nn.Linear
+    assert chosen["model.layers.0.self_attn.q_proj"] == "q5_0" and chosen["model.layers.0.self_attn.v_proj"] == "q8_0"
+    assert chosen["model.layers.0.mlp.down_proj"] == "q8_0"  # 160 columns: Q6_K's fallback (layer 0 uses more bits)
