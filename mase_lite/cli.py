@@ -29,8 +29,14 @@ from mase_lite import __version__, progress
 from mase_lite.cores import choose_threads
 from mase_lite.errors import UserError, describe, shown_paths
 from mase_lite.faults import as_fault
+from mase_lite.jsonio import read_json
 from mase_lite.plugins import import_plugins
 from mase_lite.trust import set_trust_code
+
+
+def _check_spec(args: argparse.Namespace) -> None:
+    """A missing or malformed spec, named before torch and transformers load."""
+    read_json(args.spec)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -87,6 +93,18 @@ def _export_targets() -> list[str]:
 
     installed = [ep.name for ep in entry_points(group="mase_lite.export_targets")]
     return list(dict.fromkeys(["compressed-tensors", "gguf", "onnx", "pt2", *installed]))
+
+
+def _check_export(args: argparse.Namespace) -> None:
+    """The source and a new destination, checked before torch and transformers load (a path that exists is checked
+    against its target's marker when the export runs)."""
+    from mase_lite.deploy.destination import check_destination
+    from mase_lite.deploy.sources import checkpoint_of
+
+    checkpoint = checkpoint_of(args.source)
+    if not os.path.lexists(args.output):
+        check_destination(args.output, args.format, lambda path: False, overwrite=args.overwrite, field="-o",
+                          sources=[checkpoint])
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -187,13 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("spec", help="pipeline JSON (or a report.json to reproduce)")
     run.add_argument("--output-dir", help="override the spec's output_dir (a reproduced run: default a new directory "
                      "beside the report, never the one it records)")
-    run.set_defaults(fn=_cmd_run)
+    run.set_defaults(fn=_cmd_run, check=_check_spec)
 
     search = sub.add_parser("search", help="run (or continue) a search spec; workers sharing its storage cooperate")
     search.add_argument("spec", help="search JSON (or a search_report.json to reproduce)")
     search.add_argument("--output-dir", help="override the spec's output_dir (a reproduced search: default a new "
                         "directory beside the report)")
-    search.set_defaults(fn=_cmd_search)
+    search.set_defaults(fn=_cmd_search, check=_check_spec)
 
     draw = sub.add_parser("draw", help="draw a saved graph, or capture a model and draw its graph")
     draw.add_argument("graph", nargs="?", help="a graph directory written by save or the checkpoint pass")
@@ -213,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", required=True, help="directory (compressed-tensors) or file to write: a new path, "
                         "or a previous export of the same format with --overwrite (nothing else is replaced)")
     export.add_argument("--overwrite", action="store_true", help="replace a previous export of this format at the path")
-    export.set_defaults(fn=_cmd_export)
+    export.set_defaults(fn=_cmd_export, check=_check_export)
 
     passes = sub.add_parser("passes", help="list every registered pass with its parameters")
     passes.add_argument("--json", action="store_true", help="print JSON")
@@ -242,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.threads is not None and args.threads < 1:
             raise UserError(f"--threads {args.threads}: give a positive number of threads")
+        getattr(args, "check", lambda args: None)(args)  # what the command line names, before torch loads
         requested = (args.threads, "--threads") if args.threads is not None else (_threads_from_env(), "MASE_LITE_THREADS")
         threads = choose_threads(*requested)
         if threads is not None:

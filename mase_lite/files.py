@@ -29,6 +29,8 @@ from typing import BinaryIO
 
 from mase_lite.errors import UserError
 
+RECIPE = "recipe.json"  # a checkpoint's manifest: what makes a directory a checkpoint
+
 _STAGING, _READY, _OLD, _TEMP = "staging", "ready", "old", "tmp"
 
 

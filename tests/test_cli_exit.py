@@ -40,9 +40,10 @@ def test_a_finished_command_prints_everything_and_runs_its_exit_handlers(tmp_pat
 
 
 def test_an_error_exits_2_with_its_message_after_the_exit_handlers(tmp_path):
-    proc = _run(tmp_path, "run", str(tmp_path / "missing.json"))
+    (tmp_path / "spec.json").write_text(json.dumps({"stpes": []}))  # read, then refused after the plug-in loaded
+    proc = _run(tmp_path, "run", str(tmp_path / "spec.json"))
     assert proc.returncode == 2
-    assert proc.stderr.startswith("mase-lite: error:") and "missing.json" in proc.stderr
+    assert proc.stderr.startswith("mase-lite: error:") and "stpes" in proc.stderr
     assert (tmp_path / "atexit.txt").read_text() == "exit handler ran"
 
 

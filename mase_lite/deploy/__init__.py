@@ -29,11 +29,8 @@ from pathlib import Path
 from importlib.metadata import entry_points
 from typing import Any
 
-import torch.nn as nn
-
 from mase_lite.deploy.destination import check_destination
-from mase_lite.deploy.layers import ExportError
-from mase_lite.ir.module_model import ModuleModel
+from mase_lite.deploy.errors import ExportError
 
 ENTRY_POINT_GROUP = "mase_lite.export_targets"  # name = a module path, as register_target takes it
 _TARGETS: dict[str, str] = {}
@@ -88,6 +85,10 @@ def export(mg, format: str, path: str | Path, tokenizer: Any = None, *, overwrit
     ``overwrite``: replace a previous export of this format at ``path``; ``sources``: what the model was read
     from (never written over); ``field``: how errors name ``path``.
     """
+    import torch.nn as nn  # here: the command line checks its arguments with this package before torch loads
+
+    from mase_lite.ir.module_model import ModuleModel
+
     if isinstance(mg, nn.Module):
         mg = ModuleModel(mg)
     writer = target_module(format)

@@ -16,7 +16,7 @@ Refused, each in one message naming the field (``-o`` on the command line, ``pat
 >>> check_destination(folder, "gguf", lambda p: False, overwrite=True, field="-o")
 Traceback (most recent call last):
 ...
-mase_lite.deploy.layers.ExportError: -o: ... exists and is not a gguf export of mase_lite, so it is not replaced; remove it yourself or choose another path
+mase_lite.deploy.errors.ExportError: -o: ... exists and is not a gguf export of mase_lite, so it is not replaced; remove it yourself or choose another path
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from mase_lite.deploy.layers import ExportError
+from mase_lite.deploy.errors import ExportError
 
 MAX_NAME = 255  # bytes in one name (ext4, xfs, btrfs, tmpfs)
 MAX_PATH = 4095  # bytes in a whole path (PATH_MAX less its NUL)

@@ -17,16 +17,13 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from mase_lite.deploy.errors import ExportError
 from mase_lite.errors import UserError
 from mase_lite.kernels.mxint8 import MXInt8Linear
 from mase_lite.kernels.packed4.module import Packed4Linear
 from mase_lite.nn.lora import LoRALinear
 from mase_lite.nn.quantized import QuantizedLayer, QuantizedLinear
 from mase_lite.numerics.codes import Encoded, decode, offset_codes, pack_bits
-
-
-class ExportError(UserError):
-    """A model, a layer or a format the chosen target cannot hold: raised before anything is written."""
 
 
 def unsupported(target: str, layer: str, what: str, nearest: str) -> ExportError:

@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 from mase_lite.errors import UserError
-from mase_lite.ir.serialize import RECIPE
+from mase_lite.files import RECIPE
 from mase_lite.jsonio import read_json
 
 REPORT = "report.json"

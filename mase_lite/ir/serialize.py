@@ -27,11 +27,11 @@ import torch.nn as nn
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
 from mase_lite.errors import UserError, format_validation_error
+from mase_lite.files import RECIPE
 from mase_lite.jsonio import read_json
 from mase_lite.files import follow_umask, recover, staged_directory
 from mase_lite.limits import check_fits
 
-RECIPE = "recipe.json"
 WEIGHTS = "model.safetensors"
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)  # 1: every tensor stored as it is in the model (no stored codes)

@@ -74,3 +74,26 @@ def test_a_run_with_a_relative_output_dir_exports_by_its_directory(tmp_path, mon
     assert main(["export", "runs/w4a16", "--format", "compressed-tensors", "-o", "llama-w4"]) == 0
     assert "from runs/w4a16/checkpoint" in capsys.readouterr().out
     assert (tmp_path / "llama-w4" / "config.json").is_file()
+
+
+def test_argument_errors_are_named_before_torch_and_transformers_load(tmp_path):
+    """A misspelt source, an impossible destination or a missing or broken spec: exit 2 and one line, decided before
+    the heavy imports (under load these took a minute)."""
+    import subprocess
+    import sys
+
+    run(tmp_path, {"linear": W4})
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "broken.json").write_text("{")
+    cases = [
+        (["export", str(tmp_path / "rnu"), "--format", "gguf", "-o", str(tmp_path / "m.gguf")], "is neither a checkpoint"),
+        (["export", str(tmp_path / "run"), "--format", "gguf", "-o", str(tmp_path / "file" / "m.gguf")], "is not a directory"),
+        (["export", str(tmp_path / "run"), "--format", "onnx", "-o", str(tmp_path / "run" / "ckpt" / "m.onnx")], "the model's source"),
+        (["run", str(tmp_path / "spec.jsn")], "no such spec file"),
+        (["search", str(tmp_path / "broken.json")], "not valid JSON"),
+    ]
+    probe = "import sys, mase_lite.cli as c; code = c.main(sys.argv[1:]); print(code, 'torch' in sys.modules, 'transformers' in sys.modules)"
+    for argv, message in cases:
+        done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120)
+        assert done.stdout.split() == ["2", "False", "False"], (argv, done.stdout, done.stderr)
+        assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, (argv, done.stderr)
