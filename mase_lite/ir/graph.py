@@ -27,19 +27,33 @@ from mase_lite.ir.inputs import forward_parameters, hf_example_inputs, sequence_
 
 
 
+# inputs a transformers model takes as optional, and the value a call that leaves them out means
+OPTIONAL_INPUTS = {"attention_mask": 1, "token_type_ids": 0, "labels": -100}
+
+
 class _InputCheck:
-    """Forward pre-hook naming the captured inputs when a call does not match them."""
+    """Forward pre-hook naming the captured inputs when a call does not match them. A transformers model's optional
+    inputs (:data:`OPTIONAL_INPUTS`) a call leaves out are given as the model means them — every token attended,
+    no labels (ignored everywhere: the output carries no loss) — so a graph captured for training is called for
+    inference with ``input_ids`` alone (``optional``: ``{name: (rank, dtype)}`` of those captured)."""
 
-    def __init__(self, names: tuple[str, ...]):
+    def __init__(self, names: tuple[str, ...], optional: dict[str, tuple[int, torch.dtype]] | None = None):
         self.names = names
+        self.optional = optional or {}
+        self.dropped_loss = False
 
-    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         names = self.names
         given = list(names[: len(args)]) + list(kwargs)
         unknown = [k for k in kwargs if k not in names]
         missing = [n for n in names if n not in given]
+        first = next((v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
+        filled = {n: self._default(n, first) for n in missing if n in self.optional and first is not None}
+        filled = {n: v for n, v in filled.items() if v is not None}
+        missing = [n for n in missing if n not in filled]
+        self.dropped_loss = "labels" in filled
         if not (unknown or missing or len(args) > len(names)):
-            return
+            return (args, {**kwargs, **filled}) if filled else None
         detail = []
         if missing:
             detail.append(f"missing: {', '.join(missing)}")
@@ -51,6 +65,18 @@ class _InputCheck:
             f"this graph was captured with inputs ({', '.join(names)}); {'; '.join(detail)}. "
             "Capture again with the inputs you want to call it with."
         )
+
+    def _default(self, name: str, first: torch.Tensor) -> torch.Tensor | None:
+        rank, dtype = self.optional[name]
+        if rank > first.dim():
+            return None
+        return torch.full(first.shape[:rank], OPTIONAL_INPUTS[name], dtype=dtype, device=first.device)
+
+    def drop_loss(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        """Forward hook: no loss in the output of a call that gave no labels."""
+        if not self.dropped_loss or not hasattr(output, "keys") or "loss" not in output.keys():
+            return None
+        return type(output)(**{k: v for k, v in output.items() if k != "loss"})
 
 
 class MaseGraph:
@@ -125,7 +151,11 @@ class MaseGraph:
         self.model: MaseGraphModule
         self.model = capture(model, example_inputs, dynamic_shapes, self.leaf_modules, verify=verify)
         self.input_names = tuple(example_inputs)
-        self.model.register_forward_pre_hook(_InputCheck(self.input_names), with_kwargs=True)
+        optional = {name: (example_inputs[name].dim(), example_inputs[name].dtype) for name in OPTIONAL_INPUTS
+                    if hf_input_names is not None and isinstance(example_inputs.get(name), torch.Tensor)}
+        check = _InputCheck(self.input_names, optional)
+        self.model.register_forward_pre_hook(check, with_kwargs=True)
+        self.model.register_forward_hook(check.drop_loss, with_kwargs=True)
         self.symbol_names = meta_mod.symbol_names(self.model.graph, sequence_dims(example_inputs))
         meta_mod.refresh(self)
 

@@ -225,10 +225,23 @@ def test_unknown_example_input_name():
 def test_call_with_inputs_not_captured(tiny_bert):
     mg = MaseGraph(tiny_bert, hf_input_names=["input_ids", "attention_mask"])
     ids = torch.randint(0, 100, (2, 5))
-    with pytest.raises(UserError, match=r"captured with inputs \(input_ids, attention_mask\); missing: attention_mask"):
-        mg.model(input_ids=ids)
+    with pytest.raises(UserError, match=r"captured with inputs \(input_ids, attention_mask\); missing: input_ids"):
+        mg.model(attention_mask=torch.ones_like(ids))
     with pytest.raises(UserError, match=r"not captured: labels"):
         mg.model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.zeros(2, dtype=torch.long))
+
+
+def test_a_graph_captured_for_training_is_called_for_inference_with_ids_alone(tiny_bert):
+    """Captured with a mask and labels (as a run trains it), called as a runtime calls it: every token attended,
+    no labels, so no loss; the logits are the model's, and with the mask and labels given the loss is too."""
+    mg = MaseGraph(tiny_bert, hf_input_names=["input_ids", "attention_mask", "labels"])
+    ids = torch.randint(0, 100, (3, 6))
+    out = mg.model(input_ids=ids)
+    assert list(out.keys()) == ["logits"]
+    assert torch.equal(out.logits, tiny_bert(input_ids=ids).logits)
+    labels = torch.tensor([0, 1, 1])
+    full = mg.model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels)
+    assert torch.equal(full.loss, tiny_bert(input_ids=ids, labels=labels).loss)
 
 
 def test_export_failure_names_module_line_and_keeps_torchs_reason():
