@@ -81,8 +81,8 @@ def is_export(path: Path) -> bool:
 
 
 def write(mg, path: str | Path, tokenizer: Any = None, float_dtype: str = "float32") -> dict[str, Any]:
-    """Write ``mg`` (a captured graph or a module-mode model of a transformers model) to the directory ``path``;
-    ``float_dtype``: the dtype of the tensors that are not quantized (embeddings, norms, float layers), and the
+    """Write ``mg`` (a captured graph or a module-mode model of a transformers model) to the directory ``path`` (a
+    model without quantized layers as a plain Hugging Face directory); ``float_dtype``: the dtype of the tensors that are not quantized (embeddings, norms, float layers), and the
     config's, as checkpoints are usually shipped (float32 keeps the tool's numerics exactly). A model streamed
     from disk (:mod:`mase_lite.nn.disk_weights`) is written one block at a time, one shard per block."""
     if float_dtype not in FLOAT_DTYPES:
@@ -108,8 +108,6 @@ def write(mg, path: str | Path, tokenizer: Any = None, float_dtype: str = "float
             safetensors.torch.save_file(tensors, str(tmp / name), metadata={"format": "pt"})
             written.files.update({key: name for key in tensors})
             del tensors
-        if not written.groups:
-            raise ExportError(f"{TARGET}: the model has no quantized Linear layer to export")
         if len(parts) > 1:
             sizes = sum(f.stat().st_size for f in tmp.glob("*.safetensors"))
             (tmp / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": sizes}, "weight_map": written.files}, indent=2))
@@ -175,6 +173,8 @@ def _config(hf: nn.Module, written: _Written, float_dtype: str) -> dict[str, Any
     config["dtype"] = float_dtype
     if written.tied:
         config["tie_word_embeddings"] = False
+    if not written.groups:  # a float model: the plain Hugging Face directory a study starts from
+        return config
     formats = sorted({g["format"] for g in written.groups.values()})
     config["quantization_config"] = {
         "quant_method": "compressed-tensors",

@@ -275,3 +275,20 @@ def test_torchao_convention_nvfp4_is_refused_naming_the_preset(tmp_path):
                                         r"\(block_size=16, per_tensor=torchao\).*nvfp4 with per_tensor global_scale"):
         export(mg, "compressed-tensors", tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("float_dtype", ["float32", "bfloat16", "float16"])
+def test_a_float_model_exports_as_the_plain_directory_transformers_loads(float_dtype, tmp_path):
+    """No quantized layer: the Hugging Face directory a study starts from (config, weights in the dtype asked for, the
+    tie kept: the embedding written once), which transformers loads to the model's own logits."""
+    model = llama(tied=True)
+    export(model, "compressed-tensors", tmp_path / "hf", float_dtype=float_dtype)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert "quantization_config" not in config and config["dtype"] == float_dtype and config["tie_word_embeddings"]
+    stored = safetensors.torch.load_file(tmp_path / "hf" / "model.safetensors")
+    assert "lm_head.weight" not in stored and {t.dtype for t in stored.values()} == {getattr(torch, float_dtype)}
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    expected = llama(tied=True)  # the same weights rounded to the dtype (buffers such as rotary frequencies stay float32)
+    expected.load_state_dict({k: v.to(getattr(torch, float_dtype)).float() for k, v in model.state_dict().items()})
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=IDS).logits, expected(input_ids=IDS).logits)
