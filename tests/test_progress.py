@@ -32,3 +32,26 @@ def test_an_error_comes_last(tmp_path, capsys, monkeypatch):
     assert main(["run", str(tmp_path / "spec.json")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[0] == "lines: steps.0 (count) of 2 ..." and lines[-1].startswith("mase-lite: error: steps.1")
+
+
+def test_a_long_step_writes_where_it_is_every_few_seconds_and_logs_it(tmp_path, capsys, monkeypatch, caplog):
+    """Within a step, a line every EVERY seconds (here every unit) with the step, epoch and loss, the elapsed time and
+    the rate, on stderr where it is not a terminal and in the log."""
+    import logging
+    import re
+
+    from mase_lite import progress
+
+    monkeypatch.setenv("MASE_LITE_PROGRESS", "1")
+    monkeypatch.setattr(progress, "EVERY", 0.0)
+    spec = {**SPEC, "steps": [{"pass": "train", "params": {"epochs": 2, "max_steps": 3, "batch_size": 4}}],
+            "output_dir": str(tmp_path / "run")}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    with caplog.at_level(logging.INFO, logger="mase_lite.progress"):
+        assert main(["run", str(tmp_path / "spec.json")]) == 0
+    ticks = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train: ")]
+    assert [line.split(",")[0] for line in ticks] == ["train: step 1/3 (33 %)", "train: step 2/3 (66 %)",
+                                                       "train: step 3/3 (100 %)"]
+    assert all(re.fullmatch(r"train: step \d/3 \(\d+ %\), epoch [01], loss \d+\.\d{4}; \d+ s elapsed, [\d.e+-]+ step/s", t)
+               for t in ticks), ticks
+    assert [r.getMessage() for r in caplog.records if r.name == "mase_lite.progress"] == ticks

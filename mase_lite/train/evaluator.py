@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from mase_lite.train.batches import logits_of, model_device, model_inputs
 from mase_lite.train.tasks import TASKS
-from mase_lite.progress import bars_disabled
+from mase_lite.progress import Ticker, bars_disabled
 
 
 def evaluate_model(
@@ -48,8 +48,11 @@ def evaluate_model(
     model.eval()
     try:
         with torch.no_grad():
+            ticker = Ticker(f"evaluate {split}", len(loader), "batch")
             for batch in tqdm(loader, desc=f"evaluate {split}", unit="batch", disable=bars_disabled() if progress else True):
                 meter.update(logits_of(model(**model_inputs(batch, input_names, device))), batch)
+                if progress:
+                    ticker.tick()
     finally:
         model.train(was_training)
     return {**meter.result(), "split": split, **data.reference_metrics(split)}

@@ -24,7 +24,7 @@ from transformers import get_scheduler
 from mase_lite.errors import UserError
 from mase_lite.limits import check_fits
 from mase_lite.train.batches import forward_batch, model_device
-from mase_lite.progress import bars_disabled
+from mase_lite.progress import Ticker, bars_disabled
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +162,7 @@ def fit(
     steps, samples, running = 0, 0, None
     start = time.perf_counter()
     bar = tqdm(total=total, desc="train", unit="step", disable=bars_disabled() if progress else True)
+    ticker = Ticker("train", total, "step")
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
@@ -185,6 +186,8 @@ def fit(
                 running = value if running is None else 0.9 * running + 0.1 * value
                 bar.update(1)
                 bar.set_postfix(epoch=epoch, loss=f"{running:.4f}")
+                if progress:
+                    ticker.tick(epoch=epoch, loss=f"{running:.4f}")
     finally:
         bar.close()
         for p in frozen:

@@ -37,6 +37,7 @@ from mase_lite.numerics import parse_format
 from mase_lite.passes.layerwise import calibration_batches, collect, each_block, store_weight, weight_of
 from mase_lite.passes.registry import PassError, PassResult, register_pass
 from mase_lite.passes.select import Selection, select_nodes
+from mase_lite.progress import Ticker
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ def _compensate_all(layers: dict[str, nn.Module], run, params: GPTQParams, repor
     for name, layer in layers.items():
         fused = _row_wise(formats[name], weight_of(layer).shape[1])
         sets.setdefault((tuple(hessians.history[name]), format_key(formats[name]), name if not fused else ""), []).append(name)
+    ticker = Ticker("gptq", len(layers), "layer")
     # the widest Hessians first: each is freed as its weight is done, so the largest is not held through the others
     for names in sorted(sets.values(), key=lambda names: -hessians.sums[names[0]].shape[0]):
         if len(names) > 1:
@@ -113,6 +115,7 @@ def _compensate_all(layers: dict[str, nn.Module], run, params: GPTQParams, repor
             row += weight.shape[0]
         del result, weights
         return_free_memory()  # the sweep's buffers and this Hessian: the next sweep's, of other sizes, would not reuse them
+        ticker.tick(len(names), last=names[-1])
 
 
 @register_pass("gptq", kind="transform", params=GPTQParams, requires=("data",), replay=False,  # a checkpoint keeps its weights
