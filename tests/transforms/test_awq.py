@@ -75,3 +75,17 @@ def test_duo_scales_widen_the_search_and_weigh_weights_by_their_group():
     # the same first group's candidates and more: no group's error grows (the later groups see other inputs)
     first = next(iter(runs[True]["groups"]))
     assert runs[True]["groups"][first]["error"] <= runs[False]["groups"][first]["error"]
+
+
+def test_awq_optimises_in_llama_cpps_own_types():
+    """The scales are searched under the GGML type's own quantizer (its block scale search, which makes each try
+    costly: a short grid here): on the outlier model the logits' error falls well below rounding's."""
+    name = "iq4_nl"
+    rules = {"by": "type", "rules": {"head": None, "linear": {"weight": {"name": name}}}}
+    reference = logits(with_outliers().model)
+    rounded = ml.passes.quantize(with_outliers(), rules)[0]
+    mg, info = ml.passes.awq(ml.passes.quantize(with_outliers(), rules)[0],
+                             {"num_batches": 2, "grid": 4, "duo": False, "clip": False}, data=TokenBatches(labels=False))
+    assert len(info["groups"]) == 6
+    error = lambda model: float((logits(model) - reference).square().mean())  # noqa: E731
+    assert error(mg.model) < 0.5 * error(rounded.model)
