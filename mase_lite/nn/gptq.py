@@ -34,6 +34,8 @@ Example::
 
 from __future__ import annotations
 
+import inspect
+
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -150,9 +152,12 @@ def _permute_symmetric(matrix: Tensor, order: Tensor, rows: int = 64) -> None:
 Quantizer = Callable[[Tensor], Tensor]
 
 
-def _group_opener(fmt: NumberFormat, params: Any, dtype: torch.dtype) -> Callable[[Tensor], tuple[dict | None, Quantizer]]:
-    """From a group's current values (``[rows, k]``): the shared values it fixes (None where the format does
-    not say) and the quantizer of a column (``[rows]`` in ``dtype``) on its grid."""
+def _group_opener(fmt: NumberFormat, params: Any, dtype: torch.dtype
+                  ) -> Callable[[Tensor, Tensor], tuple[dict | None, Quantizer]]:
+    """From a group's current values (``[rows, k]``) and its columns' curvature (``[k]``, the Hessian's diagonal):
+    the shared values it fixes (None where the format does not say), chosen by the error the curvature weighs where
+    the format's group quantizer takes an ``importance``, and the quantizer of a column (``[rows]`` in ``dtype``) on
+    its grid."""
 
     def in_dtype(fn: Quantizer) -> Quantizer:
         if dtype == torch.float32:
@@ -165,13 +170,16 @@ def _group_opener(fmt: NumberFormat, params: Any, dtype: torch.dtype) -> Callabl
         return lambda col: fn(col.to(torch.float32)).to(dtype)
 
     if fmt.group_quantizer is not None:
-        def opened(values: Tensor):
-            side, fn = fmt.group_quantizer(params, values.to(torch.float32).contiguous())
+        weighted = "importance" in inspect.signature(fmt.group_quantizer).parameters
+
+        def opened(values: Tensor, curvature: Tensor):
+            given = {"importance": curvature.to(torch.float32)} if weighted else {}
+            side, fn = fmt.group_quantizer(params, values.to(torch.float32).contiguous(), **given)
             return side, in_dtype(fn)
         return opened
     probe = probe_params(fmt, params)
 
-    def probed(values: Tensor):
+    def probed(values: Tensor, curvature: Tensor):
         high, low = values.to(torch.float32).amax(1), values.to(torch.float32).amin(1)
         return None, in_dtype(lambda col: fmt.quantize(torch.stack([col, high, low], 1), probe)[:, 0])
     return probed
@@ -264,7 +272,7 @@ def gptq(weight: Tensor | list[Tensor], hessian: Tensor | list[Tensor], fmt: Map
                     quantize = opened.get(g)
                     if quantize is None:  # the group's first column: none of its columns is quantized yet
                         values = _current(wt, errors, u, position[g * size : (g + 1) * size], start, sub, end, stop, k)
-                        sides[g], quantize = opener(values)
+                        sides[g], quantize = opener(values, curvature[g * size : (g + 1) * size])
                         opened[g] = quantize
                 column = wt[k]
                 value = quantize(column, column=within[k]) if getattr(quantize, "positional", False) else quantize(column)

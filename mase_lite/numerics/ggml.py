@@ -1091,13 +1091,15 @@ class BlockGrid:
 
 
 def _group_quantizer(t: GGMLType):
-    def group_quantizer(p: GGMLParams, values: Tensor):
+    def group_quantizer(p: GGMLParams, values: Tensor, importance: Tensor | None = None):
         """The stored scales one block of ``values`` (``[rows, block]``) fixes, as llama.cpp would choose them
-        for these weights, and the grid they give (:class:`BlockGrid`)."""
+        for these weights (``importance``: a weight per column, e.g. GPTQ's Hessian diagonal, as llama.cpp's
+        importance matrix weighs the error), and the grid they give (:class:`BlockGrid`)."""
         if values.dim() != 2 or values.shape[-1] != t.block:
             raise FormatError(f"format '{t.name}': the group quantizer takes one block of {t.block} columns per row")
         blocks = _checked_rows(values.to(torch.float32), t)
-        qb = _quantize_blocks(t, blocks)
+        ew = importance.to(torch.float32).expand(values.shape).reshape(blocks.shape) if importance is not None else None
+        qb = _quantize_blocks(t, blocks, ew)
         return _side_of(t, qb, values.shape), BlockGrid(t, qb)
 
     return group_quantizer

@@ -97,7 +97,9 @@ class NumberFormat:
     its values as codes (:class:`Codec`); ``None``: a checkpoint keeps the float values.
     ``group_quantizer(params, values)``, for a format with groups and a codec: given the values of one group
     per row (``[rows, k]`` float32), the shared values the group fixes (``codec.side(values)``) and a function
-    quantizing any float32 values of these rows (``[rows]``) under them; ``None``: GPTQ probes the format.
+    quantizing any float32 values of these rows (``[rows]``) under them; ``None``: GPTQ probes the format. One that
+    also takes ``importance`` (a weight per column of the group, ``[k]``) chooses the shared values by the error so
+    weighted: GPTQ gives it the Hessian's diagonal (the inputs' mean squares, llama.cpp's importance matrix).
     ``calibrated``: the parameter calibration may choose (:class:`Calibrated`); ``None``: none.
     """
 

@@ -374,3 +374,23 @@ def test_ggml_block_formats_sweep_codes_on_their_own_grid(name, act_order, dtype
     assert out_err(result.weight) < 0.95 * out_err(quantize(w, name))
     encoded = encode(result.weight, {"name": name}, side=result.side, values=result.weight)  # as the pass stores it
     assert encoded is not None and torch.equal(decode(encoded), result.weight)
+
+
+@pytest.mark.parametrize("name", ["q4_0", "iq4_nl", "q4_k"])
+def test_ggml_block_scales_are_chosen_by_the_hessians_diagonal(name):
+    """Inputs of very different magnitudes (as LLM activations have): each block's scale is chosen by the error the
+    Hessian's diagonal weighs (llama.cpp's importance matrix), so GPTQ's layer-output error is far below rounding's
+    (measured: 0.57x for q4_0, 0.53x for iq4_nl; with unweighted scales it was 0.94x)."""
+    from mase_lite.numerics import get_format
+
+    torch.manual_seed(0)
+    w = torch.randn(128, 512) * 0.05
+    x = torch.randn(2048, 512) * torch.exp(torch.randn(512))
+    h = x.t() @ x
+    result = gptq(w, h, {"name": name}, block_size=128, dtype=torch.float64)
+    assert float(result.row_error.sum()) < 0.75 * float(result.row_rtn_error.sum())
+    fmt = get_format(name)
+    block, importance = w[:, :fmt.group(None, 512)], h.diagonal()[:fmt.group(None, 512)]
+    weighted = lambda fn: float((importance * (block - fn(block)).square()).sum())  # noqa: E731
+    plain, by_importance = fmt.group_quantizer(None, block)[1], fmt.group_quantizer(None, block, importance=importance)[1]
+    assert weighted(by_importance) < weighted(plain)
