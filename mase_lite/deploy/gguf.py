@@ -225,11 +225,9 @@ def _metadata(writer, gguf, hf, config, arch: str, file_type: str) -> None:
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_vocab_size(config.vocab_size)
-    file_types = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "Q8_0": "MOSTLY_Q8_0", "Q4_0": "MOSTLY_Q4_0",
-                  "Q2_K": "MOSTLY_Q2_K", "Q3_K": "MOSTLY_Q3_K_M", "Q4_K": "MOSTLY_Q4_K_M", "Q5_K": "MOSTLY_Q5_K_M",
-                  "Q6_K": "MOSTLY_Q6_K", "IQ4_NL": "MOSTLY_IQ4_NL",
-                  "MXFP4": "MOSTLY_MXFP4_MOE"}
-    writer.add_file_type(getattr(gguf.LlamaFileType, file_types[file_type]))
+    # llama.cpp's file type of the most common tensor type: MOSTLY_<type>, the K-quants' _M mix, MXFP4's _MOE
+    names = ["ALL_F32"] if file_type == "F32" else [f"MOSTLY_{file_type}{tail}" for tail in ("", "_M", "_MOE")]
+    writer.add_file_type(next(gguf.LlamaFileType[n] for n in names if n in gguf.LlamaFileType.__members__))
 
 
 def _vocabulary(writer, gguf, tokenizer, vocab_size: int) -> None:

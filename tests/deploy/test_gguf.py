@@ -261,3 +261,16 @@ def test_a_row_that_blocks_of_32_do_not_tile_is_refused_saying_so(tmp_path):
                        r"columns \(a short last group\); nearest gguf scheme: leave this layer float \(a null rule for it\)"):
         export(model, "gguf", tmp_path / "m.gguf")
     assert not (tmp_path / "m.gguf").exists()
+
+
+@pytest.mark.parametrize(("name", "file_type"), [("q4_1", gguf.LlamaFileType.MOSTLY_Q4_1),
+                                                 ("q5_0", gguf.LlamaFileType.MOSTLY_Q5_0),
+                                                 ("q4_k", gguf.LlamaFileType.MOSTLY_Q4_K_M),
+                                                 ("q8_0", gguf.LlamaFileType.MOSTLY_Q8_0)])
+def test_the_file_type_is_llama_cpps_name_of_the_most_common_type(name, file_type, tmp_path):
+    """Every GGML type the tool writes names llama.cpp's file type (MOSTLY_<type>, a K-quant's _M mix)."""
+    wide = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)).eval()
+    model, _ = ml.passes.quantize(wide, {"by": "type", "rules": {"head": None, "linear": {"weight": {"name": name}}}})
+    export(model, "gguf", tmp_path / "m.gguf")
+    assert field(gguf.GGUFReader(tmp_path / "m.gguf"), "general.file_type") == file_type
