@@ -1,6 +1,7 @@
 """Pre-flight: an export step whose target cannot hold what the quantize steps before it give is refused before the
 first step runs, naming the layer, its shape, the constraint and the nearest scheme that fits — from the formats'
-own mappings (:func:`mase_lite.numerics.registry.register_mapping`), not from the target's code at the end of a run.
+own mappings (:func:`mase_lite.numerics.registry.register_mapping`), not from the target's code at the end of a run;
+so is a quantized head tied to the (float) embedding, which a weight file would write apart.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ def check_targets(steps: list[Any], mg) -> None:
     from mase_lite.passes.transforms.quantize import weight_formats
 
     modules = dict(mg.model.named_modules())
+    owners: dict[int, list[str]] = {}  # a weight's modules: two where a head is tied to the embedding
+    for name, param in mg.model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(param), []).append(name.rpartition(".")[0])
     formats: dict[str, dict[str, Any] | None] = {}
     problems = []
     for i, step in enumerate(steps):
@@ -30,6 +34,10 @@ def check_targets(steps: list[Any], mg) -> None:
                 if fmt is None or weight is None or weight.dim() != 2:
                     continue
                 why = _unfit(fmt, tuple(weight.shape), target)
+                shared = [other for other in owners.get(id(weight), []) if other != path]
+                if why is None and shared and not getattr(target_module(target), "ANY_WEIGHT_FORMAT", False):
+                    why = (f"it shares its weight with {shared[0]!r} (tied), which stays float: the export would write "
+                           f"the two apart; leave it float (\"ignore\": [{path!r}]) or untie them")
                 if why is not None:
                     problems.append(UserError(f"{target} cannot hold layer {path!r} {list(weight.shape)} in "
                                               f"{fmt['name']}: {why}", location=("steps", i, "params", "format")))

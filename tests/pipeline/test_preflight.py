@@ -96,3 +96,19 @@ def test_export_targets_register_and_are_listed(tmp_path):
         register_target("npz", "pickle")
     with pytest.raises(ExportError, match="format 'nope' is unknown; allowed: compressed-tensors, gguf, onnx, pt2"):
         ml.deploy.export(torch.nn.Linear(2, 2), "nope", tmp_path / "x")
+
+
+def test_a_quantized_head_tied_to_the_embedding_is_refused_before_any_step(tmp_path, capsys):
+    tied = {**MODEL, "hf_config": {**MODEL["hf_config"], "intermediate_size": 128, "tie_word_embeddings": True}}
+    rule = {"weight": {"name": "q8_0"}}
+    steps = [{"pass": "train", "params": {"max_steps": 1}},
+             {"pass": "quantize", "params": {"by": "type", "rules": {"linear": rule}}},
+             {"pass": "export", "params": {"format": "gguf", "path": "m.gguf"}}]
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec(tmp_path, rule, steps=steps, model=tied)))
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "gguf cannot hold layer 'lm_head' [" in err and ("] in q8_0: it shares its weight with 'model.embed_tokens' "
+                                                          "(tied), which stays float") in err
+    assert "\"ignore\": ['lm_head']" in err
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["steps"] == []
