@@ -96,9 +96,11 @@ def _compensate_all(layers: dict[str, nn.Module], run, params: GPTQParams, repor
     for names in sorted(sets.values(), key=lambda names: -hessians.sums[names[0]].shape[0]):
         if len(names) > 1:
             together.append(names)
-        handed = [hessians.sums[names[0]]]  # handed over to gptq, which reuses its memory
+        h = hessians.sums[names[0]]
         for name in names:
             hessians.sums.pop(name)
+        # handed over to gptq, which reuses its memory, unless layers of another format still need it (same inputs)
+        handed = h if any(other is h for other in hessians.sums.values()) else [h]
         fmt = formats[names[0]]
         weights = [weight_of(layers[name]) for name in names]
         result = gptq(weights if len(weights) > 1 else weights[0], handed, fmt, block_size=params.block_size,

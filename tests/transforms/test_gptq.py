@@ -394,3 +394,21 @@ def test_ggml_block_scales_are_chosen_by_the_hessians_diagonal(name):
     weighted = lambda fn: float((importance * (block - fn(block)).square()).sum())  # noqa: E731
     plain, by_importance = fmt.group_quantizer(None, block)[1], fmt.group_quantizer(None, block, importance=importance)[1]
     assert weighted(by_importance) < weighted(plain)
+
+
+def test_layers_sharing_inputs_in_different_formats_each_get_the_whole_hessian():
+    """A mixed recipe (llama.cpp's Q4_K_M gives a value projection another type than its query and key): the three
+    share one Hessian, which the first sweep must not consume; each layer's error stays below rounding's."""
+    rules = {"by": "regex", "rules": {r".*v_proj": {"weight": {"name": "iq4_nl"}},
+                                      r".*(q|k|o|gate|up|down)_proj": {"weight": {"name": "q4_0"}}}}
+    from tests.transforms.llms import TokenBatches, tiny_llama
+
+    mg = ml.MaseGraph(tiny_llama(), hf_input_names=["input_ids", "attention_mask"])
+    mg, _ = ml.passes.quantize(mg, rules)
+    alone = ml.passes.quantize(ml.MaseGraph(tiny_llama(), hf_input_names=["input_ids", "attention_mask"]),
+                               {"by": "regex", "rules": {r".*v_proj": {"weight": {"name": "iq4_nl"}}}})[0]
+    mg, info = ml.passes.gptq(mg, {"num_batches": 4}, data=TokenBatches(labels=False))  # the Hessians handed over
+    alone, by_itself = ml.passes.gptq(alone, {"num_batches": 4}, data=TokenBatches(labels=False))
+    v = "model.layers.0.self_attn.v_proj"
+    assert info["layers"][v]["error"] == by_itself["layers"][v]["error"]  # the same Hessian, the same sweep
+    assert torch.equal(mg.modules[v].weight, alone.modules[v].weight)
