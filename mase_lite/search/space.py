@@ -25,6 +25,7 @@ from typing import Any
 
 from mase_lite.errors import Scope, UserError
 from mase_lite.passes.registry import PassError, get_pass
+from mase_lite.pipeline.preflight import check_targets
 from mase_lite.pipeline.spec import PipelineSpec, check_pipeline, load_spec
 from mase_lite.search.spec import IncludeParam, NodeSelector
 
@@ -166,13 +167,20 @@ def captured_nodes(pipeline: dict) -> list[Node]:
     return _capture(key)
 
 
-@lru_cache(maxsize=8)
-def _capture(key: str) -> list[Node]:
+@lru_cache(maxsize=1)
+def _built(key: str):
+    """The model of a pipeline's capture keys, built as a run builds it before any step (the last one kept)."""
     from mase_lite.pipeline.runner import build_graph
 
     spec = load_spec({**json.loads(key), "device": "cpu"})  # the same nodes on any device
     with tempfile.TemporaryDirectory() as scratch:  # the data's caches, not kept
         mg, _ = build_graph(spec, Path(scratch))
+    return mg
+
+
+@lru_cache(maxsize=8)
+def _capture(key: str) -> list[Node]:
+    mg = _built.__wrapped__(key)  # not kept: only its nodes are
     nodes = []
     for n in mg.nodes:
         meta = n.meta.get("mase", {})
@@ -287,6 +295,7 @@ class Space:
             for suffix, value, message in failed:
                 tried = Scope(f"({entry.path} = {_shown(value)})")
                 problems.append(UserError(message, location=(self.where, i, *suffix, tried)))
+        _built.cache_clear()  # the model the checks built: not held through the trials
         if problems:
             raise UserError("search space check failed:", problems=problems)
 
@@ -299,6 +308,9 @@ class Space:
     def _validate(self, pipeline: Any) -> PipelineSpec:
         spec = load_spec(pipeline, recorded=self.recorded, name=self.source)
         check_pipeline(spec)
+        if not self._varies_the_model() and any(step.pass_name == "export" for step in spec.steps):
+            key = json.dumps({k: pipeline[k] for k in _CAPTURE_KEYS if k in pipeline}, sort_keys=True, default=str)
+            check_targets(spec.steps, _built(key))  # an export its quantize steps cannot meet, before any trial
         return spec
 
     def _varies_the_model(self) -> bool:

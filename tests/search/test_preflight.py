@@ -143,3 +143,23 @@ def test_a_path_typo_is_said_once_with_the_spelling_it_meant(tmp_path, tiny_sear
     assert err.count("weight_widht: unknown key for format") == 1
     assert "space.0 (steps.quantize.params.rules.linear.weight_widht, every value)" in err
     assert "did you mean 'weight_width'?" in err
+
+
+def test_a_space_value_its_export_step_cannot_hold_is_refused_before_the_first_trial(tmp_path, capsys):
+    """A group size the model's rows do not tile, for a compressed-tensors export: named with the space entry, the
+    layer, its shape and what fits, before any trial runs."""
+    pipeline = {"model": {"task": "causal-lm", "hf_config": {"model_type": "llama", "hidden_size": 64,
+                                                              "num_hidden_layers": 1, "num_attention_heads": 2,
+                                                              "num_key_value_heads": 1, "intermediate_size": 172}},
+                "data": {"block_size": 16, "n_train": 16, "n_test": 8},
+                "steps": [{"pass": "quantize", "params": {"by": "type", "rules": {"head": None, "linear": {"weight": {
+                    "name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 4}}}}},
+                          {"pass": "evaluate", "params": {"label": "ptq"}},
+                          {"pass": "export", "params": {"format": "compressed-tensors", "path": "hf"}}]}
+    spec = {"pipeline": pipeline, "output_dir": str(tmp_path / "search"), "objectives": [{"metric": "ptq.perplexity"}],
+            "space": [{"path": "steps.quantize.params.rules.linear.weight.group_size", "type": "choice",
+                       "values": [4, 128]}]}
+    err = _refused(tmp_path, spec, capsys)
+    assert "space.0.values.1" in err and ("compressed-tensors cannot hold layer 'model.layers.0.mlp.down_proj' "
+                                          "[64, 172] in scaled_integer: groups of 128 over 172 columns") in err
+    assert "values.0" not in err
