@@ -9,34 +9,18 @@ import math
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, quants
+from gguf import quants
 
 from mase_lite.nn.gptq import gptq
 from mase_lite.numerics import FormatError, bits_per_element, get_format, quantize
 from mase_lite.numerics.codes import decode, encode
 from mase_lite.numerics.ggml import GGML_TYPE_NAMES, TYPES, from_ggml_blocks, ggml_quantize, ggml_values, to_ggml_blocks
 from mase_lite.numerics.registry import target_mapping
+from tests.numerics.ggml_reference import bits_of, block_errors, correlated, gguf_type, reference
 
 NAMES = ["q4_1", "q5_0", "q5_1"]
-GGUF = {"q4_1": GGMLQuantizationType.Q4_1, "q5_0": GGMLQuantizationType.Q5_0, "q5_1": GGMLQuantizationType.Q5_1}
 LAYOUT = {"q4_1": (20, 5.0), "q5_0": (22, 5.5), "q5_1": (24, 6.0)}  # bytes per block of 32, bits per weight
 F16_MAX = 65504.0
-
-
-def reference(name, x):
-    """llama.cpp's reference quantizer, as gguf transcribes it: the block bytes and their float32 values."""
-    with np.errstate(over="ignore", invalid="ignore"):  # q4_1's and q5_1's min beyond float16: Inf, NaN values
-        raw = quants.quantize(np.ascontiguousarray(x, dtype=np.float32), GGUF[name])
-        return raw, quants.dequantize(raw, GGUF[name]).astype(np.float32)
-
-
-def bits_of(a):
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-
-
-def block_errors(x, v):
-    diff = np.asarray(x, dtype=np.float64) - np.asarray(v, dtype=np.float64)
-    return (diff * diff).reshape(-1, 32).sum(-1)
 
 
 def edge_blocks():
@@ -98,7 +82,7 @@ def test_the_types_are_registered_with_llama_cpps_layout():
     for name in NAMES:
         t = TYPES[name]
         assert GGML_TYPE_NAMES[name] == name.upper()
-        assert quants.GGML_QUANT_SIZES[GGUF[name]] == (32, LAYOUT[name][0]) == (t.block, t.type_size)
+        assert quants.GGML_QUANT_SIZES[gguf_type(name)] == (32, LAYOUT[name][0]) == (t.block, t.type_size)
         assert bits_per_element(name) == LAYOUT[name][1]
         fmt = get_format(name)
         params = fmt.validate({})
@@ -108,7 +92,7 @@ def test_the_types_are_registered_with_llama_cpps_layout():
         x = weights("shifted", 2, 64)
         assert gguf_mapping.scheme({"name": name}, (2, 64)) == name.upper()
         raw = gguf_mapping.tensors(encode(x, name), name.upper())
-        assert np.array_equal(bits_of(quants.dequantize(raw, GGUF[name])), bits_of(quantize(x, name).numpy()))
+        assert np.array_equal(bits_of(quants.dequantize(raw, gguf_type(name))), bits_of(quantize(x, name).numpy()))
         # the 4-bit packed layer holds table·d, no min: q4_1 (d·q + m) has no packed mapping, q4_0 has
         assert target_mapping(name, "packed") is None
     assert target_mapping("q4_0", "packed") is not None
@@ -143,7 +127,7 @@ def test_block_layout_by_hand(name):
     d = side["d"].float().numpy().reshape(2, 1)
     expected = decoded(d, side["m"].float().numpy().reshape(2, 1), q) if t.has_min else d * q.astype(np.float32)
     assert np.array_equal(bits_of(ggml_values(codes, side, name).numpy()), bits_of(expected.reshape(1, 64)))
-    assert np.array_equal(bits_of(quants.dequantize(raw.reshape(-1), GGUF[name])), bits_of(expected.reshape(-1)))
+    assert np.array_equal(bits_of(quants.dequantize(raw.reshape(-1), gguf_type(name))), bits_of(expected.reshape(-1)))
     codes_back, side_back = from_ggml_blocks(name, raw, (1, 64))
     assert torch.equal(codes_back, codes) and all(torch.equal(side_back[k], side[k]) for k in side)
 
@@ -165,7 +149,7 @@ def test_llama_cpps_own_bytes_read_and_written_back_unchanged(name, kind):
     codes, side = from_ggml_blocks(name, noise, (6, 32))
     assert np.array_equal(to_ggml_blocks(name, codes, side), noise)
     assert np.array_equal(bits_of(ggml_values(codes, side, name).numpy()),
-                          bits_of(quants.dequantize(noise, GGUF[name])))
+                          bits_of(quants.dequantize(noise, gguf_type(name))))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -176,7 +160,7 @@ def test_our_bytes_dequantize_in_gguf_to_our_values_bit_for_bit(name, kind):
     stored = encode(x, name)
     assert stored is not None and stored.bits == TYPES[name].code_bits
     raw = to_ggml_blocks(name, stored)
-    assert np.array_equal(bits_of(quants.dequantize(raw, GGUF[name])), bits_of(values.numpy()))
+    assert np.array_equal(bits_of(quants.dequantize(raw, gguf_type(name))), bits_of(values.numpy()))
     codes, side = from_ggml_blocks(name, raw, x.shape)
     assert np.array_equal(to_ggml_blocks(name, codes, side), raw)
     assert torch.equal(codes, stored.unpacked())
@@ -365,13 +349,6 @@ def test_straight_through_gradient_and_bounds(name):
 
 # GPTQ -----------------------------------------------------------------------------------------------------------
 
-def correlated(n_in=256, n_out=8, rows=1024, seed=2):
-    g = torch.Generator().manual_seed(seed)
-    mix = torch.randn(n_in, n_in, generator=g) / math.sqrt(n_in) + torch.eye(n_in)
-    x = torch.randn(rows, n_in, generator=g) @ mix * torch.linspace(0.2, 3, n_in)
-    w = torch.randn(n_out, n_in, generator=g) * 0.1 + 0.05
-    return w, 2 * x.double().t() @ x.double() / rows, x
-
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("act_order", [False, True])
@@ -380,7 +357,7 @@ def test_gptq_sweeps_codes_on_the_blocks_stored_grid(name, act_order):
     the value of an integer code of the block's grid under the d (and m) GPTQ kept, and the layer's output error is
     below rounding's."""
     t = TYPES[name]
-    w, h, x = correlated()
+    w, h, x = correlated(offset=0.05)
     result = gptq(w, h, {"name": name}, act_order=act_order)
     d = result.side["d"]
     assert d.dtype == torch.float16 and d.shape == (8, 256 // 32)
@@ -399,7 +376,7 @@ def test_gptq_sweeps_codes_on_the_blocks_stored_grid(name, act_order):
     encoded = encode(result.weight, {"name": name}, side=result.side, values=result.weight)
     assert encoded is not None and torch.equal(decode(encoded), result.weight)
     raw = to_ggml_blocks(name, encoded)
-    assert np.array_equal(bits_of(quants.dequantize(raw, GGUF[name])).reshape(8, -1), bits_of(result.weight.numpy()))
+    assert np.array_equal(bits_of(quants.dequantize(raw, gguf_type(name))).reshape(8, -1), bits_of(result.weight.numpy()))
 
 
 @pytest.mark.parametrize("name", NAMES)

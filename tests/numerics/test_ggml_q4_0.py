@@ -8,31 +8,16 @@ import math
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, quants
+from gguf import quants
 
 from mase_lite.nn.gptq import gptq
 from mase_lite.numerics import FormatError, get_format, quantize
 from mase_lite.numerics.codes import decode, encode
 from mase_lite.numerics.ggml import GGML_TYPE_NAMES, TYPES, from_ggml_blocks, ggml_quantize, ggml_values, to_ggml_blocks
+from tests.numerics.ggml_reference import bits_of, block_errors, correlated, gguf_type, reference
 
 NAMES = ["q4_0", "q8_0"]
-GGUF = {"q4_0": GGMLQuantizationType.Q4_0, "q8_0": GGMLQuantizationType.Q8_0}
 F16_MAX = 65504.0
-
-
-def reference(name, x):
-    """llama.cpp's reference quantizer, as gguf transcribes it: the block bytes and their float32 values."""
-    raw = quants.quantize(np.ascontiguousarray(x, dtype=np.float32), GGUF[name])
-    return raw, quants.dequantize(raw, GGUF[name]).astype(np.float32)
-
-
-def bits_of(a):
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-
-
-def block_errors(x, v):
-    diff = np.asarray(x, dtype=np.float64) - np.asarray(v, dtype=np.float64)
-    return (diff * diff).reshape(-1, 32).sum(-1)
 
 
 def edge_blocks():
@@ -81,7 +66,7 @@ def weights(kind, rows=64, cols=1024, seed=0):
 def test_the_types_are_registered_with_llama_cpps_layout():
     for name, block, size in (("q4_0", 32, 18), ("q8_0", 32, 34)):
         assert GGML_TYPE_NAMES[name] == name.upper()
-        assert quants.GGML_QUANT_SIZES[GGUF[name]] == (block, size)
+        assert quants.GGML_QUANT_SIZES[gguf_type(name)] == (block, size)
         fmt = get_format(name)
         assert fmt.group(fmt.validate({}), 4096) == block and fmt.group_quantizer is not None
         assert fmt.codec.bits(fmt.validate({})) == TYPES[name].code_bits
@@ -107,7 +92,7 @@ def test_block_layout_by_hand(name):
     q = (codes.reshape(2, 32) - t.offset).float()
     expected = torch.tensor([[0.5], [-3.0]]) * q
     assert torch.equal(ggml_values(codes, side, name), expected.reshape(1, 64))
-    gguf_values = quants.dequantize(raw.reshape(-1), GGUF[name])
+    gguf_values = quants.dequantize(raw.reshape(-1), gguf_type(name))
     assert np.array_equal(bits_of(gguf_values), bits_of(expected.reshape(-1).numpy()))
 
 
@@ -130,7 +115,7 @@ def test_our_bytes_dequantize_in_gguf_to_our_values_bit_for_bit(name, kind):
     stored = encode(x, name)
     assert stored is not None and stored.bits == TYPES[name].code_bits
     raw = to_ggml_blocks(name, stored)
-    assert np.array_equal(bits_of(quants.dequantize(raw, GGUF[name])), bits_of(values.numpy()))
+    assert np.array_equal(bits_of(quants.dequantize(raw, gguf_type(name))), bits_of(values.numpy()))
     codes, side = from_ggml_blocks(name, raw, x.shape)
     assert np.array_equal(to_ggml_blocks(name, codes, side), raw)
     assert torch.equal(codes, stored.unpacked()) and torch.equal(side["d"], stored.side["d"])
@@ -254,13 +239,6 @@ def test_dtypes_and_ranks(name):
 
 # GPTQ -----------------------------------------------------------------------------------------------------------
 
-def correlated(n_in=256, n_out=8, rows=1024, seed=2):
-    g = torch.Generator().manual_seed(seed)
-    mix = torch.randn(n_in, n_in, generator=g) / math.sqrt(n_in) + torch.eye(n_in)
-    x = torch.randn(rows, n_in, generator=g) @ mix * torch.linspace(0.2, 3, n_in)
-    w = torch.randn(n_out, n_in, generator=g) * 0.1
-    return w, 2 * x.double().t() @ x.double() / rows, x
-
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("act_order", [False, True])
@@ -280,4 +258,4 @@ def test_gptq_sweeps_codes_on_the_blocks_stored_grid(name, act_order):
     encoded = encode(result.weight, {"name": name}, side=result.side, values=result.weight)
     assert encoded is not None and torch.equal(decode(encoded), result.weight)
     raw = to_ggml_blocks(name, encoded)
-    assert np.array_equal(bits_of(quants.dequantize(raw, GGUF[name])).reshape(8, -1), bits_of(result.weight.numpy()))
+    assert np.array_equal(bits_of(quants.dequantize(raw, gguf_type(name))).reshape(8, -1), bits_of(result.weight.numpy()))
