@@ -16,12 +16,9 @@ from mase_lite.numerics.registry import Unfit, mapped_formats, target_mapping
 def check_targets(steps: list[Any], mg) -> None:
     """One :class:`UserError` listing every Linear an export step's target cannot hold (``steps``: the validated
     pipeline steps; ``mg``: the model as built, before any step)."""
-    from mase_lite.passes.transforms.quantize import weight_formats
+    from mase_lite.passes.transforms.quantize import tied_with, weight_formats
 
     modules = dict(mg.model.named_modules())
-    owners: dict[int, list[str]] = {}  # a weight's modules: two where a head is tied to the embedding
-    for name, param in mg.model.named_parameters(remove_duplicate=False):
-        owners.setdefault(id(param), []).append(name.rpartition(".")[0])
     formats: dict[str, dict[str, Any] | None] = {}
     problems = []
     for i, step in enumerate(steps):
@@ -34,8 +31,8 @@ def check_targets(steps: list[Any], mg) -> None:
                 if fmt is None or weight is None or weight.dim() != 2:
                     continue
                 why = _unfit(fmt, tuple(weight.shape), target)
-                shared = [other for other in owners.get(id(weight), []) if other != path]
-                if why is None and shared and not getattr(target_module(target), "ANY_WEIGHT_FORMAT", False):
+                shared = tied_with(mg.model, path) if why is None else []
+                if shared and not getattr(target_module(target), "ANY_WEIGHT_FORMAT", False):
                     why = (f"it shares its weight with {shared[0]!r} (tied), which stays float: the export would write "
                            f"the two apart; leave it float (\"ignore\": [{path!r}]) or untie them")
                 if why is not None:

@@ -133,7 +133,7 @@ class QuantizeParams(PassParams):
         columns = {str(n.target): modules[n.target].weight.shape[-1] for n in mg.nodes
                    if _kind(n, modules) == "layer" and isinstance(modules[n.target], nn.Linear)}
         head = next((str(n.target) for n in mg.nodes if _kind(n, modules) == "layer" and is_output_head(n)), None)
-        rules = mixed_rules(self.preset, columns, head, tied=head is not None and _tied(mg.model, head))
+        rules = mixed_rules(self.preset, columns, head, tied=head is not None and bool(tied_with(mg.model, head)))
         return type(self).model_validate({**self.model_dump(exclude={"preset", "rules", "by"}), "by": "name",
                                           "rules": rules})
 
@@ -200,11 +200,11 @@ class QuantizeParams(PassParams):
         return self
 
 
-def _tied(model: nn.Module, path: str) -> bool:
-    """Whether module ``path``'s weight is also another module's (an output head tied to the embedding)."""
-    owners = {name.rpartition(".")[0] for name, param in model.named_parameters(remove_duplicate=False)
-              if param is model.get_submodule(path).weight}
-    return len(owners) > 1
+def tied_with(model: nn.Module, path: str) -> list[str]:
+    """The other modules holding module ``path``'s weight (an output head tied to the embedding), in order."""
+    weight = model.get_submodule(path).weight
+    owners = [name.rpartition(".")[0] for name, param in model.named_parameters(remove_duplicate=False) if param is weight]
+    return [owner for owner in owners if owner != path]
 
 
 def _unwrapped(value: Any) -> Any:
