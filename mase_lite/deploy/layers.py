@@ -18,7 +18,6 @@ import torch.nn as nn
 from torch import Tensor
 
 from mase_lite.deploy.errors import ExportError
-from mase_lite.errors import UserError
 from mase_lite.kernels.mxint8 import MXInt8Linear
 from mase_lite.kernels.packed4.module import Packed4Linear
 from mase_lite.nn.lora import LoRALinear
