@@ -13,7 +13,7 @@ import platform
 import torch
 
 from mase_lite.bench import mxint8_cpu
-from mase_lite.kernels.mxint8 import cpu_kernel
+from mase_lite.kernels import cpu
 
 SMALL_LLAMA = dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
                    intermediate_size=1408, vocab_size=32000)
@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--min-run-time", type=float, default=0.3)
     args = parser.parse_args()
     print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"MXINT8 CPU level {cpu_kernel.level()}; load average before: {load()}\n")
+          f"MXINT8 CPU level {cpu.level()}; load average before: {load()}\n")
     sections = []
     if "linear" in args.parts:
         sections.append(mxint8_cpu.bench_cpu_linear(args.features, args.batches, args.threads, args.rounds,

@@ -1,4 +1,4 @@
-"""The native decoding step (``decoder_cpu.c``) of a Llama-family model whose Linears take int8 activations: its
+"""The native decoding step (``decoder.c``) of a Llama-family model whose Linears take int8 activations: its
 logits follow the layer-by-layer decoder within the int8 rounding of float32 differences, the same bits at every
 vector level and thread count, and it steps aside where it does not apply."""
 
@@ -7,14 +7,14 @@ import torch
 import transformers
 
 from mase_lite.kernels import mxint8, packed4
-from mase_lite.kernels.int8_activations import cpu_kernel
+from mase_lite.kernels import cpu
 from mase_lite.nn.decoder import Decoder
 
 SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)
 PROMPT, TOKENS = torch.tensor([[1, 2, 3]]), [4, 5, 6, 7, 8]
 
-pytestmark = pytest.mark.skipif(not cpu_kernel.available_levels(), reason="no C compiler: the kernels are not built")
+pytestmark = pytest.mark.skipif(not cpu.available_levels(), reason="no C compiler: the kernels are not built")
 
 
 def packed(packing="q4_0", kind="Llama", skip=(), mlp_width=None, **extra):
@@ -83,8 +83,8 @@ def test_every_level_and_thread_count_gives_the_same_bits(monkeypatch):
     expected = None
     previous = torch.get_num_threads()
     try:
-        for level in cpu_kernel.available_levels():
-            monkeypatch.setenv(cpu_kernel.LEVEL_ENV, level)
+        for level in cpu.available_levels():
+            monkeypatch.setenv(cpu.LEVEL_ENV, level)
             for count in (1, 2, 3):
                 torch.set_num_threads(count)
                 got = steps(Decoder.of(model, 12))
@@ -96,7 +96,7 @@ def test_every_level_and_thread_count_gives_the_same_bits(monkeypatch):
 
 def test_the_torch_setting_runs_the_layers_themselves(monkeypatch):
     model = packed("mxint8")
-    monkeypatch.setenv(cpu_kernel.LEVEL_ENV, "torch")
+    monkeypatch.setenv(cpu.LEVEL_ENV, "torch")
     decoder = Decoder.of(model, 12)
     assert torch.equal(steps(decoder), layer_by_layer(model))
 

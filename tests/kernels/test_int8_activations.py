@@ -8,6 +8,7 @@ import torch
 
 from mase_lite import UserError
 from mase_lite.kernels import mxint8
+from mase_lite.kernels import cpu
 from mase_lite.kernels.int8_activations import cpu_kernel
 from mase_lite.kernels.packed4 import Packed4Linear, pack_linears
 from mase_lite.nn.quantized import quantize_module
@@ -18,7 +19,7 @@ FORMATS = {
     "mxint4": {"name": "mxint", "element_width": 4},
     "mxfp4": {"name": "mxfp", "element_format": "e2m1"},
 }
-LEVELS = cpu_kernel.available_levels()
+LEVELS = cpu.available_levels()
 
 
 def layer(name: str, out_features: int, in_features: int, seed: int = 0) -> Packed4Linear:
@@ -50,7 +51,7 @@ def test_activation_codes_by_hand():
 @pytest.mark.parametrize("level", LEVELS)
 def test_the_kernel_rounds_ties_as_the_reference_exactly(level, monkeypatch):
     """Unit scales and integer weights make every float step exact: the output is the integer dot product."""
-    monkeypatch.setenv(cpu_kernel.LEVEL_ENV, level)
+    monkeypatch.setenv(cpu.LEVEL_ENV, level)
     packed = layer("q4_0", 3, 64)
     packed.scales.fill_(1.0)
     packed.bias = None
@@ -108,7 +109,7 @@ def test_every_level_and_thread_count_gives_the_c_bits_within_the_references_err
             bound = lane_bound(x, packed) + 2.0**-24 * (packed.bias.abs().double() + expected.abs())
             outputs = []
             for level in LEVELS:
-                monkeypatch.setenv(cpu_kernel.LEVEL_ENV, level)
+                monkeypatch.setenv(cpu.LEVEL_ENV, level)
                 for threads in (1, 2, 3):
                     torch.set_num_threads(threads)
                     with torch.no_grad():
@@ -122,7 +123,7 @@ def test_every_level_and_thread_count_gives_the_c_bits_within_the_references_err
 @pytest.mark.parametrize("kind", ["mxfp4", "mxint8"])
 @pytest.mark.parametrize("level", LEVELS)
 def test_saturation_zero_and_non_finite_blocks(level, kind, monkeypatch):
-    monkeypatch.setenv(cpu_kernel.LEVEL_ENV, level)
+    monkeypatch.setenv(cpu.LEVEL_ENV, level)
     packed = layer("mxfp4", 4, 128) if kind == "mxfp4" else mxint8_layer(4, 128)
     x = torch.zeros(3, 128)
     x[0, 0], x[0, 1] = 1e30, 1e-30  # the tiny value's code is 0 beside the huge one
@@ -185,7 +186,7 @@ def test_layers_sharing_an_input_run_in_one_call_with_each_layers_own_bits(kind,
     previous = torch.get_num_threads()
     try:
         for level in LEVELS:
-            monkeypatch.setenv(cpu_kernel.LEVEL_ENV, level)
+            monkeypatch.setenv(cpu.LEVEL_ENV, level)
             for threads in (1, 2, 3):
                 torch.set_num_threads(threads)
                 with torch.no_grad():
@@ -206,7 +207,7 @@ def test_layers_sharing_an_input_run_in_one_call_with_each_layers_own_bits(kind,
 def test_float16_scales_compute_the_bits_of_their_float32_values(level, monkeypatch):
     """Q4_0 holds its scales in float16: every finite float16 (subnormals, the largest, negative ones) as a block's
     scale gives the bits the same scale in float32 gives."""
-    monkeypatch.setenv(cpu_kernel.LEVEL_ENV, level)
+    monkeypatch.setenv(cpu.LEVEL_ENV, level)
     bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.float16)
     scales = bits[bits.isfinite()][: 240 * 128].reshape(240, 128)
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""The native CPU kernel of mxint8_linear / mxint8_dequantize (mxint8_cpu.c): every vector level this
+"""The native CPU kernel of mxint8_linear / mxint8_dequantize (mxint8.c): every vector level this
 CPU has against the float64 reference, adversarial blocks, threads, dtypes, and the fallbacks."""
 
 import logging
@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from mase_lite.errors import UserError
+from mase_lite.kernels import cpu
 from mase_lite.kernels.mxint8 import cpu_kernel, dequantize, dequantize_reference, mxint8_linear, quantize
 from mase_lite.numerics import native
 from tests.kernels.mxint8_cases import all_code_pairs, assert_bitwise_equal, assert_within_accumulation_error
@@ -17,12 +18,12 @@ from tests.kernels.mxint8_cases import all_code_pairs, assert_bitwise_equal, ass
 needs_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on this machine")
 
 
-@pytest.fixture(params=cpu_kernel.LEVELS)
+@pytest.fixture(params=cpu.LEVELS)
 def level(request, monkeypatch):
     """Each vector level in turn, forced by the environment variable; skipped where this CPU lacks it."""
-    if request.param not in cpu_kernel.available_levels():
-        pytest.skip(f"this CPU (or build) has no {request.param} level: {cpu_kernel.available_levels()}")
-    monkeypatch.setenv(cpu_kernel.LEVEL_ENV, request.param)
+    if request.param not in cpu.available_levels():
+        pytest.skip(f"this CPU (or build) has no {request.param} level: {cpu.available_levels()}")
+    monkeypatch.setenv(cpu.LEVEL_ENV, request.param)
     return request.param
 
 
@@ -36,14 +37,14 @@ def native_linear(x, codes, scales, bias=None, block_size=32):
 
 @needs_compiler
 def test_levels_follow_the_cpu_flags():
-    levels = cpu_kernel.available_levels()
-    assert levels[0] == "c" and set(levels) <= set(cpu_kernel.LEVELS)
+    levels = cpu.available_levels()
+    assert levels[0] == "c" and set(levels) <= set(cpu.LEVELS)
     if not Path("/proc/cpuinfo").exists():
         pytest.skip("no /proc/cpuinfo to read the CPU's flags from")
     flags = Path("/proc/cpuinfo").read_text()
     assert ("avx2" in levels) == (" avx2" in flags and " fma" in flags)
     assert ("avx512" in levels) == all(f" {flag}" in flags for flag in ("avx512f", "avx512bw", "avx512vl"))
-    assert cpu_kernel.level() == levels[-1]
+    assert cpu.level() == levels[-1]
 
 
 # rows of x (fused below GEMM_FROM_ROWS, the GEMM from there with AVX-512, else fused up to 32 and then
@@ -193,8 +194,8 @@ def test_a_row_gets_the_same_bits_in_any_batch_of_one_path(level, k, block_size)
 @needs_compiler
 def test_without_openmp_python_threads_give_the_same_bits(monkeypatch):
     """A build without OpenMP (a compiler that has none) splits rows over Python threads instead."""
-    plain = cpu_kernel._declared(native.library("mxint8_cpu", Path(cpu_kernel.__file__).parent, openmp=False))
-    assert plain.mxint8_cpu_openmp() == 0
+    plain = cpu._declared(native.library("cpu_kernels", Path(cpu.__file__).parent, openmp=False, sources=cpu.SOURCES))
+    assert plain.cpu_kernels_openmp() == 0
     torch.manual_seed(5)
     codes, scales = quantize(torch.randn(67, 160))
     x, bias = torch.randn(3, 160), torch.randn(67)
@@ -219,8 +220,8 @@ def test_a_compiler_without_openmp_builds_the_kernel_without_it(no_library, monk
     script.chmod(0o755)
     monkeypatch.setenv("CC", str(script))
     with caplog.at_level(logging.WARNING, logger="mase_lite.numerics.native"):
-        lib = cpu_kernel._library()
-    assert lib is not None and lib.mxint8_cpu_openmp() == 0 and not caplog.records
+        lib = cpu.library()
+    assert lib is not None and lib.cpu_kernels_openmp() == 0 and not caplog.records
     codes, scales = quantize(torch.randn(6, 64))
     x = torch.randn(3, 64)
     assert_within_accumulation_error(native_linear(x, codes, scales), x, codes, scales)
@@ -239,15 +240,15 @@ def test_dequantize_is_bit_exact_on_all_code_scale_pairs(level, dtype, monkeypat
 
 
 def test_levels_forced_by_the_environment(monkeypatch):
-    monkeypatch.setenv(cpu_kernel.LEVEL_ENV, "torch")
-    assert cpu_kernel.level() is None and cpu_kernel.linear(torch.ones(1, 32), *quantize(torch.ones(2, 32)), None, 32) is None
-    monkeypatch.setenv(cpu_kernel.LEVEL_ENV, "sse9")
-    with pytest.raises(UserError, match=r"MASE_LITE_MXINT8_CPU='sse9' is unknown; allowed: c, avx2, avx512, torch"):
-        cpu_kernel.level()
-    monkeypatch.setattr(cpu_kernel, "available_levels", lambda: ("c",))
-    monkeypatch.setenv(cpu_kernel.LEVEL_ENV, "avx512")
-    with pytest.raises(UserError, match=r"MASE_LITE_MXINT8_CPU='avx512': not available here \(available: c\)"):
-        cpu_kernel.level()
+    monkeypatch.setenv(cpu.LEVEL_ENV, "torch")
+    assert cpu.level() is None and cpu_kernel.linear(torch.ones(1, 32), *quantize(torch.ones(2, 32)), None, 32) is None
+    monkeypatch.setenv(cpu.LEVEL_ENV, "sse9")
+    with pytest.raises(UserError, match=r"MASE_LITE_CPU_KERNELS='sse9' is unknown; allowed: c, avx2, avx512, torch"):
+        cpu.level()
+    monkeypatch.setattr(cpu, "available_levels", lambda: ("c",))
+    monkeypatch.setenv(cpu.LEVEL_ENV, "avx512")
+    with pytest.raises(UserError, match=r"MASE_LITE_CPU_KERNELS='avx512': not available here \(available: c\)"):
+        cpu.level()
 
 
 def test_float64_and_traced_calls_take_the_torch_path():
@@ -264,7 +265,7 @@ def test_float64_and_traced_calls_take_the_torch_path():
 def no_library(monkeypatch, tmp_path):
     """An empty native-library cache and nothing looked up yet; afterwards the real library again."""
     monkeypatch.setenv("MASE_LITE_CACHE", str(tmp_path))
-    caches = (native.library, native._compiler, cpu_kernel._library)
+    caches = (native.library, native._compiler, cpu.library)
     for cache in caches:
         cache.cache_clear()
     yield tmp_path
@@ -289,9 +290,9 @@ def test_without_a_working_compiler_the_torch_path_runs_with_one_warning(no_libr
     with caplog.at_level(logging.WARNING, logger="mase_lite.numerics.native"):
         for _ in range(3):
             assert torch.equal(mxint8_linear(x, codes, scales), F.linear(x, dequantize_reference(codes, scales)))
-    assert cpu_kernel.available_levels() == () and cpu_kernel.level() is None
+    assert cpu.available_levels() == () and cpu.level() is None
     assert len(caplog.records) == 1, [r.getMessage() for r in caplog.records]
-    assert ("no C compiler" if compiler == "missing" else "building the native mxint8_cpu kernel failed") in caplog.text
+    assert ("no C compiler" if compiler == "missing" else "building the native cpu_kernels kernel failed") in caplog.text
     assert not list(no_library.rglob("*.so"))
 
 

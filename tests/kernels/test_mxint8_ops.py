@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from mase_lite.errors import UserError
 from mase_lite.kernels.mxint8 import MXInt8Linear, dequantize, dequantize_reference, mxint8_linear, quantize
-from mase_lite.kernels.mxint8 import cpu_kernel, cuda_build, ops
+from mase_lite.kernels import cpu
+from mase_lite.kernels.mxint8 import cuda_build, ops
 from tests.kernels.mxint8_cases import assert_within_accumulation_error
 
 
@@ -36,7 +37,7 @@ def test_cpu_linear_op_within_accumulation_error_of_the_reference(packed, shape)
 
 @pytest.mark.parametrize("shape", [(72,), (5, 72), (2, 3, 72)])
 def test_torch_path_equals_linear_on_reference_weight(packed, shape, monkeypatch):
-    monkeypatch.setenv(cpu_kernel.LEVEL_ENV, "torch")
+    monkeypatch.setenv(cpu.LEVEL_ENV, "torch")
     codes, scales, bias = packed
     x = torch.randn(shape)
     weight = dequantize_reference(codes, scales)

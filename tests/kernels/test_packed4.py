@@ -7,6 +7,7 @@ import torch
 
 import mase_lite as ml
 from mase_lite import UserError
+from mase_lite.kernels import cpu
 from mase_lite.kernels.packed4 import Packed4Linear, cpu_kernel
 from mase_lite.kernels.packed4.module import decode
 from mase_lite.nn.quantized import quantize_module
@@ -19,7 +20,7 @@ FORMATS = {
     "mxint4": {"name": "mxint", "element_width": 4},
     "mxfp4": {"name": "mxfp", "element_format": "e2m1"},
 }
-LEVELS = [*cpu_kernel.available_levels(), "torch"]
+LEVELS = [*cpu.available_levels(), "torch"]
 
 
 def packed(fmt: dict, out_features: int, in_features: int, seed: int = 0, weight: torch.Tensor | None = None):
@@ -48,7 +49,7 @@ def assert_within_accumulation_error(actual, x, weight, bias):
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("name", FORMATS)
 def test_weights_exact_and_outputs_within_accumulation_error(name, level, monkeypatch):
-    monkeypatch.setenv(cpu_kernel.LEVEL_ENV, level)
+    monkeypatch.setenv(cpu.LEVEL_ENV, level)
     for out_features, in_features, rows in ((1, 32, 1), (7, 96, 3), (33, 64, 5), (9, 160, 40)):  # 40: the panels
         fake, layer = packed(FORMATS[name], out_features, in_features, seed=rows)
         weight = fake._operand("weight", fake.weight).detach()
@@ -60,10 +61,10 @@ def test_weights_exact_and_outputs_within_accumulation_error(name, level, monkey
         assert_within_accumulation_error(y, x, weight, layer.bias.detach())
 
 
-@pytest.mark.parametrize("level", cpu_kernel.available_levels())
+@pytest.mark.parametrize("level", cpu.available_levels())
 def test_thread_counts_give_the_same_bits(level, monkeypatch):
     """Rows of W are split over threads, never a dot product."""
-    monkeypatch.setenv(cpu_kernel.LEVEL_ENV, level)
+    monkeypatch.setenv(cpu.LEVEL_ENV, level)
     _, layer = packed(FORMATS["q4_0"], 300, 256)
     previous = torch.get_num_threads()
     try:
@@ -96,7 +97,7 @@ def edge_weight(name: str) -> torch.Tensor:
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("name", FORMATS)
 def test_edges_of_each_format(name, level, monkeypatch):
-    monkeypatch.setenv(cpu_kernel.LEVEL_ENV, level)
+    monkeypatch.setenv(cpu.LEVEL_ENV, level)
     fake, layer = packed(FORMATS[name], 8, 64, weight=edge_weight(name))
     weight = fake._operand("weight", fake.weight).detach()
     assert_bitwise_equal(layer.dequantized_weight(), weight)
@@ -167,11 +168,11 @@ def test_q4_0_holds_its_scales_in_float16_as_gguf_does():
     assert stored / (64 * 256) == 0.5 + 2 / 32  # bytes per weight: GGUF's Q4_0
 
 
-@pytest.mark.parametrize("level", cpu_kernel.available_levels())
+@pytest.mark.parametrize("level", cpu.available_levels())
 def test_every_float16_scale_converts_exactly(level, monkeypatch):
     """Every float16 bit pattern as a block's scale (subnormals, infinities, NaNs included), each kernel converting
     it: the weights are the float32 value of that float16, and a float16 scale computes the bits of its float32 value."""
-    monkeypatch.setenv(cpu_kernel.LEVEL_ENV, level)
+    monkeypatch.setenv(cpu.LEVEL_ENV, level)
     scales = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.float16).reshape(256, 256)
     nibbles = torch.full((256, 256 * 16), 0x99, dtype=torch.uint8)  # every nibble 9: the value 1 of Q4_0's table
     table = torch.arange(16, dtype=torch.float32) - 8

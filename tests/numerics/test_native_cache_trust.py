@@ -39,7 +39,7 @@ def cache(tmp_path, monkeypatch):
 
 def load():
     compiler, _ = native._compiler()
-    return native._load(compiler, SOURCE, ())
+    return native._load(compiler, SOURCE.stem, (SOURCE,), ())
 
 
 def test_a_library_this_user_built_is_loaded_from_the_cache(cache):

@@ -1,5 +1,5 @@
-"""The native CPU path of Linears with int8 activations (``int8_cpu.c``, built on first use by
-:mod:`mase_lite.numerics.native`, with its cache and its fallback when there is no compiler).
+"""The native CPU path of Linears with int8 activations (``int8_linear.c`` of the CPU kernel library,
+:mod:`mase_lite.kernels.cpu`).
 
 The input is quantized per block of 32 (:func:`quantize_activations`), each block of 32 products summed exactly
 as integers (VNNI's ``vpdpbusd`` where the CPU has it, AVX2's ``vpmaddubsw`` otherwise) and the block sums
@@ -9,55 +9,27 @@ packed 4-bit nibbles with a float32 or float16 scale per block and an integer ta
 codes with E8M0 scales (:func:`linear_codes`). At batch 1 it reads the weights from memory faster than the float
 kernels: fewer instructions per weight, none of them a float multiply per weight.
 
-The vector level is the best this CPU runs (AVX-512 with VNNI, AVX2, plain C); ``MASE_LITE_INT8_CPU`` forces
-``avx512``, ``avx2``, ``c`` or ``torch`` (the reference). Functions return None where the kernel does not apply
+The vector level is the library's (:func:`mase_lite.kernels.cpu.level`: AVX-512 with VNNI, AVX2, plain C; ``torch``
+for the reference). Functions return None where the kernel does not apply
 (an input dtype it does not compute, a traced call, no compiled kernel): the caller runs the reference.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
-import os
 import threading
 
 import torch
 from torch import Tensor
 
-from mase_lite.numerics.native import library, threads
-from mase_lite.numerics.native.launch import VECTOR_LEVELS, chosen_level, declare_levels, plain_cpu, scratch
+from mase_lite.kernels.cpu import level_index as _level
+from mase_lite.kernels.cpu import library as _library
+from mase_lite.numerics.native import threads
+from mase_lite.numerics.native.launch import plain_cpu, scratch
 
-LEVELS = VECTOR_LEVELS
-LEVEL_ENV = "MASE_LITE_INT8_CPU"
 BLOCK = 32
 PARALLEL_FROM_MACS = 1 << 18
 INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    lib = library("int8_cpu", os.path.dirname(__file__), openmp=True)
-    if lib is None:
-        return None
-    i64, ptr, int_ = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.int8_cpu_vnni.argtypes, lib.int8_cpu_vnni.restype = [], int_
-    lib.int8_linear_nibbles.argtypes = [ptr, i64, i64, int_, ptr, ptr, int_, ptr, ptr, ptr, ptr, ctypes.c_float, int_,
-                                        int_, ptr]
-    lib.int8_linear_codes.argtypes = [ptr, i64, i64, int_, ptr, ptr, ptr, ptr, ptr, int_, int_, ptr]
-    lib.int8_linear_nibbles.restype = lib.int8_linear_codes.restype = int_
-    declare_levels(lib, "int8_cpu")
-    return lib
-
-
-def available_levels() -> tuple[str, ...]:
-    """The vector levels this CPU runs, lowest first (empty where the kernel could not be built)."""
-    lib = _library()
-    return () if lib is None else lib.levels
-
-
-def level() -> str | None:
-    """The level calls take now: ``MASE_LITE_INT8_CPU`` if set, else the best available; None for torch."""
-    return chosen_level(LEVEL_ENV, LEVELS, available_levels())
 
 
 def integer_table(table: Tensor) -> tuple[Tensor, float] | None:
@@ -86,18 +58,6 @@ def _prepared(x: Tensor, in_features: int) -> tuple[int, int, Tensor] | None:
         return None
     flat = x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()  # a decoding step's input as it is
     return chosen, rows, x if flat else x.reshape(rows, in_features).to(torch.float32).contiguous()
-
-
-_levels: dict[str, int | None] = {}
-
-
-def _level() -> int | None:
-    """:func:`level`'s index, remembered per value of the environment variable (a call costs microseconds)."""
-    forced = os.environ.get(LEVEL_ENV, "")
-    if forced not in _levels:
-        chosen = level()
-        _levels[forced] = None if chosen is None else LEVELS.index(chosen)
-    return _levels[forced]
 
 
 def _out(out: Tensor, x: Tensor) -> Tensor:

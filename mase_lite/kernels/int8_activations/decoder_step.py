@@ -1,4 +1,4 @@
-"""A Llama-family model's decoding step in one native call (``decoder_cpu.c``) where every Linear of its layers takes
+"""A Llama-family model's decoding step in one native call (``decoder.c`` of the CPU kernel library) where every Linear of its layers takes
 int8 activations (packed MXINT8 or 4-bit layers with ``activations="int8"``): norms, projections, rotary
 embedding, the key/value cache and attention run in one parallel region, the threads meeting at barriers instead of
 returning to Python between layers. :class:`mase_lite.nn.decoder.Decoder` uses it for one token at a time; a
@@ -10,15 +10,14 @@ float32 rounding of torch's).
 from __future__ import annotations
 
 import ctypes
-import functools
-import os
 
 import torch
 from torch import Tensor, nn
 
-from mase_lite.kernels.int8_activations.cpu_kernel import _level
+from mase_lite.kernels.cpu import level_index as _level
+from mase_lite.kernels.cpu import library as _library
 from mase_lite.kernels.int8_activations.layers import Int8Weights
-from mase_lite.numerics.native import library, threads
+from mase_lite.numerics.native import threads
 
 _ptr, _i64, _float, _int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 GROUP_LAYERS = 3
@@ -40,19 +39,6 @@ class _Model(ctypes.Structure):
     _fields_ = [("layers", _i64), ("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("head_dim", _i64),
                 ("inter", _i64), ("max_length", _i64), ("scaling", _float), ("cos", _ptr), ("sin", _ptr),
                 ("layer", ctypes.POINTER(_Layer)), ("norm", _ptr), ("eps", _float), ("head", _Group), ("level", _int)]
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    lib = library("decoder_cpu", os.path.dirname(__file__), openmp=True)
-    if lib is None:
-        return None
-    lib.int8_decoder_scratch.argtypes, lib.int8_decoder_scratch.restype = [ctypes.POINTER(_Model)], ctypes.c_size_t
-    lib.int8_decoder_step.argtypes = [ctypes.POINTER(_Model), _ptr, _i64, _ptr, _int, _ptr]
-    lib.int8_decoder_step.restype = _int
-    lib.int8_decoder_openmp.argtypes, lib.int8_decoder_openmp.restype = [], _int
-    lib.openmp = bool(lib.int8_decoder_openmp())
-    return lib
 
 
 def _float32(t: Tensor | None) -> bool:
@@ -119,7 +105,7 @@ class DecoderStep:
     def __call__(self, embedded: Tensor, position: int) -> Tensor | None:
         """``[vocab]`` logits (``[hidden]`` normed state where :attr:`head` is False) of the token whose embedding is
         ``embedded`` (``[hidden]`` float32) at ``position``; None where the int8 kernels are set to torch
-        (``MASE_LITE_INT8_CPU``), for the caller to run the layers itself."""
+        (``MASE_LITE_CPU_KERNELS``), for the caller to run the layers itself."""
         lvl = _level()
         if lvl is None:
             return None

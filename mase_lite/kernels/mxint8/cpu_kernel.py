@@ -1,5 +1,4 @@
-"""The native CPU path of the MXINT8 ops (``mxint8_cpu.c``, built on first use by
-:mod:`mase_lite.numerics.native`, with its cache and its fallback when there is no compiler).
+"""The native CPU path of the MXINT8 ops (``mxint8.c`` of the CPU kernel library, :mod:`mase_lite.kernels.cpu`).
 
 For a few rows of input (up to ``FUSED_MAX_ROWS``), :func:`linear` decodes each weight inside the dot
 product (reads one byte per weight instead of four, never materialises the float weight). From
@@ -10,14 +9,14 @@ torch's GEMM. Rows of W are split over up to ``torch.get_num_threads()`` threads
 where the kernel was built with OpenMP, else Python threads (ctypes lets go of the GIL); the fused kernel, the
 GEMM and the panel path (torch's GEMM included) run each kind of call on one thread or on all, whichever its
 timings say is faster (:mod:`mase_lite.numerics.native.threads`: on a busy machine, often one). Weights are
-exact (see ``mxint8_cpu.c``); sums are float32 sums in the kernel's own order, so the result equals
+exact (see ``mxint8.c``); sums are float32 sums in the kernel's own order, so the result equals
 the float64 reference up to float32 accumulation error (the tolerance the tests hold it to is in
 ``tests/kernels/mxint8_cases.py``). The fused kernel and the kernel's GEMM never split a dot product,
 so they give the same bits at any thread count; the panel path's sums are in the order of torch's
 GEMM, which may change with the thread count (it does on AMD EPYC).
 
-The vector level is the best this CPU runs (AVX-512, AVX2, plain C); ``MASE_LITE_MXINT8_CPU``
-forces ``avx512``, ``avx2``, ``c`` or ``torch`` (the torch reference). Functions return None where
+The vector level is the library's (:func:`mase_lite.kernels.cpu.level`: the best this CPU runs, or the one
+``MASE_LITE_CPU_KERNELS`` forces; ``torch`` for the torch reference). Functions return None where
 the kernel does not apply (an input dtype it does not compute, a traced or mode-wrapped call, no
 compiled kernel) and the caller runs the torch reference.
 
@@ -31,18 +30,14 @@ True
 
 from __future__ import annotations
 
-import ctypes
-import functools
-from pathlib import Path
-
 import torch
 from torch import Tensor
 
-from mase_lite.numerics.native import library, threads
-from mase_lite.numerics.native.launch import VECTOR_LEVELS, chosen_level, declare_levels, plain_cpu, run_split, scratch
+from mase_lite.kernels.cpu import LEVELS, level
+from mase_lite.kernels.cpu import library as _library
+from mase_lite.numerics.native import threads
+from mase_lite.numerics.native.launch import plain_cpu, run_split, scratch
 
-LEVELS = VECTOR_LEVELS
-LEVEL_ENV = "MASE_LITE_MXINT8_CPU"
 FUSED_MAX_ROWS = 32
 """Input rows up to which the fused kernel runs; above, dequantized panels go to torch's GEMM."""
 GEMM_FROM_ROWS = 14
@@ -57,38 +52,6 @@ PARALLEL_FROM_MACS = 1 << 18
 """Smaller products run in the calling thread (a hand-off costs more than it saves)."""
 INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ALIGN = 8  # thread bounds on multiples of the kernel's widest tile of rows of W
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    return _declared(library("mxint8_cpu", Path(__file__).parent, openmp=True))
-
-
-def _declared(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
-    """``lib`` with the argument and result types of its functions declared, and what it runs: its vector
-    ``levels`` on this CPU and whether it runs its threads on ``openmp``."""
-    if lib is None:
-        return None
-    i64, ptr, int_ = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.mxint8_linear_rows.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, i64, i64, int_, int_]
-    lib.mxint8_dequantize_rows.argtypes = [ptr, ptr, i64, i64, i64, ptr, int_, int_, int_]
-    lib.mxint8_quantize_rows.argtypes = [ptr, i64, i64, i64, ptr, ptr]
-    lib.mxint8_gemm.argtypes, lib.mxint8_gemm.restype = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, int_], int_
-    lib.mxint8_gemm_buffer.argtypes, lib.mxint8_gemm_buffer.restype = [i64, i64], i64
-    lib.mxint8_linear_rows.restype = lib.mxint8_dequantize_rows.restype = lib.mxint8_quantize_rows.restype = None
-    declare_levels(lib, "mxint8_cpu")
-    return lib
-
-
-def available_levels() -> tuple[str, ...]:
-    """The vector levels this CPU runs, lowest first (empty where the kernel could not be built)."""
-    lib = _library()
-    return () if lib is None else lib.levels
-
-
-def level() -> str | None:
-    """The level calls take now: ``MASE_LITE_MXINT8_CPU`` if set, else the best available; None for torch."""
-    return chosen_level(LEVEL_ENV, LEVELS, available_levels())
 
 
 applies = plain_cpu  # whether the kernel may compute on a tensor (see launch.plain_cpu)
@@ -139,7 +102,7 @@ def dequantize(codes: Tensor, scales: Tensor, block_size: int, dtype: torch.dtyp
 
 def quantize(w: Tensor, block_size: int, scale_rule: str) -> tuple[Tensor, Tensor] | None:
     """MXINT8 codes and scales of float32 ``w`` (rule ``floor``), bit for bit the torch encoder's; None
-    where the kernel does not apply (another rule or dtype, no kernel, ``MASE_LITE_MXINT8_CPU=torch``)."""
+    where the kernel does not apply (another rule or dtype, no kernel, ``MASE_LITE_CPU_KERNELS=torch``)."""
     if (scale_rule != "floor" or type(block_size) is not int or block_size < 1 or w.dtype != torch.float32
             or w.dim() < 1 or not w.numel() or not applies(w) or level() is None):
         return None

@@ -1,6 +1,6 @@
 """Torch custom ops ``mase_lite::mxint8_dequantize`` and ``mase_lite::mxint8_linear``.
 
-Each op has a CPU kernel (the native ``mxint8_cpu.c`` through :mod:`~mase_lite.kernels.mxint8.cpu_kernel`,
+Each op has a CPU kernel (the native ``mxint8.c`` of :mod:`mase_lite.kernels.cpu` through :mod:`~mase_lite.kernels.mxint8.cpu_kernel`,
 or the torch reference where that does not apply), a CUDA kernel (the JIT-built ``mxint8_kernels.cu``,
 or the same torch code on the GPU where it cannot be built) and a fake kernel, so both ops trace
 under ``torch.export`` and ``torch.compile`` as single nodes: traced code holds the op, and the

@@ -1,5 +1,4 @@
-"""The native CPU path of packed 4-bit Linears (``packed4_cpu.c``, built on first use by
-:mod:`mase_lite.numerics.native`, with its cache and its fallback when there is no compiler).
+"""The native CPU path of packed 4-bit Linears (``packed4.c`` of the CPU kernel library, :mod:`mase_lite.kernels.cpu`).
 
 For up to ``FUSED_MAX_ROWS`` rows of input (decoding: one token per sequence), :func:`linear` decodes each
 weight inside the dot product, reading half a byte per weight; above, panels of W (about ``PANEL_BYTES``) are
@@ -10,53 +9,24 @@ the fused path's sums are float32 in the kernel's own order, never split over th
 float64 reference up to float32 accumulation, the same at any thread count (the panel path's sums are torch's
 GEMM's, whose order may depend on its thread count).
 
-The vector level is the best this CPU runs (AVX-512, AVX2, plain C); ``MASE_LITE_PACKED4_CPU`` forces
-``avx512``, ``avx2``, ``c`` or ``torch`` (the reference). Functions return None where the kernel does not
+The vector level is the library's (:func:`mase_lite.kernels.cpu.level`; ``torch`` for the reference). Functions return None where the kernel does not
 apply (an input dtype it does not compute, a traced call, no compiled kernel): the caller runs the reference.
 """
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import os
-
 import torch
 from torch import Tensor
 
-from mase_lite.numerics.native import library, threads
-from mase_lite.numerics.native.launch import VECTOR_LEVELS, chosen_level, declare_levels, plain_cpu
+from mase_lite.kernels.cpu import LEVELS, level
+from mase_lite.kernels.cpu import library as _library
+from mase_lite.numerics.native import threads
+from mase_lite.numerics.native.launch import plain_cpu
 
-LEVELS = VECTOR_LEVELS
-LEVEL_ENV = "MASE_LITE_PACKED4_CPU"
 FUSED_MAX_ROWS = 32
 PANEL_BYTES = 8 << 20
 PARALLEL_FROM_MACS = 1 << 18
 INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    lib = library("packed4_cpu", os.path.dirname(__file__), openmp=True)
-    if lib is None:
-        return None
-    i64, ptr, int_ = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.packed4_linear.argtypes = [ptr, i64, i64, ptr, ptr, int_, ptr, ptr, ptr, i64, i64, i64, int_, int_, ptr]
-    lib.packed4_dequantize.argtypes = [ptr, ptr, int_, ptr, i64, i64, ptr, int_, int_]
-    lib.packed4_linear.restype = lib.packed4_dequantize.restype = None
-    declare_levels(lib, "packed4_cpu")
-    return lib
-
-
-def available_levels() -> tuple[str, ...]:
-    """The vector levels this CPU runs, lowest first (empty where the kernel could not be built)."""
-    lib = _library()
-    return () if lib is None else lib.levels
-
-
-def level() -> str | None:
-    """The level calls take now: ``MASE_LITE_PACKED4_CPU`` if set, else the best available; None for torch."""
-    return chosen_level(LEVEL_ENV, LEVELS, available_levels())
 
 
 def linear(x: Tensor, nibbles: Tensor, scales: Tensor, table: Tensor, bias: Tensor | None) -> Tensor | None:

@@ -101,8 +101,10 @@ def _compiler() -> tuple[str, str] | None:
 
 
 @functools.cache
-def library(name: str, directory: Path = SOURCES, openmp: bool = False) -> ctypes.CDLL | None:
-    """The compiled ``<directory>/<name>.c`` loaded, or None (native kernels disabled, no compiler, failed build).
+def library(name: str, directory: Path = SOURCES, openmp: bool = False,
+            sources: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """The compiled ``<directory>/<name>.c`` loaded, or None (native kernels disabled, no compiler, failed build);
+    with ``sources``, those files of ``directory`` built into one library called ``name``.
 
     ``openmp`` builds it with ``-fopenmp`` where the compiler can (else without: the source must build
     both ways). Torch is loaded first, so the library's ``libgomp.so.1`` is the one torch already has
@@ -111,25 +113,26 @@ def library(name: str, directory: Path = SOURCES, openmp: bool = False) -> ctype
     if not enabled() or _compiler() is None:
         return None
     compiler, _ = _compiler()
-    source = Path(directory) / f"{name}.c"
+    files = tuple(Path(directory) / f for f in sources) or (Path(directory) / f"{name}.c",)
     try:
         if openmp:
             try:
-                return _load(compiler, source, ("-fopenmp",))
+                return _load(compiler, name, files, ("-fopenmp",))
             except (OSError, subprocess.SubprocessError) as err:
                 logger.info("building %s with OpenMP failed (%s): building it without", name, err)
-        return _load(compiler, source, ())
+        return _load(compiler, name, files, ())
     except (OSError, subprocess.SubprocessError) as err:
         logger.warning("building the native %s kernel failed (%s): its torch implementation runs instead", name, err)
         return None
 
 
-def cached_name(source: Path, extra: tuple[str, ...] = ()) -> str:
-    """The file name of ``source``'s library built with ``extra`` flags: a digest of the source, the headers it
-    includes (``#include "..."``, through other headers too), the flags, the compiler's version and the machine."""
-    texts = [p.read_text() for p in _included(Path(source))]
+def cached_name(source: Path, extra: tuple[str, ...] = (), sources: tuple[Path, ...] = ()) -> str:
+    """The file name of ``source``'s library (``sources``: the files built into it, where not ``source`` alone)
+    built with ``extra`` flags: a digest of the sources, the headers they include (``#include "..."``, through other
+    headers too), the flags, the compiler's version and the machine."""
+    texts = [p.read_text() for f in sources or (source,) for p in _included(Path(f))]
     key = hashlib.sha256("\0".join([*texts, *FLAGS, *extra, _compiler()[1], platform.machine()]).encode())
-    return f"{source.stem}-{key.hexdigest()[:16]}.so"
+    return f"{Path(source).stem}-{key.hexdigest()[:16]}.so"
 
 
 def _included(source: Path) -> list[Path]:
@@ -148,11 +151,11 @@ def _included(source: Path) -> list[Path]:
 _INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 
 
-def _load(compiler: str, source: Path, extra: tuple[str, ...]) -> ctypes.CDLL:
-    """``source`` built with ``extra`` flags (once: the cache) and loaded."""
-    target = _build_dir() / cached_name(source, extra)
+def _load(compiler: str, name: str, sources: tuple[Path, ...], extra: tuple[str, ...]) -> ctypes.CDLL:
+    """``sources`` built into library ``name`` with ``extra`` flags (once: the cache) and loaded."""
+    target = _build_dir() / cached_name(Path(name), extra, sources)
     if not _verified(target):
-        _build(compiler, source, target, extra)
+        _build(compiler, sources, target, extra)
     try:
         return ctypes.CDLL(str(target))
     except OSError:  # the compiler's own output does not load: keep nothing of it
@@ -177,12 +180,12 @@ def _verified(target: Path) -> bool:
         return False
 
 
-def _build(compiler: str, source: Path, target: Path, extra: tuple[str, ...] = ()) -> None:
+def _build(compiler: str, sources: tuple[Path, ...], target: Path, extra: tuple[str, ...] = ()) -> None:
     """Build ``target`` (replacing whatever stood there) and record its digest beside it."""
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     os.close(fd)
     try:
-        result = subprocess.run([compiler, *FLAGS, *extra, str(source), "-o", tmp, "-lm"],
+        result = subprocess.run([compiler, *FLAGS, *extra, *map(str, sources), "-o", tmp, "-lm"],
                                 capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             raise OSError(f"{compiler} exited {result.returncode}: {result.stderr.strip()[:2000]}")

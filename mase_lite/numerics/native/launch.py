@@ -25,7 +25,6 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from mase_lite.errors import UserError
 from mase_lite.numerics.memory import empty_like_advised
 from mase_lite.numerics.native import threads
 
@@ -46,36 +45,6 @@ def plain_cpu(x: Tensor) -> bool:
     outside torch.compile tracing and torch function/dispatch modes (they would not see the kernel's work)."""
     return (type(x) is Tensor and x.device.type == "cpu" and not torch.compiler.is_compiling()
             and not torch._C._len_torch_function_stack() and not torch._C._len_torch_dispatch_stack())
-
-
-VECTOR_LEVELS = ("c", "avx2", "avx512")
-"""The packed-weight kernels' levels, lowest first (``cpu_levels.h``)."""
-
-
-def declare_levels(lib: ctypes.CDLL, prefix: str) -> None:
-    """What a packed-weight kernel's library runs here, asked once (a hot path reads them): ``lib.levels``, the names
-    of its vector levels on this CPU lowest first (``<prefix>_levels()``), and ``lib.openmp``, whether it runs its
-    threads on OpenMP (``<prefix>_openmp()``)."""
-    levels, openmp = getattr(lib, f"{prefix}_levels"), getattr(lib, f"{prefix}_openmp")
-    levels.argtypes, levels.restype, openmp.argtypes, openmp.restype = [], ctypes.c_int, [], ctypes.c_int
-    mask = levels()
-    lib.levels = tuple(name for bit, name in enumerate(VECTOR_LEVELS) if mask >> bit & 1)
-    lib.openmp = bool(openmp())
-
-
-def chosen_level(env: str, levels: tuple[str, ...], available: tuple[str, ...]) -> str | None:
-    """The vector level a kernel's calls take now: the environment variable ``env`` if set (one of ``levels``, or
-    ``torch`` for the reference: None), else the best ``available`` one (None where none is)."""
-    forced = os.environ.get(env, "")
-    if forced == "torch":
-        return None
-    if not forced:
-        return available[-1] if available else None
-    if forced not in levels:
-        raise UserError(f"{env}={forced!r} is unknown; allowed: {', '.join((*levels, 'torch'))}")
-    if forced not in available:
-        raise UserError(f"{env}={forced!r}: not available here (available: {', '.join(available) or 'none'})")
-    return forced
 
 
 # ctypes argtypes every row kernel starts with: source, output, rows, row length (what run_rows passes)

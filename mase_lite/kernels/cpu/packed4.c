@@ -12,21 +12,17 @@
  * accumulation, each level summing in its own fixed order. Rows of W are split over threads, never a dot
  * product, so the result is the same at any thread count.
  *
- * Three levels, chosen by the caller from packed4_cpu_levels(): plain C, AVX2+FMA (8 lanes; the table
+ * Three levels, chosen by the caller from cpu_kernels_levels(): plain C, AVX2+FMA (8 lanes; the table
  * looked up by two permutes and a blend), AVX-512 (16 lanes; the table is one register, one permute per 16
  * weights). Compiled without -ffast-math and with C11 (no contraction of a * b + c into an FMA in plain C).
  */
-#include "../../numerics/native/cpu_levels.h"
+#include "common.h"
 #include <stdint.h>
 #include <string.h>
 
 #include "../../numerics/native/float_bits.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define P4_X86 1
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
+#ifdef CPU_X86
 /* Scale i of a row as float32: float16 ones by F16C (exact). */
 #define SCALE_AT(scales, half, i) \
     ((half) ? _cvtsh_ss(((const uint16_t *)(scales))[i]) : ((const float *)(scales))[i])
@@ -34,13 +30,6 @@
 
 enum { BLOCK = 32, BLOCK_BYTES = 16 };
 enum { X_ROWS = 4 }; /* rows of x computed together: each decoded block of W is used for up to 4 rows */
-
-static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-/* Bit i set where level i runs on this CPU (the OS saving the vector registers included). */
-int packed4_cpu_levels(void) { return cpu_levels(); }
-
-int packed4_cpu_openmp(void) { return built_with_openmp(); }
 
 /* ---------------------------------------------------------------- plain C */
 
@@ -81,7 +70,7 @@ static void dequantize_c(const uint8_t *q, const float *scales, const float *tab
             decode_block_c(q + j * (k / 2) + b * BLOCK_BYTES, scales[j * nb + b], table, out + j * k + b * BLOCK);
 }
 
-#ifdef P4_X86
+#ifdef CPU_X86
 /* ---------------------------------------------------------------- AVX2 + FMA */
 
 /* The 8 table values of the 8 nibbles in the low 8 bytes of `bytes` (one nibble per byte). */
@@ -103,13 +92,6 @@ AVX2 static inline void decode_block_avx2(const uint8_t *q, float scale, __m256 
     w[1] = _mm256_mul_ps(lookup_avx2(_mm_srli_si128(first, 8), low, high), s);
     w[2] = _mm256_mul_ps(lookup_avx2(second, low, high), s);
     w[3] = _mm256_mul_ps(lookup_avx2(_mm_srli_si128(second, 8), low, high), s);
-}
-
-AVX2 static float sum_avx2(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 /* The 16 weights of the low (even elements) or high (odd elements) nibbles of one block: two vectors of 8. */
@@ -145,7 +127,7 @@ AVX2 static void linear_avx2(const float *xd, int64_t m, int64_t k, const uint8_
                 }
             }
             for (int64_t r = 0; r < rows; r++) {
-                float sum = sum_avx2(_mm256_add_ps(acc[r][0], acc[r][1]));
+                float sum = sum8_avx2(_mm256_add_ps(acc[r][0], acc[r][1]));
                 out[(i0 + r) * n + j] = bias ? sum + bias[j] : sum;
             }
         }
@@ -247,19 +229,6 @@ AVX512 static void dequantize_avx512(const uint8_t *q, const float *scales, cons
 
 /* ---------------------------------------------------------------- entry points */
 
-typedef void (*rows_fn)(const void *args, int64_t first, int64_t last);
-
-/* fn(args, first, last) on [first, last) cut into at most `threads` runs, in parallel where built with OpenMP
- * (torch's own team: the library shares the OpenMP runtime torch has loaded). */
-static void split_rows(rows_fn fn, const void *args, int64_t first, int64_t last, int threads) {
-    int64_t rows = last - first;
-    int parts = (int)min64(threads < 1 ? 1 : threads, rows < 1 ? 1 : rows);
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(parts) schedule(static, 1) if (parts > 1)
-#endif
-    for (int t = 0; t < parts; t++) fn(args, first + rows * t / parts, first + rows * (t + 1) / parts);
-}
-
 enum { CONVERTED = 4096 }; /* float16 scales converted to float32 at a time: at least a row's (k <= 131072) */
 
 /* Rows [first, last) of the scales as float32: `scales` itself (float32), or those rows converted from float16 into
@@ -269,7 +238,7 @@ static const float *float_scales(const void *scales, int half, int64_t nb, int64
     if (!half) return (const float *)scales + first * nb;
     const uint16_t *h = (const uint16_t *)scales + first * nb;
     int64_t i = 0, count = (last - first) * nb;
-#ifdef P4_X86
+#ifdef CPU_X86
     if (level >= LEVEL_AVX2) i = widen_avx2(h, count, buffer);
 #endif
     for (; i < count; i++) buffer[i] = half_to_float(h[i]);
@@ -287,13 +256,15 @@ struct linear_args {
     int half; /* scales are float16 */
     const float *table, *bias;
     float *out;
-    int64_t n;
+    int64_t n, first; /* the first row of W a call computes */
     int level;
 };
 
-static void linear_range(const void *p, int64_t first, int64_t last) {
+static void linear_range(const void *p, int part, int64_t first, int64_t last) {
     const struct linear_args *a = p;
-#ifdef P4_X86
+    (void)part;
+    first += a->first, last += a->first;
+#ifdef CPU_X86
     if (a->level == LEVEL_AVX512) {
         linear_avx512(a->x, a->m, a->k, a->q, a->scales, a->half, a->table, a->bias, a->out, a->n, first, last);
         return;
@@ -328,8 +299,8 @@ void packed4_linear(const float *x, int64_t m, int64_t k, const uint8_t *q, cons
             }
         x = scratch;
     }
-    struct linear_args a = {x, m, k, q, scales, half, table, bias, out, n, level};
-    split_rows(linear_range, &a, first, last, threads);
+    struct linear_args a = {x, m, k, q, scales, half, table, bias, out, n, first, level};
+    split_rows(linear_range, &a, last - first, 1, threads);
 }
 
 struct dequantize_args {
@@ -342,8 +313,9 @@ struct dequantize_args {
     int level;
 };
 
-static void dequantize_range(const void *p, int64_t first, int64_t last) {
+static void dequantize_range(const void *p, int part, int64_t first, int64_t last) {
     const struct dequantize_args *a = p;
+    (void)part;
     int64_t nb = a->k / BLOCK, step = run_rows(a->half, nb);
     float buffer[CONVERTED];
     for (int64_t lo = first; lo < last; lo += min64(step, last - lo)) {
@@ -351,7 +323,7 @@ static void dequantize_range(const void *p, int64_t first, int64_t last) {
         const float *scales = float_scales(a->scales, a->half, nb, lo, lo + rows, buffer, a->level);
         const uint8_t *q = a->q + lo * (a->k / 2);
         float *out = a->out + lo * a->k;
-#ifdef P4_X86
+#ifdef CPU_X86
         if (a->level == LEVEL_AVX512)
             dequantize_avx512(q, scales, a->table, a->k, rows, out);
         else if (a->level == LEVEL_AVX2)
@@ -367,5 +339,5 @@ static void dequantize_range(const void *p, int64_t first, int64_t last) {
 void packed4_dequantize(const uint8_t *q, const void *scales, int half, const float *table, int64_t k, int64_t rows,
                         float *out, int level, int threads) {
     struct dequantize_args a = {q, scales, half, table, k, out, level};
-    split_rows(dequantize_range, &a, 0, rows, threads);
+    split_rows(dequantize_range, &a, rows, 1, threads);
 }

@@ -1,5 +1,5 @@
-/* The int8-activation dot products shared by int8_cpu.c (a call per layer) and decoder_cpu.c (a decoding step):
- * see int8_cpu.c for what they compute and how. */
+/* The int8-activation dot products shared by int8_linear.c (a call per layer) and decoder.c (a decoding step):
+ * see int8_linear.c for what they compute and how. */
 #ifndef INT8_DOT_H
 #define INT8_DOT_H
 #include <float.h>
@@ -7,27 +7,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../../numerics/native/cpu_levels.h"
 #include "../../numerics/native/float_bits.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define I8_X86 1
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
-#endif
+#include "common.h"
 
 enum { BLOCK = 32, NIBBLE_BYTES = 16, CHAINS = 4, PREFETCH = 4096 };
-
-/* Whether the CPU has AVX-512 VNNI on 256-bit vectors. */
-static int cpu_vnni(void) {
-#ifdef I8_X86
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
-#else
-    return 0;
-#endif
-}
 
 /* v (|v| <= 127) to the nearest integer, ties to even: adding and subtracting 1.5 * 2**23 leaves float32 no
  * fraction bits (C11: evaluated as written), as nearbyintf would without its call. */
@@ -102,15 +85,8 @@ static float dot_c(const struct weights *w, int64_t j, const int8_t *xq, const f
     return sum_lanes(lanes);
 }
 
-#ifdef I8_X86
+#ifdef CPU_X86
 /* ---------------------------------------------------------------- AVX2 and VNNI */
-
-AVX2 static inline float sum_lanes_avx2(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 AVX2 static inline __m256i madd_avx2(__m256i acc, __m256i u, __m256i v) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1)));
@@ -187,7 +163,7 @@ AVX2 static inline __m256 e8m0_avx2(__m128i bytes) {
         if (b < nb) STEP(LANES, MADD, SCALE, a0, b);                                                     \
         if (b + 1 < nb) STEP(LANES, MADD, SCALE, a1, b + 1);                                             \
         if (b + 2 < nb) STEP(LANES, MADD, SCALE, a2, b + 2);                                             \
-        return sum_lanes_avx2(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));              \
+        return sum8_avx2(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));              \
     }
 
 DOT(affine_avx2, AVX2, LANES_AFFINE, madd_avx2, FLOAT_SCALE, FLOAT_SCALES, NIBBLE_BYTES)
@@ -243,7 +219,7 @@ static void linear_range(const struct linear_args *a, int l, int64_t first, int6
     struct weights w = {a->q[l], a->scales[l], a->itable, a->nibbles, a->affine, a->half};
     const float *bias = a->bias[l];
     float *out = a->out[l];
-#ifdef I8_X86
+#ifdef CPU_X86
     if (a->level >= LEVEL_AVX2) {
         dot_fn dot = vector_dot(&w, a->level);
         int64_t row_bytes = w.nibbles ? k / 2 : k;

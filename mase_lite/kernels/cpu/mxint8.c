@@ -8,24 +8,15 @@
  * as it does there. The linear layer then sums x[k] * w[k] in float32: its result differs from the
  * float64 reference only by float32 accumulation (each level sums in its own fixed order).
  *
- * Three levels, chosen by the caller from mxint8_cpu_levels(): plain C, AVX2+FMA (8 lanes), AVX-512
+ * Three levels, chosen by the caller from cpu_kernels_levels(): plain C, AVX2+FMA (8 lanes), AVX-512
  * (16 lanes, masked loads for ragged blocks). Each output element is computed by the same sequence
  * of operations whatever range of rows a call covers, so splitting rows over threads changes no bit.
  * Compiled without -ffast-math and with C11 (no contraction of a * b + c into an FMA in plain C).
  */
-#include "../../numerics/native/cpu_levels.h"
+#include "common.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define MX_X86 1
-#define AVX2 __attribute__((target("avx2,fma")))
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
-#endif
-
-#define INLINE static inline __attribute__((always_inline))
 
 /* Bytes ahead in each row of W that the regular kernel asks the cache for: weights come from memory
  * faster than the hardware prefetcher alone fetches rows of a few KiB (a 0.85 B Llama's one-token forward). */
@@ -38,11 +29,6 @@ __attribute__((constructor)) static void fill_steps(void) {
     for (int s = 0; s < 255; s++) STEP[s] = ldexpf(1.0f, s - 133);
     STEP[255] = NAN;
 }
-
-/* Bit i set where level i runs on this CPU (the OS saving the vector registers included). */
-int mxint8_cpu_levels(void) { return cpu_levels(); }
-
-static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* float32 bits to bfloat16, rounded to nearest even (NaN stays NaN: its quiet bit is above the cut). */
 static inline uint16_t bf16_bits(float value) {
@@ -85,15 +71,8 @@ static void dequantize_c(const int8_t *codes, const uint8_t *scales, int64_t k, 
         }
 }
 
-#ifdef MX_X86
+#ifdef CPU_X86
 /* ---------------------------------------------------------------- AVX2 + FMA */
-
-AVX2 INLINE float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 AVX2 INLINE __m256 weights8(const int8_t *q, __m256 step) {
     __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q));
@@ -126,7 +105,7 @@ AVX2 INLINE void tile_avx2(const float *x, int64_t k, const int8_t *codes, const
                 for (int i = 0; i < MB; i++) tail[r][i] += ((float)codes[(j + r) * k + t] * step[r]) * x[i * k + t];
     }
     for (int r = 0; r < R; r++)
-        for (int i = 0; i < MB; i++) sums[r][i] = hsum256(acc[r][i]) + tail[r][i];
+        for (int i = 0; i < MB; i++) sums[r][i] = sum8_avx2(acc[r][i]) + tail[r][i];
 }
 
 AVX2 INLINE void rows_avx2(const float *x, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales,
@@ -157,7 +136,7 @@ AVX2 INLINE __m256 codes_256(const int8_t *q) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
 }
 
-AVX2 INLINE float sum_256(__m256 v) { return hsum256(v); }
+#define sum_256 sum8_avx2
 
 #define REGULAR_TILE(W, ATTR, LANES, R, MB)                                                                  \
     ATTR INLINE void tile##W##_##R##x##MB##_body(const float *x, int64_t k, const int8_t *q, const uint8_t *s, \
@@ -522,26 +501,6 @@ void mxint8_quantize_rows(const float *w, int64_t k, int64_t bs, int64_t rows, i
 
 /* ---------------------------------------------------------------- entry points */
 
-/* Whether this build runs its threads on OpenMP (built with -fopenmp). The library then shares the
- * OpenMP runtime torch has loaded (same soname), so its threads are torch's own team: no second
- * set of threads competes for the cores with torch's spinning ones. */
-int mxint8_cpu_openmp(void) { return built_with_openmp(); }
-
-typedef void (*rows_fn)(const void *args, int part, int64_t first, int64_t last);
-
-/* fn(args, part, first, last) on [0, rows) cut into at most `threads` runs (part 0, 1, ...) on multiples
- * of `align` rows, in parallel where built with OpenMP (else one after another: the caller splits over
- * its own threads). */
-static void split_rows(rows_fn fn, const void *args, int64_t rows, int64_t align, int threads) {
-    int64_t units = (rows + align - 1) / align;
-    int parts = (int)min64(threads < 1 ? 1 : threads, units < 1 ? 1 : units);
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(parts) schedule(static, 1) if (parts > 1)
-#endif
-    for (int t = 0; t < parts; t++)
-        fn(args, t, min64(rows, units * t / parts * align), min64(rows, units * (t + 1) / parts * align));
-}
-
 struct linear_args {
     const float *x;
     int64_t m, k;
@@ -557,7 +516,7 @@ struct linear_args {
 static void linear_range(const void *p, int part, int64_t first, int64_t last) {
     const struct linear_args *a = p;
     (void)part;
-#ifdef MX_X86
+#ifdef CPU_X86
     if (a->level == LEVEL_AVX512) {
         linear_avx512(a->x, a->m, a->k, a->codes, a->scales, a->bs, a->bias, a->out, a->n, first, last);
         return;
@@ -596,7 +555,7 @@ static void dequantize_range(const void *p, int part, int64_t first, int64_t las
     const int8_t *codes = a->codes + first * a->k;
     const uint8_t *scales = a->scales + first * nb;
     void *out = (char *)a->out + first * a->k * (a->bf16 ? 2 : 4);
-#ifdef MX_X86
+#ifdef CPU_X86
     if (a->level == LEVEL_AVX512) {
         dequantize_avx512(codes, scales, a->k, a->bs, last - first, out, a->bf16);
         return;
@@ -646,7 +605,7 @@ static void pack_range(const void *p, int part, int64_t first, int64_t last) {
 
 /* A run of rows of W for every tile of x, or (by_tiles) a run of tiles of x for every row of W. */
 static void gemm_range(const void *p, int part, int64_t first, int64_t last) {
-#ifdef MX_X86
+#ifdef CPU_X86
     const struct gemm_args *g = p;
     const struct linear_args *a = &g->layer;
     int64_t kc_max = gemm_chunk(a->k, a->bs);
@@ -673,8 +632,8 @@ int64_t mxint8_gemm_buffer(int64_t k, int64_t bs) { return GEMM_NR * gemm_chunk(
  * Returns 0, or -1 where it does not apply. */
 int mxint8_gemm(const float *x, int64_t m, int64_t k, const int8_t *codes, const uint8_t *scales, int64_t bs,
                 const float *bias, float *out, int64_t n, float *xp, float *wd, int threads) {
-#ifdef MX_X86
-    if (!(mxint8_cpu_levels() >> LEVEL_AVX512 & 1) || bs % 16 || k % bs || n * 15 >= (int64_t)1 << 31) return -1;
+#ifdef CPU_X86
+    if (!(cpu_levels() >> LEVEL_AVX512 & 1) || bs % 16 || k % bs || n * 15 >= (int64_t)1 << 31) return -1;
     struct pack_args packing = {x, m, k, xp};
     split_rows(pack_range, &packing, k, 16, threads);
     int64_t tiles = (m + GEMM_TILE_ROWS - 1) / GEMM_TILE_ROWS;

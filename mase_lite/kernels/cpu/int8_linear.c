@@ -20,26 +20,21 @@
  * (computed once per x block); MXINT8 codes under VNNI are made unsigned by flipping their sign bit (code + 128)
  * and corrected by -128 times that sum; otherwise |x| meets the weight carrying x's sign.
  *
- * Three levels, chosen by the caller from int8_cpu_levels(): plain C, AVX2 and AVX-512 (VNNI on 256-bit vectors
+ * Three levels, chosen by the caller from cpu_kernels_levels(): plain C, AVX2 and AVX-512 (VNNI on 256-bit vectors
  * where the CPU has it, else AVX2's instructions). Compiled without -ffast-math and with C11 (no contraction).
  */
 #include "int8_dot.h"
 
-int int8_cpu_levels(void) { return cpu_levels(); }
-
-int int8_cpu_vnni(void) { return cpu_vnni(); }
-
-int int8_cpu_openmp(void) { return built_with_openmp(); }
+static void rows_part(const void *a, int part, int64_t first, int64_t last) {
+    (void)part;
+    rows_range(a, first, last);
+}
 
 static void run(struct linear_args *a, const float *x, int threads, void *scratch) {
-    int64_t mk = a->m * a->k, rows = total_rows(a);
+    int64_t mk = a->m * a->k;
     float *xs = (float *)((char *)scratch + mk);
     quantize_for(a, x, scratch, xs, (int32_t *)(xs + mk / BLOCK));
-    int parts = (int)(threads < 1 ? 1 : threads < rows ? threads : rows < 1 ? 1 : rows);
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(parts) schedule(static, 1) if (parts > 1)
-#endif
-    for (int t = 0; t < parts; t++) rows_range(a, rows * t / parts, rows * (t + 1) / parts);
+    split_rows(rows_part, a, total_rows(a), 1, threads);
 }
 
 /* out[l][i * n[l] + j] = sum_t x[i * k + t] * W_l[j, t] (+ bias[l][j]) for the `count` layers (at most 8) that
