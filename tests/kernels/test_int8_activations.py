@@ -120,6 +120,19 @@ def test_every_level_and_thread_count_gives_the_c_bits_within_the_references_err
         torch.set_num_threads(previous)
 
 
+@pytest.mark.parametrize("name", [*FORMATS, "mxint8"])
+def test_each_row_of_a_batch_has_the_bits_of_that_row_alone(name, monkeypatch):
+    """A prompt's rows run as tiles of rows of W by rows of x; each output keeps the bits of a one-row call (a
+    decoding step): 37 rows of 4096 inputs cross the kernel's runs of rows of x, 7 outputs its tiles of rows of W."""
+    packed = mxint8_layer(7, 4096, 3) if name == "mxint8" else layer(name, 7, 4096, seed=3)
+    x = torch.randn(37, 4096)
+    for level in LEVELS:
+        monkeypatch.setenv(cpu.LEVEL_ENV, level)
+        with torch.no_grad():
+            batch, rows = packed(x), torch.cat([packed(x[i : i + 1]) for i in range(37)])
+        assert torch.equal(batch.view(torch.int32), rows.view(torch.int32)), level
+
+
 @pytest.mark.parametrize("kind", ["mxfp4", "mxint8"])
 @pytest.mark.parametrize("level", LEVELS)
 def test_saturation_zero_and_non_finite_blocks(level, kind, monkeypatch):

@@ -86,7 +86,8 @@ static void prepare(struct linear_args *a, const struct group *g, float *const *
                                .scales = g->scales, .bias = g->bias, .out = out, .n = g->n, .m = 1, .k = g->k,
                                .level = level};
     *a = args;
-    quantize_for(a, x, b->xq, b->xs, b->corr);
+    quantize_rows(a, x, 0, 1, b->xq, b->xs, b->corr);
+    a->xq = b->xq, a->xs = b->xs, a->corr = b->corr;
 }
 
 static void rms_norm(const float *x, const float *weight, float eps, int64_t n, float *out) {

@@ -1,5 +1,5 @@
-/* The int8-activation dot products shared by int8_linear.c (a call per layer) and decoder.c (a decoding step):
- * see int8_linear.c for what they compute and how. */
+/* The int8-activation products shared by int8_linear.c (a call per layer) and decoder.c (a decoding step): see
+ * int8_linear.c for what they compute and how. */
 #ifndef INT8_DOT_H
 #define INT8_DOT_H
 #include <float.h>
@@ -10,7 +10,12 @@
 #include "../../numerics/native/float_bits.h"
 #include "common.h"
 
-enum { BLOCK = 32, NIBBLE_BYTES = 16, CHAINS = 4, PREFETCH = 4096 };
+enum { BLOCK = 32, NIBBLE_BYTES = 16 };
+enum { TILE_ROWS = 8 };                /* rows of W a tile computes together: one per lane of a vector */
+enum { MOST_X_ROWS = 4 };              /* rows of x a tile takes at once (VNNI; AVX2 two) */
+enum { BLOCK_RUN = 128 };              /* blocks of a tile's rows laid out (scales) and formed (weights) at a time */
+enum { X_BLOCK_BYTES = 256 << 10 };    /* bytes of x's codes that the rows of W meet at a time */
+enum { MAX_X_ROWS = 256 };             /* and at most so many rows of x */
 
 /* v (|v| <= 127) to the nearest integer, ties to even: adding and subtracting 1.5 * 2**23 leaves float32 no
  * fraction bits (C11: evaluated as written), as nearbyintf would without its call. */
@@ -19,10 +24,11 @@ static inline int8_t round_even(float v) {
     return (int8_t)(int)((v + magic) - magic);
 }
 
-/* xq, xs as above (interleaved: evens then odds); corr: per block, c times each lane's sum of codes. */
-static void quantize_x(const float *x, int64_t m, int64_t k, int interleaved, int c, int8_t *xq, float *xs,
-                       int32_t *corr) {
-    for (int64_t i = 0; i < m * k; i += BLOCK) {
+/* Rows [first, last) of x quantized: xq, xs as int8_linear.c says (interleaved: a block's even elements, then its
+ * odd ones); corr: per block, c times the sum of its codes. */
+static void quantize_x(const float *x, int64_t k, int64_t first, int64_t last, int interleaved, int c, int8_t *xq,
+                       float *xs, int32_t *corr) {
+    for (int64_t i = first * k; i < last * k; i += BLOCK) {
         float amax = 0.0f;
         int finite = 1;
         for (int t = 0; t < BLOCK; t++) {
@@ -32,9 +38,13 @@ static void quantize_x(const float *x, int64_t m, int64_t k, int interleaved, in
         }
         float inverse = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
         int8_t *q = xq + i;
+        int32_t sum = 0;
         xs[i / BLOCK] = finite ? amax / 127.0f : NAN;
-        for (int t = 0; t < BLOCK; t++) q[t] = round_even(x[i + (interleaved ? (t % 16) * 2 + t / 16 : t)] * inverse);
-        for (int l = 0; l < 8; l++) corr[i / 4 + l] = c * (q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+        for (int t = 0; t < BLOCK; t++) {
+            q[t] = round_even(x[i + (interleaved ? (t % 16) * 2 + t / 16 : t)] * inverse);
+            sum += q[t];
+        }
+        corr[i / BLOCK] = c * sum;
     }
 }
 
@@ -57,137 +67,245 @@ static inline float block_scale(const struct weights *w, const int64_t j, int64_
     return w->half ? half_to_float(((const uint16_t *)w->scales)[j * nb + b]) : ((const float *)w->scales)[j * nb + b];
 }
 
-static inline float sum_lanes(const float l[8]) {
-    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
-}
-
 /* ---------------------------------------------------------------- plain C */
 
+/* One output: each block's 32 products summed exactly, then into one float32 chain, blocks in order. */
 static float dot_c(const struct weights *w, int64_t j, const int8_t *xq, const float *xs, int64_t k) {
     int64_t nb = k / BLOCK;
-    float acc[CHAINS][8] = {{0}};
+    float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = w->q + j * (w->nibbles ? k / 2 : k) + b * (w->nibbles ? NIBBLE_BYTES : BLOCK);
         const int8_t *x = xq + b * BLOCK;
-        float d = xs[b] * block_scale(w, j, nb, b);
-        for (int l = 0; l < 8; l++) {
-            int32_t sum = 0;
-            for (int e = 4 * l; e < 4 * l + 4; e++) {
-                int weight = !w->nibbles ? (int8_t)p[e] : e < NIBBLE_BYTES ? w->itable[p[e] & 15]
-                                                                        : w->itable[p[e - NIBBLE_BYTES] >> 4];
-                sum += weight * x[e];
-            }
-            acc[b % CHAINS][l] = fmaf((float)sum, d, acc[b % CHAINS][l]);
+        int32_t sum = 0;
+        for (int e = 0; e < BLOCK; e++) {
+            int weight = !w->nibbles ? (int8_t)p[e] : e < NIBBLE_BYTES ? w->itable[p[e] & 15]
+                                                                    : w->itable[p[e - NIBBLE_BYTES] >> 4];
+            sum += weight * x[e];
         }
+        acc = fmaf((float)sum, xs[b] * block_scale(w, j, nb, b), acc);
     }
-    float lanes[8];
-    for (int l = 0; l < 8; l++) lanes[l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
-    return sum_lanes(lanes);
+    return acc;
 }
 
 #ifdef CPU_X86
-/* ---------------------------------------------------------------- AVX2 and VNNI */
+/* ---------------------------------------------------------------- AVX2 and VNNI: tiles of 8 rows of W */
 
-AVX2 static inline __m256i madd_avx2(__m256i acc, __m256i u, __m256i v) {
+/* A tile: 8 rows of W (a lane each) against up to 4 rows of x. Each block of the 8 rows is formed as 32 bytes a row
+ * and transposed so that vector t holds bytes 4t..4t+3 of every row; 8 products with x's 4 bytes t broadcast then sum
+ * each row's 32 products exactly in its own lane, and one fused multiply-add per row of x takes the block into the 8
+ * outputs' chains: the plain C operations, in its order, whatever the level, the tile or the rows it is given. */
+struct tile {
+    const uint8_t *q[TILE_ROWS]; /* each row's first block */
+    const float *scales;        /* the rows' block scales as float32, block-major: [blocks][8] */
+    const int8_t *xq;           /* the first row of x's codes; rows k bytes apart */
+    const float *xs;            /* its block scales; rows nb apart */
+    const int32_t *corr;        /* its corrections; rows nb apart */
+    const int8_t *itable;
+    int64_t k, nb, blocks;      /* blocks: how many from the first this call takes */
+    int64_t ahead;              /* bytes from a row to the same row of the next tile (asked of the cache ahead) */
+    float *acc;                 /* [rows of x][8]: the chains, read at the start and written at the end */
+    uint8_t *packed;            /* the blocks of the 8 rows transposed: [blocks][8 vectors of 32 bytes] */
+};
+
+AVX2 INLINE __m256i madd_avx2(__m256i acc, __m256i u, __m256i v) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1)));
 }
 
-VNNI static inline __m256i madd_vnni(__m256i acc, __m256i u, __m256i v) { return _mm256_dpbusd_epi32(acc, u, v); }
-
-/* A block's nibbles, the low ones (even elements) in the low half, the high ones in the high half. */
-#define NIBBLES(p) \
-    _mm256_and_si256(_mm256_srlv_epi32(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p))), shift), low4)
-#define X(b) _mm256_loadu_si256((const __m256i *)(xq + (b) * BLOCK))
-#define CORR(b) _mm256_loadu_si256((const __m256i *)(corr + 8 * (b)))
-#define SIGNED(MADD, w, x_) MADD(_mm256_setzero_si256(), _mm256_sign_epi8(x_, x_), _mm256_sign_epi8(w, x_))
-
-/* One block's eight int32 lanes for each kind of weight. */
-#define LANES_AFFINE(MADD, b) MADD(CORR(b), NIBBLES(p + (b) * NIBBLE_BYTES), X(b))
-#define LANES_TABLE(MADD, b) ({ __m256i x_ = X(b); SIGNED(MADD, _mm256_shuffle_epi8(lut, NIBBLES(p + (b) * NIBBLE_BYTES)), x_); })
-#define LANES_CODES(MADD, b) ({ __m256i x_ = X(b); SIGNED(MADD, _mm256_loadu_si256((const __m256i *)(p + (b) * BLOCK)), x_); })
-#define LANES_FLIPPED(MADD, b) \
-    MADD(CORR(b), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + (b) * BLOCK)), flip), X(b))
-
-/* Block b into a chain, scaled by d (its x scale times its weight scale, broadcast). */
-#define STEPD(LANES, MADD, chain, b, d) chain = _mm256_fmadd_ps(_mm256_cvtepi32_ps(LANES(MADD, b)), d, chain)
-#define STEP(LANES, MADD, SCALE, chain, b) STEPD(LANES, MADD, chain, b, _mm256_set1_ps(xs[b] * SCALE(b)))
-#define LANE(d, i) _mm256_permutevar8x32_ps(d, _mm256_set1_epi32(i))
-#define FLOAT_SCALE(b) ((const float *)s)[b]
-#define HALF_SCALE(b) _cvtsh_ss(((const uint16_t *)s)[b])
-#define E8M0_SCALE(b) e8m0(((const uint8_t *)s)[b])
-/* Eight blocks' weight scales as float32, exactly. */
-#define FLOAT_SCALES(b) _mm256_loadu_ps((const float *)s + (b))
-#define HALF_SCALES(b) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)s + (b))))
-#define E8M0_SCALES(b) e8m0_avx2(_mm_loadl_epi64((const __m128i *)((const uint8_t *)s + (b))))
+VNNI INLINE __m256i madd_vnni(__m256i acc, __m256i u, __m256i v) { return _mm256_dpbusd_epi32(acc, u, v); }
 
 /* e8m0() of eight exponents (the low 8 bytes). */
-AVX2 static inline __m256 e8m0_avx2(__m128i bytes) {
+AVX2 INLINE __m256 e8m0_avx2(__m128i bytes) {
     __m256i e = _mm256_cvtepu8_epi32(bytes), bits = _mm256_slli_epi32(e, 23);
     bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x00400000), _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
     bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7fc00000), _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255)));
     return _mm256_castsi256_ps(bits);
 }
 
-/* Block b goes to chain b % 4, blocks in order: eight at a time with their eight scales multiplied in one vector
- * (the same products as one at a time), then four, then the rest one at a time. */
-#define DOT(NAME, TARGET, LANES, MADD, SCALE, SCALES, BYTES)                                               \
-    TARGET static float NAME(const uint8_t *p, const void *s, const int8_t *xq, const float *xs,           \
-                             const int32_t *corr, const int8_t *itable, int64_t nb) {                        \
-        __m256i shift = _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0), low4 = _mm256_set1_epi8(15);            \
-        __m256i lut = itable ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)itable))      \
-                             : _mm256_setzero_si256();                                                    \
-        __m256i flip = _mm256_set1_epi8((char)0x80);                                                       \
-        (void)corr, (void)lut, (void)shift, (void)low4, (void)flip;                                        \
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                       \
-        int64_t b = 0;                                                                                   \
-        for (; b + 2 * CHAINS <= nb; b += 2 * CHAINS) {                                                  \
-            _mm_prefetch((const char *)(p + b * (BYTES) + PREFETCH), _MM_HINT_T0);                      \
-            _mm_prefetch((const char *)(p + (b + CHAINS) * (BYTES) + PREFETCH), _MM_HINT_T0);           \
-            __m256 d = _mm256_mul_ps(_mm256_loadu_ps(xs + b), SCALES(b));                               \
-            STEPD(LANES, MADD, a0, b, LANE(d, 0));                                                       \
-            STEPD(LANES, MADD, a1, b + 1, LANE(d, 1));                                                   \
-            STEPD(LANES, MADD, a2, b + 2, LANE(d, 2));                                                   \
-            STEPD(LANES, MADD, a3, b + 3, LANE(d, 3));                                                   \
-            STEPD(LANES, MADD, a0, b + 4, LANE(d, 4));                                                   \
-            STEPD(LANES, MADD, a1, b + 5, LANE(d, 5));                                                   \
-            STEPD(LANES, MADD, a2, b + 6, LANE(d, 6));                                                   \
-            STEPD(LANES, MADD, a3, b + 7, LANE(d, 7));                                                   \
-        }                                                                                                \
-        if (b + CHAINS <= nb) {                                                                          \
-            STEP(LANES, MADD, SCALE, a0, b);                                                             \
-            STEP(LANES, MADD, SCALE, a1, b + 1);                                                         \
-            STEP(LANES, MADD, SCALE, a2, b + 2);                                                         \
-            STEP(LANES, MADD, SCALE, a3, b + 3);                                                         \
-            b += CHAINS;                                                                                 \
-        }                                                                                                \
-        if (b < nb) STEP(LANES, MADD, SCALE, a0, b);                                                     \
-        if (b + 1 < nb) STEP(LANES, MADD, SCALE, a1, b + 1);                                             \
-        if (b + 2 < nb) STEP(LANES, MADD, SCALE, a2, b + 2);                                             \
-        return sum8_avx2(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));              \
+/* Vectors w[0..7] (a row each, 8 dwords) as t[0..7] (dword t of every row). */
+AVX2 INLINE void transpose8(const __m256i w[8], __m256i t[8]) {
+    __m256i a[8], b[8];
+    for (int i = 0; i < 4; i++) {
+        a[2 * i] = _mm256_unpacklo_epi32(w[2 * i], w[2 * i + 1]);
+        a[2 * i + 1] = _mm256_unpackhi_epi32(w[2 * i], w[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; h++) { /* rows 0-3, then 4-7 */
+        b[4 * h] = _mm256_unpacklo_epi64(a[4 * h], a[4 * h + 2]);
+        b[4 * h + 1] = _mm256_unpackhi_epi64(a[4 * h], a[4 * h + 2]);
+        b[4 * h + 2] = _mm256_unpacklo_epi64(a[4 * h + 1], a[4 * h + 3]);
+        b[4 * h + 3] = _mm256_unpackhi_epi64(a[4 * h + 1], a[4 * h + 3]);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm256_permute2x128_si256(b[i], b[4 + i], 0x20);
+        t[4 + i] = _mm256_permute2x128_si256(b[i], b[4 + i], 0x31);
+    }
+}
+
+/* Four bytes in every dword. */
+AVX2 INLINE __m256i bytes4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
+/* A block's nibbles, the low ones (even elements) in the low half, the high ones in the high half. */
+#define NIBBLES(p) \
+    _mm256_and_si256(_mm256_srlv_epi32(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p))), shift), low4)
+/* Each kind's 32 bytes of row r's block b: unsigned (the affine table's nibbles; looked-up values or MXINT8 codes
+ * flipped by +128 under VNNI, x's correction taking the 128 back) or signed (AVX2's looked-up values and codes). */
+#define W_AFFINE(r, b) NIBBLES(t->q[r] + (b) * NIBBLE_BYTES)
+#define W_TABLE(r, b) _mm256_shuffle_epi8(lut, NIBBLES(t->q[r] + (b) * NIBBLE_BYTES))
+#define W_CODES(r, b) _mm256_loadu_si256((const __m256i *)(t->q[r] + (b) * BLOCK))
+#define W_FLIPPED(r, b) _mm256_xor_si256(W_CODES(r, b), flip)
+#define X4(c, b, i) bytes4(t->xq + (c) * t->k + (b) * BLOCK + 4 * (i))
+/* The 8 rows' exact sums of block b against row c of x: unsigned bytes meet x with its correction as the start,
+ * signed ones meet |x| carrying x's sign. */
+#define ROW_SUMS(UNSIGNED, MADD, tw, c, b)                                                                          \
+    ({                                                                                                              \
+        __m256i part_[4] = {_mm256_set1_epi32(UNSIGNED ? t->corr[(c) * t->nb + (b)] : 0), _mm256_setzero_si256(),  \
+                            _mm256_setzero_si256(), _mm256_setzero_si256()}; /* four short chains, then added */    \
+        UNROLL for (int i = 0; i < 8; i++) {                                                                        \
+            __m256i x_ = X4(c, b, i);                                                                               \
+            part_[i % 4] = UNSIGNED ? MADD(part_[i % 4], tw[i], x_)                                                 \
+                                    : MADD(part_[i % 4], _mm256_sign_epi8(x_, x_), _mm256_sign_epi8(tw[i], x_));    \
+        }                                                                                                           \
+        _mm256_add_epi32(_mm256_add_epi32(part_[0], part_[1]), _mm256_add_epi32(part_[2], part_[3]));               \
+    })
+#define UNROLL _Pragma("GCC unroll 8")
+
+/* NAME(t): blocks [0, t->blocks) of the tile's 8 rows formed and transposed into t->packed. */
+#define PACK(NAME, TARGET, WEIGHT, UNSIGNED, BYTES)                                                                 \
+    TARGET static void NAME(const struct tile *t) {                                                                 \
+        const __m256i shift = _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0), low4 = _mm256_set1_epi8(15);                \
+        const __m256i flip = _mm256_set1_epi8((char)0x80);                                                          \
+        const __m256i table = t->itable ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->itable))  \
+                                        : _mm256_setzero_si256();                                                   \
+        const __m256i lut = UNSIGNED ? _mm256_xor_si256(table, flip) : table;                                       \
+        (void)shift, (void)low4, (void)flip, (void)lut;                                                             \
+        __m256i *packed = (__m256i *)t->packed;                                                                     \
+        for (int64_t b = 0; b < t->blocks; b++) {                                                                   \
+            __m256i w[TILE_ROWS];                                                                                   \
+            UNROLL for (int r = 0; r < TILE_ROWS; r++) {                                                            \
+                if ((b * (BYTES)) % 64 == 0) _mm_prefetch((const char *)(t->q[r] + b * (BYTES) + t->ahead), _MM_HINT_T1); \
+                w[r] = WEIGHT(r, b);                                                                                \
+            }                                                                                                       \
+            transpose8(w, packed + TILE_ROWS * b);                                                                  \
+        }                                                                                                           \
     }
 
-DOT(affine_avx2, AVX2, LANES_AFFINE, madd_avx2, FLOAT_SCALE, FLOAT_SCALES, NIBBLE_BYTES)
-DOT(table_avx2, AVX2, LANES_TABLE, madd_avx2, FLOAT_SCALE, FLOAT_SCALES, NIBBLE_BYTES)
-DOT(affine_half_avx2, AVX2, LANES_AFFINE, madd_avx2, HALF_SCALE, HALF_SCALES, NIBBLE_BYTES)
-DOT(table_half_avx2, AVX2, LANES_TABLE, madd_avx2, HALF_SCALE, HALF_SCALES, NIBBLE_BYTES)
-DOT(codes_avx2, AVX2, LANES_CODES, madd_avx2, E8M0_SCALE, E8M0_SCALES, BLOCK)
-DOT(affine_vnni, VNNI, LANES_AFFINE, madd_vnni, FLOAT_SCALE, FLOAT_SCALES, NIBBLE_BYTES)
-DOT(table_vnni, VNNI, LANES_TABLE, madd_vnni, FLOAT_SCALE, FLOAT_SCALES, NIBBLE_BYTES)
-DOT(affine_half_vnni, VNNI, LANES_AFFINE, madd_vnni, HALF_SCALE, HALF_SCALES, NIBBLE_BYTES)
-DOT(table_half_vnni, VNNI, LANES_TABLE, madd_vnni, HALF_SCALE, HALF_SCALES, NIBBLE_BYTES)
-DOT(codes_vnni, VNNI, LANES_FLIPPED, madd_vnni, E8M0_SCALE, E8M0_SCALES, BLOCK)
+/* NAME(t): blocks [0, t->blocks) of the packed 8 rows against C rows of x, into t->acc. */
+#define TILE(NAME, TARGET, UNSIGNED, MADD, C)                                                                       \
+    TARGET static void NAME(const struct tile *t) {                                                                 \
+        const __m256i *packed = (const __m256i *)t->packed;                                                         \
+        __m256 acc[C];                                                                                              \
+        UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_loadu_ps(t->acc + 8 * c);                                \
+        for (int64_t b = 0; b < t->blocks; b++) {                                                                   \
+            __m256i tw[TILE_ROWS];                                                                                  \
+            UNROLL for (int i = 0; i < TILE_ROWS; i++) tw[i] = _mm256_load_si256(packed + TILE_ROWS * b + i);       \
+            __m256 ws = _mm256_loadu_ps(t->scales + 8 * b);                                                         \
+            UNROLL for (int c = 0; c < C; c++) {                                                                    \
+                __m256 d = _mm256_mul_ps(_mm256_set1_ps(t->xs[c * t->nb + b]), ws);                                 \
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ROW_SUMS(UNSIGNED, MADD, tw, c, b)), d, acc[c]);        \
+            }                                                                                                       \
+        }                                                                                                           \
+        UNROLL for (int c = 0; c < C; c++) _mm256_storeu_ps(t->acc + 8 * c, acc[c]);                                \
+    }
+#define TILES(NAME, TARGET, UNSIGNED, MADD)                    \
+    TILE(NAME##_1, TARGET, UNSIGNED, MADD, 1)                   \
+    TILE(NAME##_2, TARGET, UNSIGNED, MADD, 2)                   \
+    TILE(NAME##_3, TARGET, UNSIGNED, MADD, 3)                   \
+    TILE(NAME##_4, TARGET, UNSIGNED, MADD, 4)
+TILES(unsigned_avx2, AVX2, 1, madd_avx2)
+TILES(signed_avx2, AVX2, 0, madd_avx2)
+TILES(unsigned_vnni, VNNI, 1, madd_vnni)
+/* The eight vectors' lane sums, vector r's in lane r. */
+AVX2 INLINE __m256i lane_sums8(const __m256i v[8]) {
+    __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
+    __m256i h45 = _mm256_hadd_epi32(v[4], v[5]), h67 = _mm256_hadd_epi32(v[6], v[7]);
+    __m256i low = _mm256_hadd_epi32(h01, h23), high = _mm256_hadd_epi32(h45, h67); /* halves of rows 0-3, 4-7 */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(low, high, 0x20), _mm256_permute2x128_si256(low, high, 0x31));
+}
 
-/* Vectors never cross into code built without AVX: the table goes in as bytes, the result out as a float. */
-typedef float (*dot_fn)(const uint8_t *, const void *, const int8_t *, const float *, const int32_t *,
-                        const int8_t *, int64_t);
+/* NAME(t) for one row of x (decoding): each row's block meets x's whole block, its eight lanes then summed across
+ * (exactly: the same integers as the transposed tiles' by other additions), fewer operations than a transpose. */
+#define TILE1(NAME, TARGET, WEIGHT, UNSIGNED, MADD, BYTES)                                                          \
+    TARGET static void NAME(const struct tile *t) {                                                                 \
+        const __m256i shift = _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0), low4 = _mm256_set1_epi8(15);                \
+        const __m256i flip = _mm256_set1_epi8((char)0x80);                                                          \
+        const __m256i table = t->itable ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->itable))  \
+                                        : _mm256_setzero_si256();                                                   \
+        const __m256i lut = UNSIGNED ? _mm256_xor_si256(table, flip) : table;                                       \
+        (void)shift, (void)low4, (void)flip, (void)lut;                                                             \
+        __m256 acc = _mm256_loadu_ps(t->acc);                                                                       \
+        for (int64_t b = 0; b < t->blocks; b++) {                                                                   \
+            __m256i x = _mm256_loadu_si256((const __m256i *)(t->xq + b * BLOCK)), ax = _mm256_sign_epi8(x, x);      \
+            __m256i lanes[TILE_ROWS];                                                                               \
+            (void)ax;                                                                                               \
+            UNROLL for (int r = 0; r < TILE_ROWS; r++) {                                                            \
+                if ((b * (BYTES)) % 64 == 0) _mm_prefetch((const char *)(t->q[r] + b * (BYTES) + t->ahead), _MM_HINT_T1); \
+                __m256i w = WEIGHT(r, b);                                                                           \
+                lanes[r] = UNSIGNED ? MADD(_mm256_setzero_si256(), w, x)                                            \
+                                    : MADD(_mm256_setzero_si256(), ax, _mm256_sign_epi8(w, x));                     \
+            }                                                                                                       \
+            __m256i sums = lane_sums8(lanes);                                                                       \
+            if (UNSIGNED) sums = _mm256_add_epi32(sums, _mm256_set1_epi32(t->corr[b]));                             \
+            __m256 d = _mm256_mul_ps(_mm256_set1_ps(t->xs[b]), _mm256_loadu_ps(t->scales + 8 * b));                 \
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc);                                                \
+        }                                                                                                           \
+        _mm256_storeu_ps(t->acc, acc);                                                                              \
+    }
+#define KIND(NAME, TARGET, WEIGHT, UNSIGNED, MADD, BYTES)                                                          \
+    TILE1(NAME##_row, TARGET, WEIGHT, UNSIGNED, MADD, BYTES)                                                        \
+    PACK(NAME##_pack, TARGET, WEIGHT, UNSIGNED, BYTES)
+KIND(affine_avx2, AVX2, W_AFFINE, 1, madd_avx2, NIBBLE_BYTES)
+KIND(table_avx2, AVX2, W_TABLE, 0, madd_avx2, NIBBLE_BYTES)
+KIND(codes_avx2, AVX2, W_CODES, 0, madd_avx2, BLOCK)
+KIND(affine_vnni, VNNI, W_AFFINE, 1, madd_vnni, NIBBLE_BYTES)
+KIND(table_vnni, VNNI, W_TABLE, 1, madd_vnni, NIBBLE_BYTES)
+KIND(codes_vnni, VNNI, W_FLIPPED, 1, madd_vnni, BLOCK)
 
-static dot_fn vector_dot(const struct weights *w, int level) {
-    int vnni = level == LEVEL_AVX512 && cpu_vnni();
-    if (!w->nibbles) return vnni ? codes_vnni : codes_avx2;
-    if (w->half && w->affine) return vnni ? affine_half_vnni : affine_half_avx2;
-    if (w->half) return vnni ? table_half_vnni : table_half_avx2;
-    if (w->affine) return vnni ? affine_vnni : affine_avx2;
-    return vnni ? table_vnni : table_avx2;
+/* Blocks [b0, b0 + blocks) of the 8 rows' scales as float32, exactly, block-major ([blocks][8]): eight blocks of each
+ * row converted at once and transposed, the rest one at a time. */
+AVX2 static void lay_out_scales(const struct weights *w, const int64_t rows[8], int64_t nb, int64_t b0, int64_t blocks,
+                                float *out) {
+    int64_t b = 0;
+    for (; b + 8 <= blocks; b += 8) {
+        __m256i v[8], t[8];
+        for (int r = 0; r < 8; r++) {
+            int64_t at = rows[r] * nb + b0 + b;
+            __m256 s = !w->nibbles ? e8m0_avx2(_mm_loadl_epi64((const __m128i *)((const uint8_t *)w->scales + at)))
+                       : w->half   ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w->scales + at)))
+                                   : _mm256_loadu_ps((const float *)w->scales + at);
+            v[r] = _mm256_castps_si256(s);
+        }
+        transpose8(v, t);
+        for (int i = 0; i < 8; i++) _mm256_storeu_si256((__m256i *)(out + 8 * (b + i)), t[i]);
+    }
+    for (; b < blocks; b++)
+        for (int r = 0; r < 8; r++) {
+            int64_t at = rows[r] * nb + b0 + b;
+            out[8 * b + r] = !w->nibbles ? e8m0(((const uint8_t *)w->scales)[at])
+                             : w->half   ? _cvtsh_ss(((const uint16_t *)w->scales)[at])
+                                         : ((const float *)w->scales)[at];
+        }
+}
+
+/* Vectors never cross into code built without AVX: tables and codes go in as bytes, the chains as floats. */
+typedef void (*tile_fn)(const struct tile *);
+
+/* A kind's kernels at a level: one row of x; forming the packed blocks; packed blocks against 1..4 rows of x. */
+struct kernels {
+    tile_fn row, pack, rows[MOST_X_ROWS];
+    int widest; /* the most rows of x `rows` takes at once (AVX2's 16 vector registers: two; VNNI's 32: four) */
+};
+
+static const struct kernels *vector_kernels(const struct weights *w, int level) {
+#define KERNELS(NAME, TILES, WIDEST) {NAME##_row, NAME##_pack, {TILES##_1, TILES##_2, TILES##_3, TILES##_4}, WIDEST}
+    static const struct kernels kernels[2][3] = {
+        {KERNELS(affine_avx2, unsigned_avx2, 2), KERNELS(table_avx2, signed_avx2, 2), KERNELS(codes_avx2, signed_avx2, 2)},
+        {KERNELS(affine_vnni, unsigned_vnni, 4), KERNELS(table_vnni, unsigned_vnni, 4),
+         KERNELS(codes_vnni, unsigned_vnni, 4)}};
+#undef KERNELS
+    return &kernels[level == LEVEL_AVX512 && cpu_vnni()][!w->nibbles ? 2 : w->affine ? 0 : 1];
 }
 #endif
 
@@ -214,25 +332,59 @@ struct linear_args {
     int level;
 };
 
+#ifdef CPU_X86
+/* Rows [first, last) of layer l by tiles of 8 rows of W (rows past the range repeat its last; their outputs are not
+ * kept): runs of up to MAX_X_ROWS rows of x that stay in the core's cache met by every tile, each tile's blocks taken a
+ * run at a time (its scales laid out, and for more than one row of x its weights formed and transposed once for all
+ * the run's rows of x). */
+static void linear_tiles(const struct linear_args *a, const struct weights *w, int l, int64_t first, int64_t last) {
+    int64_t k = a->k, nb = k / BLOCK, n = a->n[l];
+    const struct kernels *kernels = vector_kernels(w, a->level);
+    int64_t row_bytes = w->nibbles ? k / 2 : k, rows_x = max64(1, min64(MAX_X_ROWS, X_BLOCK_BYTES / k));
+    const float *bias = a->bias[l];
+    float *out = a->out[l], scales[BLOCK_RUN * TILE_ROWS], acc[MAX_X_ROWS * TILE_ROWS];
+    _Alignas(32) uint8_t packed[BLOCK_RUN * TILE_ROWS * 32];
+    int64_t rows[TILE_ROWS];
+    struct tile t = {.scales = scales, .itable = w->itable, .k = k, .nb = nb, .ahead = TILE_ROWS * row_bytes,
+                     .packed = packed};
+    for (int64_t i0 = 0; i0 < a->m; i0 += rows_x) {
+        int64_t i_end = min64(a->m, i0 + rows_x);
+        for (int64_t j = first; j < last; j += TILE_ROWS) {
+            for (int r = 0; r < TILE_ROWS; r++) rows[r] = min64(j + r, last - 1);
+            memset(acc, 0, (size_t)(i_end - i0) * TILE_ROWS * sizeof(float));
+            for (int64_t b0 = 0; b0 < nb; b0 += BLOCK_RUN) {
+                t.blocks = min64(BLOCK_RUN, nb - b0);
+                lay_out_scales(w, rows, nb, b0, t.blocks, scales);
+                for (int r = 0; r < TILE_ROWS; r++) t.q[r] = w->q + rows[r] * row_bytes + b0 * (row_bytes / nb);
+                if (a->m > 1) kernels->pack(&t);
+                for (int64_t i = i0; i < i_end; i += kernels->widest) {
+                    int cx = (int)min64(kernels->widest, i_end - i);
+                    t.xq = a->xq + i * k + b0 * BLOCK, t.xs = a->xs + i * nb + b0, t.corr = a->corr + i * nb + b0;
+                    t.acc = acc + (i - i0) * TILE_ROWS;
+                    (a->m > 1 ? kernels->rows[cx - 1] : kernels->row)(&t);
+                }
+            }
+            for (int64_t i = i0; i < i_end; i++)
+                for (int r = 0; r < (int)min64(TILE_ROWS, last - j); r++) {
+                    float total = acc[(i - i0) * TILE_ROWS + r] * a->unit;
+                    out[i * n + j + r] = bias ? total + bias[j + r] : total;
+                }
+        }
+    }
+}
+#endif
+
 static void linear_range(const struct linear_args *a, int l, int64_t first, int64_t last) {
     int64_t k = a->k, nb = k / BLOCK, n = a->n[l];
     struct weights w = {a->q[l], a->scales[l], a->itable, a->nibbles, a->affine, a->half};
-    const float *bias = a->bias[l];
-    float *out = a->out[l];
 #ifdef CPU_X86
     if (a->level >= LEVEL_AVX2) {
-        dot_fn dot = vector_dot(&w, a->level);
-        int64_t row_bytes = w.nibbles ? k / 2 : k;
-        size_t scale_bytes = !w.nibbles ? 1 : w.half ? 2 : sizeof(float);
-        for (int64_t j = first; j < last; j++)
-            for (int64_t i = 0; i < a->m; i++) {
-                float total = dot(w.q + j * row_bytes, (const char *)w.scales + j * nb * scale_bytes, a->xq + i * k,
-                                  a->xs + i * nb, a->corr + i * (k / 4), w.itable, nb) * a->unit;
-                out[i * n + j] = bias ? total + bias[j] : total;
-            }
+        linear_tiles(a, &w, l, first, last);
         return;
     }
 #endif
+    const float *bias = a->bias[l];
+    float *out = a->out[l];
     for (int64_t j = first; j < last; j++)
         for (int64_t i = 0; i < a->m; i++) {
             float total = dot_c(&w, j, a->xq + i * k, a->xs + i * nb, k) * a->unit;
@@ -247,13 +399,17 @@ static int affine_table(const int8_t *itable) {
     return affine;
 }
 
-/* x (a->m rows of a->k) quantized into xq, xs, corr for a's layers, with the correction their level adds: the
- * affine table's offset, or -128 for MXINT8 codes flipped unsigned under VNNI. */
-static void quantize_for(struct linear_args *a, const float *x, int8_t *xq, float *xs, int32_t *corr) {
-    int c = a->nibbles ? (a->affine && a->level >= LEVEL_AVX2 ? a->itable[0] : 0)
-                       : (a->level == LEVEL_AVX512 && cpu_vnni() ? -128 : 0);
-    quantize_x(x, a->m, a->k, a->nibbles, c, xq, xs, corr);
-    a->xq = xq, a->xs = xs, a->corr = corr;
+/* The correction x's codes carry for a's kind at its level: the affine table's offset, or -128 for looked-up values
+ * and MXINT8 codes flipped unsigned under VNNI; 0 for none. */
+static int correction(const struct linear_args *a) {
+    int vector = a->level >= LEVEL_AVX2, vnni = a->level == LEVEL_AVX512 && cpu_vnni();
+    return a->nibbles && a->affine && vector ? a->itable[0] : vnni ? -128 : 0;
+}
+
+/* Rows [first, last) of x (a->k columns) quantized into xq, xs, corr for a's layers. */
+static void quantize_rows(const struct linear_args *a, const float *x, int64_t first, int64_t last, int8_t *xq,
+                          float *xs, int32_t *corr) {
+    quantize_x(x, a->k, first, last, a->nibbles, correction(a), xq, xs, corr);
 }
 
 /* The rows [first, last) of all the layers' rows in order. */

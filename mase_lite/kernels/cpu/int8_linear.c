@@ -7,18 +7,21 @@
  *
  * x's block: scale amax / 127, codes round-half-even(x * (127 / amax)) in -127..127 (a block holding an infinity
  * or a NaN: codes 0, scale NaN, so the outputs it reaches are NaN). For nibbles the codes are stored as the
- * block's even elements, then its odd ones (the nibbles' order). A block's 32 products are summed exactly in
- * eight int32 lanes (lane i: the stored bytes 4i..4i+3), each lane then accumulated in float32 by a fused
- * multiply-add with the two blocks' scales multiplied (block b into the (b % 4)th of four accumulators), and the
- * accumulators and the lanes summed in one fixed tree: every level computes the same integers and the same float
- * operations in the same order, so its result is bit for bit the plain C one, at any thread count (rows of W are
- * split, never a sum).
+ * block's even elements, then its odd ones (the nibbles' order). A block's 32 products are summed exactly in int32,
+ * and each output accumulates its blocks in order in one float32 chain by a fused multiply-add with the two blocks'
+ * scales multiplied (fmaf(sum, xs * ws, acc)), then times the table's unit and plus the bias: every level computes the
+ * same integers and the same float operations in the same order, so its result is bit for bit the plain C one, at any
+ * thread count (rows of W are split, never a sum) and for any batch (a row of x gives the bits it gives alone).
  *
- * How the vector levels form the integers (all exact): VNNI's vpdpbusd multiplies unsigned by signed bytes, AVX2's
- * vpmaddubsw too (pairs summed in int16, which |x| <= 127 and |w| <= 127 never overflow). An affine table
- * (itable[n] = n + c: Q4_0's -8..7) multiplies the nibbles themselves and adds c times the lane's sum of x's codes
- * (computed once per x block); MXINT8 codes under VNNI are made unsigned by flipping their sign bit (code + 128)
- * and corrected by -128 times that sum; otherwise |x| meets the weight carrying x's sign.
+ * How the vector levels form the integers (all exact), in tiles of 8 rows of W, one per lane (int8_dot.h): VNNI's
+ * vpdpbusd multiplies unsigned by signed bytes, AVX2's vpmaddubsw too (pairs summed in int16, which |x| <= 127 and
+ * weights of at most 15 unsigned or 127 signed never overflow). An affine table (itable[n] = n + c: Q4_0's -8..7)
+ * multiplies the nibbles themselves and starts from c times the sum of x's block (computed once per x block); under
+ * VNNI looked-up values and MXINT8 codes are made unsigned by flipping their sign bit (+128) and start from -128 times
+ * that sum; otherwise (AVX2) |x| meets the weight carrying x's sign. One row of x (decoding) meets each row's whole
+ * block and sums its eight lanes across the tile's rows; more rows of x (a prompt) meet the tile's blocks transposed
+ * once (vector t: bytes 4t..4t+3 of the 8 rows) against x's 4 bytes t broadcast, so that each row of x costs 8
+ * products a block for 8 rows of W.
  *
  * Three levels, chosen by the caller from cpu_kernels_levels(): plain C, AVX2 and AVX-512 (VNNI on 256-bit vectors
  * where the CPU has it, else AVX2's instructions). Compiled without -ffast-math and with C11 (no contraction).
@@ -30,10 +33,28 @@ static void rows_part(const void *a, int part, int64_t first, int64_t last) {
     rows_range(a, first, last);
 }
 
+enum { QUANTIZE_PARALLEL = 1 << 16 }; /* inputs from which x is quantized on all the threads */
+
+struct quantize_args {
+    const struct linear_args *a;
+    const float *x;
+    int8_t *xq;
+    float *xs;
+    int32_t *corr;
+};
+
+static void quantize_part(const void *p, int part, int64_t first, int64_t last) {
+    const struct quantize_args *q = p;
+    (void)part;
+    quantize_rows(q->a, q->x, first, last, q->xq, q->xs, q->corr);
+}
+
 static void run(struct linear_args *a, const float *x, int threads, void *scratch) {
     int64_t mk = a->m * a->k;
     float *xs = (float *)((char *)scratch + mk);
-    quantize_for(a, x, scratch, xs, (int32_t *)(xs + mk / BLOCK));
+    struct quantize_args q = {a, x, scratch, xs, (int32_t *)(xs + mk / BLOCK)};
+    split_rows(quantize_part, &q, a->m, 1, mk >= QUANTIZE_PARALLEL ? threads : 1);
+    a->xq = q.xq, a->xs = q.xs, a->corr = q.corr;
     split_rows(rows_part, a, total_rows(a), 1, threads);
 }
 
