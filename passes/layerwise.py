@@ -22,6 +22,7 @@ from mase_lite.heap import return_free_memory
 from mase_lite.nn.disk_weights import streamed
 from mase_lite.nn.quantized import quantized_once
 from mase_lite.numerics.codes import encode
+from mase_lite.numerics.native.threads import spare_threads
 from mase_lite.passes.registry import PassError
 from mase_lite.train.batches import model_inputs
 
@@ -185,7 +186,10 @@ def each_block(model: nn.Module, layers: dict[str, nn.Module], batches: list[dic
                 for i, block in enumerate(repeated):
                     inside = {n: m for n, m in layers.items() if n.startswith(f"{prefix}.{i}.")}
                     rest = {n: m for n, m in rest.items() if n not in inside}
-                    with disk.resident(f"{prefix}.{i}", write=bool(inside)) if disk is not None else nullcontext():
+                    # torch's ops on the cores other processes leave, looked at again each block: on a busy machine a
+                    # thread waiting at a join for a preempted one spins, and two threads cost more CPU than one
+                    with (disk.resident(f"{prefix}.{i}", write=bool(inside)) if disk is not None else nullcontext(),
+                          spare_threads()):
                         if inside:
                             handle(inside, lambda: _run_block(block, inputs))
                         inputs = _run_block(block, inputs)
@@ -195,7 +199,8 @@ def each_block(model: nn.Module, layers: dict[str, nn.Module], batches: list[dic
             elif disk is not None:
                 raise PassError("model.stream: the model has no repeated blocks (a ModuleList of layers) to load one at a time")
             if rest:
-                handle(rest, lambda: [model(**batch) for batch in batches])
+                with spare_threads():
+                    handle(rest, lambda: [model(**batch) for batch in batches])
     finally:
         model.train(was_training)
 
