@@ -171,16 +171,19 @@ AVX2 INLINE __m256i bytes4(const int8_t *p) {
         _mm256_add_epi32(_mm256_add_epi32(part_[0], part_[1]), _mm256_add_epi32(part_[2], part_[3]));               \
     })
 #define UNROLL _Pragma("GCC unroll 8")
+/* What the W_ macros use: the shifts and mask of NIBBLES, the sign flip, the table (flipped for unsigned bytes). */
+#define WEIGHT_CONSTANTS(UNSIGNED)                                                                                  \
+    const __m256i shift = _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0), low4 = _mm256_set1_epi8(15);                    \
+    const __m256i flip = _mm256_set1_epi8((char)0x80);                                                              \
+    const __m256i table = t->itable ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->itable))      \
+                                    : _mm256_setzero_si256();                                                       \
+    const __m256i lut = UNSIGNED ? _mm256_xor_si256(table, flip) : table;                                           \
+    (void)shift, (void)low4, (void)flip, (void)lut;
 
 /* NAME(t): blocks [0, t->blocks) of the tile's 8 rows formed and transposed into t->packed. */
 #define PACK(NAME, TARGET, WEIGHT, UNSIGNED, BYTES)                                                                 \
     TARGET static void NAME(const struct tile *t) {                                                                 \
-        const __m256i shift = _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0), low4 = _mm256_set1_epi8(15);                \
-        const __m256i flip = _mm256_set1_epi8((char)0x80);                                                          \
-        const __m256i table = t->itable ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->itable))  \
-                                        : _mm256_setzero_si256();                                                   \
-        const __m256i lut = UNSIGNED ? _mm256_xor_si256(table, flip) : table;                                       \
-        (void)shift, (void)low4, (void)flip, (void)lut;                                                             \
+        WEIGHT_CONSTANTS(UNSIGNED)                                                                                  \
         __m256i *packed = (__m256i *)t->packed;                                                                     \
         for (int64_t b = 0; b < t->blocks; b++) {                                                                   \
             __m256i w[TILE_ROWS];                                                                                   \
@@ -217,6 +220,7 @@ AVX2 INLINE __m256i bytes4(const int8_t *p) {
 TILES(unsigned_avx2, AVX2, 1, madd_avx2)
 TILES(signed_avx2, AVX2, 0, madd_avx2)
 TILES(unsigned_vnni, VNNI, 1, madd_vnni)
+
 /* The eight vectors' lane sums, vector r's in lane r. */
 AVX2 INLINE __m256i lane_sums8(const __m256i v[8]) {
     __m256i h01 = _mm256_hadd_epi32(v[0], v[1]), h23 = _mm256_hadd_epi32(v[2], v[3]);
@@ -229,12 +233,7 @@ AVX2 INLINE __m256i lane_sums8(const __m256i v[8]) {
  * (exactly: the same integers as the transposed tiles' by other additions), fewer operations than a transpose. */
 #define TILE1(NAME, TARGET, WEIGHT, UNSIGNED, MADD, BYTES)                                                          \
     TARGET static void NAME(const struct tile *t) {                                                                 \
-        const __m256i shift = _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0), low4 = _mm256_set1_epi8(15);                \
-        const __m256i flip = _mm256_set1_epi8((char)0x80);                                                          \
-        const __m256i table = t->itable ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)t->itable))  \
-                                        : _mm256_setzero_si256();                                                   \
-        const __m256i lut = UNSIGNED ? _mm256_xor_si256(table, flip) : table;                                       \
-        (void)shift, (void)low4, (void)flip, (void)lut;                                                             \
+        WEIGHT_CONSTANTS(UNSIGNED)                                                                                  \
         __m256 acc = _mm256_loadu_ps(t->acc);                                                                       \
         for (int64_t b = 0; b < t->blocks; b++) {                                                                   \
             __m256i x = _mm256_loadu_si256((const __m256i *)(t->xq + b * BLOCK)), ax = _mm256_sign_epi8(x, x);      \
