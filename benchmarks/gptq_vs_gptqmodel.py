@@ -1,0 +1,139 @@
+"""GPTQ against gptqmodel in one run: the 156 M Llama of benchmarks/ptq.py (random weights, seed 0), W4 in groups of
+128 with act-order and damping 0.01, on the same 16 windows of 128 calibration tokens, each tool in a fresh process,
+the two in turn each round, quiet and then beside two busy processes. Prints each tool's quantization wall time (the
+tool: its gptq step; gptqmodel: its ``quantize()``, its packing extension built before the clock starts) and each
+process's CPU seconds (user + system, imports and model loading included), medians and ranges, and the tool's
+held-out layer error.
+
+gptqmodel lives in its own environment (it pins its own numpy; install 7.6.0 from its sdist, with torch pinned to the
+one installed: ``python -m venv --system-site-packages gq && gq/bin/pip install --no-deps gptqmodel-7.6.0.tar.gz``
+plus its runtime requirements); pass its interpreter:
+
+    python benchmarks/gptq_vs_gptqmodel.py --gptqmodel-python /path/to/gq/bin/python
+    python benchmarks/gptq_vs_gptqmodel.py --gptqmodel-python ... --rounds 1 --busy 0    # quiet only, once
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from busy import busy_processes  # beside this script
+from ptq import MODELS, WINDOW, held_out_error, weight_format  # beside this script
+
+GPTQMODEL = """
+import json, os, sys, time
+os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")  # its pool needs two workers on a machine of two cores
+import torch
+from gptqmodel import GPTQModel, QuantizeConfig
+from gptqmodel.utils.cpp import load_pack_block_extension
+model_dir, calibration = sys.argv[1], json.load(open(sys.argv[2]))
+load_pack_block_extension()
+config = QuantizeConfig(bits=4, group_size=128, desc_act=True, act_group_aware=False, sym=True, damp_percent=0.01,
+                        device="cpu", offload_to_disk=False)
+model = GPTQModel.load(model_dir, config, dtype=torch.float32)
+began = time.perf_counter()
+model.quantize(calibration, batch_size=1)
+print(json.dumps({"seconds": time.perf_counter() - began}))
+"""
+
+
+def spec(config: dict, batches: int, steps: list, out: str) -> dict:
+    return {"name": "gptq", "seed": 0, "device": "cpu", "capture": "modules",
+            "model": {"task": "causal-lm", "hf_config": config},
+            "data": {"dataset": "synthetic-grammar", "block_size": WINDOW, "n_train": batches * 4, "n_test": 8},
+            "steps": steps, "output_dir": out}
+
+
+def prepare(config: dict, batches: int, directory: Path) -> None:
+    """The float model and its tokenizer saved for gptqmodel, and the calibration windows the tool's gptq step takes."""
+    import mase_lite as ml
+
+    result = ml.run_pipeline(spec(config, batches, [], str(directory / "float")))
+    result.mg.model.save_pretrained(directory / "hf")
+    result.data.tokenizer.save_pretrained(directory / "hf")
+    windows = [row.tolist() for batch in result.data.loader("train", 4) for row in batch["input_ids"]][: batches * 4]
+    (directory / "calibration.json").write_text(json.dumps(windows))
+
+
+def tool_child(config: dict, batches: int, out: str) -> None:
+    import mase_lite as ml
+
+    quantize = {"pass": "quantize", "params": {"by": "type", "rules": {"head": None, "linear": {"weight":
+                                                                                                weight_format("full")}}}}
+    gptq = {"pass": "gptq", "params": {"num_batches": batches, "batch_size": 4, "act_order": True, "damp": 0.01}}
+    result = ml.run_pipeline(spec(config, batches, [quantize, gptq], out))
+    seconds = next(s["seconds"] for s in result.report["steps"] if s["pass"] == "gptq")
+    test = [batch["input_ids"] for batch in result.data.loader("test", 4)]
+    float_model = ml.run_pipeline(spec(config, batches, [], out + "_float")).mg.model.eval()
+    print(json.dumps({"seconds": seconds, "held_out": held_out_error(float_model, result.mg.model, test)}))
+
+
+def timed(command: list[str]) -> tuple[dict, float]:
+    """The command's last line as JSON, and its CPU seconds (user + system)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    run = subprocess.run(command, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if run.returncode != 0:
+        raise SystemExit(f"{command[0]} failed:\n{run.stderr[-3000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return json.loads(run.stdout.strip().splitlines()[-1]), cpu
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
+
+
+def main() -> None:
+    if len(sys.argv) == 5 and sys.argv[1] == "_tool":
+        tool_child(json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gptqmodel-python", required=True, help="the interpreter of gptqmodel's environment")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--batches", type=int, default=4, help="calibration batches of 4 windows of 128 tokens")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--busy", type=int, nargs="+", default=[0, 2], help="busy processes beside, per setting")
+    args = parser.parse_args()
+    config = {**MODELS["156m"], "num_hidden_layers": args.layers}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        prepare(config, args.batches, directory)
+        script = directory / "gptqmodel_run.py"
+        script.write_text(GPTQMODEL)
+        tool = [sys.executable, __file__, "_tool", json.dumps(config), str(args.batches), str(directory / "tool")]
+        peer = [args.gptqmodel_python, str(script), str(directory / "hf"), str(directory / "calibration.json")]
+        for busy in args.busy:
+            load = os.getloadavg()[0]
+            runs: dict[str, list] = {"tool": [], "gptqmodel": []}
+            with busy_processes(busy) if busy else contextlib.nullcontext():
+                for _ in range(args.rounds):
+                    runs["tool"].append(timed(tool))
+                    runs["gptqmodel"].append(timed(peer))
+            rows.append((busy, load, os.getloadavg()[0], runs))
+    print(f"command: python benchmarks/gptq_vs_gptqmodel.py {' '.join(sys.argv[1:])}")
+    print(f"CPU: {os.cpu_count()} logical CPUs; {args.rounds} rounds each setting, the tools in turn\n")
+    print("| busy processes | load before → after | tool GPTQ s | gptqmodel quantize s | wall ratio tool / gptqmodel "
+          "| tool process CPU s | gptqmodel process CPU s | tool held-out layer error |")
+    print("|---|---|---|---|---|---|---|---|")
+    for busy, before, after, runs in rows:
+        tool_s = [r[0]["seconds"] for r in runs["tool"]]
+        peer_s = [r[0]["seconds"] for r in runs["gptqmodel"]]
+        ratios = [t / p for t, p in zip(tool_s, peer_s)]
+        print(f"| {busy} | {before:.2f} → {after:.2f} | {spread(tool_s)} | {spread(peer_s)} | "
+              f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | "
+              f"{spread([r[1] for r in runs['tool']])} | {spread([r[1] for r in runs['gptqmodel']])} | "
+              f"{statistics.median(r[0]['held_out'] for r in runs['tool']):.4f} |")
+
+
+if __name__ == "__main__":
+    main()
