@@ -77,10 +77,11 @@ def tool_child(config: dict, batches: int, out: str) -> None:
     print(json.dumps({"seconds": seconds, "held_out": held_out_error(float_model, result.mg.model, test)}))
 
 
-def timed(command: list[str]) -> tuple[dict, float]:
-    """The command's last line as JSON, and its CPU seconds (user + system)."""
+def timed(command: list[str], cwd: Path) -> tuple[dict, float]:
+    """The command's last line as JSON, and its CPU seconds (user + system); run in ``cwd`` (gptqmodel writes logs
+    into its working directory)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    run = subprocess.run(command, capture_output=True, text=True)
+    run = subprocess.run(command, capture_output=True, text=True, cwd=cwd)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if run.returncode != 0:
         raise SystemExit(f"{command[0]} failed:\n{run.stderr[-3000:]}")
@@ -117,8 +118,8 @@ def main() -> None:
             runs: dict[str, list] = {"tool": [], "gptqmodel": []}
             with busy_processes(busy) if busy else contextlib.nullcontext():
                 for _ in range(args.rounds):
-                    runs["tool"].append(timed(tool))
-                    runs["gptqmodel"].append(timed(peer))
+                    runs["tool"].append(timed(tool, directory))
+                    runs["gptqmodel"].append(timed(peer, directory))
             rows.append((busy, load, os.getloadavg()[0], runs))
     print(f"command: python benchmarks/gptq_vs_gptqmodel.py {' '.join(sys.argv[1:])}")
     print(f"CPU: {os.cpu_count()} logical CPUs; {args.rounds} rounds each setting, the tools in turn\n")
