@@ -111,7 +111,8 @@ def main() -> None:
         prepare(config, args.batches, directory)
         script = directory / "gptqmodel_run.py"
         script.write_text(GPTQMODEL)
-        tool = [sys.executable, str(Path(__file__).resolve()), "_tool", json.dumps(config), str(args.batches), str(directory / "tool")]
+        tool = [sys.executable, str(Path(__file__).resolve()), "_tool", json.dumps(config), str(args.batches),
+                str(directory / "tool")]
         peer = [args.gptqmodel_python, str(script), str(directory / "hf"), str(directory / "calibration.json")]
         for busy in args.busy:
             load = os.getloadavg()[0]

@@ -11,8 +11,8 @@ import mase_lite as ml
 from mase_lite.cli import main
 from mase_lite.train.language import token_stream
 
-LM = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-      "intermediate_size": 64, "max_position_embeddings": 64}
+LM = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+      "num_key_value_heads": 1, "intermediate_size": 64, "max_position_embeddings": 64}
 
 
 def spec(tmp_path, steps) -> dict:
@@ -26,9 +26,10 @@ def evaluate(label, **params):
 
 
 def test_protocols_score_the_tokens_they_define(tmp_path):
-    result = ml.run_pipeline(spec(tmp_path, [evaluate("windows"), evaluate("sliding", protocol="sliding", context=16, stride=16),
-                                             evaluate("strided", protocol="sliding", context=16, stride=4),
-                                             evaluate("chunks", protocol="chunks", context=16, bos=True)]))
+    steps = [evaluate("windows"), evaluate("sliding", protocol="sliding", context=16, stride=16),
+             evaluate("strided", protocol="sliding", context=16, stride=4),
+             evaluate("chunks", protocol="chunks", context=16, bos=True)]
+    result = ml.run_pipeline(spec(tmp_path, steps))
     metrics = result.report["metrics"]
     tokens = token_stream(result.data.tokenizer, result.data.documents["test"]).numel()
     assert result.data.tensors["test"]["input_ids"].shape[0] * 16 >= tokens  # the data's windows cover the stream
