@@ -520,11 +520,25 @@ def _unpermuted(name: str, tensor: Tensor, config, arch: str) -> Tensor:
     return tensor[_row_order(name, tensor.shape[0], config, arch)]
 
 
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_SPLITS = {  # tokenizer.ggml.pre: the splits llama.cpp applies, in turn, before byte-level BPE
+    **dict.fromkeys(("gpt-2", "phi-2", "mpt", "olmo", "roberta-bpe"), (_GPT2_SPLIT,)),
+    **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"),
+                    (r"\p{N}", _GPT2_SPLIT)),
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"), (_LLAMA3_SPLIT,)),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen"), (_LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}"),)),
+}
+"""How a byte-level vocabulary's text is cut into words, by the ``tokenizer.ggml.pre`` llama.cpp writes; another or no
+``pre`` gets GPT-2's cut (transformers' ByteLevel)."""
+
+
 def read_tokenizer(path: str | Path):
     """The GGUF file's vocabulary as a transformers tokenizer: ``bert`` (WordPiece: U+2581 words, bare
     continuations) or ``gpt2`` (byte-level BPE with its merges); None when the file has no vocabulary. Only the
     file's metadata is read (validated as :func:`.gguf_file.metadata` validates it)."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     path = Path(path)
@@ -567,7 +581,10 @@ def read_tokenizer(path: str | Path):
                 raise ExportError(f"{path}: tokenizer.ggml.merges[{i}] = {short(' '.join(merge))}: give two tokens "
                                   "of the vocabulary, separated by a space, whose join is one too")
         backend = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        splits = PRE_SPLITS.get(meta.get("tokenizer.ggml.pre"))
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False) if splits is None else \
+            pre_tokenizers.Sequence([*(pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits),
+                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         backend.decoder = decoders.ByteLevel()
     roles = {role: tokens[ids[key]] for role, key in ROLES if ids[key] is not None and 0 <= ids[key] < len(tokens)}
     carried = {key: meta[key] for key, kind in CARRIED.items() if isinstance(meta.get(key), kind)}
