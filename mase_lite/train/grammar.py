@@ -186,7 +186,7 @@ def default_grammar(seed: int = 0) -> Grammar:
     """The default corpus's grammar: English-like clauses with number agreement; ``seed`` orders word frequencies."""
     rng = random.Random(seed)
     classes = {
-        "det_sg": _zipf(("a", "every", "one", "this", "each", "that"), rng),
+        "det_sg": _zipf(("a", "every", "one", "this", "each", "that", "the"), rng),
         "det_pl": _zipf(("some", "many", "these", "two", "three", "those", "all"), rng),
         "noun_sg": _zipf([s for s, _ in NOUNS], rng),
         "noun_pl": _zipf([p for _, p in NOUNS], rng),

@@ -143,6 +143,12 @@ def test_synthetic_defaults_sizes_and_max_length():
     assert (batch["input_ids"][:, 0] == data.tokenizer.cls_token_id).all()
 
 
+def test_the_default_language_model_corpus_keeps_a_prompts_common_words_whole():
+    """A prompt such as the README's "the small dog" is words of the default causal-LM tokenizer, not letters."""
+    data = build_data({"n_train": 64, "n_test": 8}, task="causal-lm", seed=0)
+    assert data.tokenizer.tokenize("the small dog runs.") == ["the", "small", "dog", "runs", "."]
+
+
 def test_loader_covers_every_row_once_and_is_seeded():
     tensors = {"labels": torch.arange(33)}
     loader = BatchLoader(tensors, batch_size=16, shuffle=False, seed=0)
