@@ -44,14 +44,14 @@ def load():
 
 def test_a_library_this_user_built_is_loaded_from_the_cache(cache):
     lib = load()
-    target = cache / native.cached_name(SOURCE)
+    target = cache / native.cached_name(SOURCE.stem, (SOURCE,))
     assert Path(lib._name) == target and native._verified(target)
     assert oct(target.stat().st_mode & 0o777) == "0o700"
 
 
 def test_bytes_that_are_not_the_recorded_ones_are_built_again(cache, tmp_path):
     load()
-    target = cache / native.cached_name(SOURCE)
+    target = cache / native.cached_name(SOURCE.stem, (SOURCE,))
     ran = canary(tmp_path, target)  # this user's file, but not the library the record describes
     lib = load()
     assert not ran.exists() and native._verified(target) and Path(lib._name) == target
@@ -59,7 +59,7 @@ def test_bytes_that_are_not_the_recorded_ones_are_built_again(cache, tmp_path):
 
 @pytest.mark.skipif(os.getuid() != 0, reason="planting a file of another user needs root")
 def test_a_library_another_user_planted_never_runs(cache, tmp_path):
-    target = cache / native.cached_name(SOURCE)
+    target = cache / native.cached_name(SOURCE.stem, (SOURCE,))
     cache.mkdir(parents=True, mode=0o700)
     ran = canary(tmp_path, target)
     native._record(target).write_text(__import__("hashlib").sha256(target.read_bytes()).hexdigest())
@@ -73,7 +73,7 @@ def test_a_library_another_user_planted_never_runs(cache, tmp_path):
 def test_a_cache_directory_not_this_users_alone_is_never_used(how, cache, tmp_path, caplog):
     if how == "another owner" and os.getuid() != 0:
         pytest.skip("giving a directory to another user needs root")
-    target = cache / native.cached_name(SOURCE)
+    target = cache / native.cached_name(SOURCE.stem, (SOURCE,))
     cache.mkdir(parents=True)
     ran = canary(tmp_path, target)
     native._record(target).write_text(__import__("hashlib").sha256(target.read_bytes()).hexdigest())

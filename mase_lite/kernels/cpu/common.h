@@ -56,8 +56,13 @@ static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+/* The sum of eight float32 lanes: ((0+4)+(2+6))+((1+5)+(3+7)), the order every kernel's reductions take. */
+static inline float sum8(const float l[8]) {
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
 #ifdef CPU_X86
-/* The sum of a vector's eight lanes: ((0+4)+(2+6))+((1+5)+(3+7)), the order every kernel's reductions take. */
+/* sum8 of a vector's lanes. */
 AVX2 INLINE float sum8_avx2(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

@@ -70,7 +70,7 @@ static size_t layout(const struct model *m, char *base, struct buffers *b) {
         at += (size_t)(sizes[i] + 15) / 16 * 64; /* each buffer on its own cache lines */
     }
     if (base) b->corr = (int32_t *)(base + at);
-    at += (size_t)(wide / 4 * 4 + 63) / 64 * 64;
+    at += (size_t)(wide / BLOCK * 4 + 63) / 64 * 64; /* an int32 correction per block */
     if (base) b->xq = (int8_t *)(base + at);
     return at + (size_t)wide;
 }
@@ -93,8 +93,7 @@ static void prepare(struct linear_args *a, const struct group *g, float *const *
 static void rms_norm(const float *x, const float *weight, float eps, int64_t n, float *out) {
     float lanes[8] = {0};
     for (int64_t i = 0; i < n; i++) lanes[i % 8] += x[i] * x[i];
-    float sum = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
-    float r = 1.0f / sqrtf(sum / (float)n + eps);
+    float r = 1.0f / sqrtf(sum8(lanes) / (float)n + eps);
     for (int64_t i = 0; i < n; i++) out[i] = weight[i] * (x[i] * r);
 }
 
@@ -111,7 +110,7 @@ static float dot8(const float *a, const float *b, int64_t n) {
     for (; d + 8 <= n; d += 8)
         for (int l = 0; l < 8; l++) lanes[l] += a[d + l] * b[d + l];
     for (; d < n; d++) lanes[d % 8] += a[d] * b[d];
-    return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+    return sum8(lanes);
 }
 
 /* Head h's attention over positions 0..length-1 of its key/value head. */

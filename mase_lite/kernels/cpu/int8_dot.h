@@ -67,6 +67,10 @@ static inline float block_scale(const struct weights *w, const int64_t j, int64_
     return w->half ? half_to_float(((const uint16_t *)w->scales)[j * nb + b]) : ((const float *)w->scales)[j * nb + b];
 }
 
+/* Whether the int8 products of `level` take VNNI (its unsigned-by-signed bytes): the kernels chosen and the correction
+ * x's codes carry both follow it. */
+static inline int vnni_at(int level) { return level == LEVEL_AVX512 && cpu_vnni(); }
+
 /* ---------------------------------------------------------------- plain C */
 
 /* One output: each block's 32 products summed exactly, then into one float32 chain, blocks in order. */
@@ -280,12 +284,7 @@ AVX2 static void lay_out_scales(const struct weights *w, const int64_t rows[8], 
         for (int i = 0; i < 8; i++) _mm256_storeu_si256((__m256i *)(out + 8 * (b + i)), t[i]);
     }
     for (; b < blocks; b++)
-        for (int r = 0; r < 8; r++) {
-            int64_t at = rows[r] * nb + b0 + b;
-            out[8 * b + r] = !w->nibbles ? e8m0(((const uint8_t *)w->scales)[at])
-                             : w->half   ? _cvtsh_ss(((const uint16_t *)w->scales)[at])
-                                         : ((const float *)w->scales)[at];
-        }
+        for (int r = 0; r < 8; r++) out[8 * b + r] = block_scale(w, rows[r], nb, b0 + b);
 }
 
 /* Vectors never cross into code built without AVX: tables and codes go in as bytes, the chains as floats. */
@@ -304,7 +303,7 @@ static const struct kernels *vector_kernels(const struct weights *w, int level) 
         {KERNELS(affine_vnni, unsigned_vnni, 4), KERNELS(table_vnni, unsigned_vnni, 4),
          KERNELS(codes_vnni, unsigned_vnni, 4)}};
 #undef KERNELS
-    return &kernels[level == LEVEL_AVX512 && cpu_vnni()][!w->nibbles ? 2 : w->affine ? 0 : 1];
+    return &kernels[vnni_at(level)][!w->nibbles ? 2 : w->affine ? 0 : 1];
 }
 #endif
 
@@ -401,8 +400,7 @@ static int affine_table(const int8_t *itable) {
 /* The correction x's codes carry for a's kind at its level: the affine table's offset, or -128 for looked-up values
  * and MXINT8 codes flipped unsigned under VNNI; 0 for none. */
 static int correction(const struct linear_args *a) {
-    int vector = a->level >= LEVEL_AVX2, vnni = a->level == LEVEL_AVX512 && cpu_vnni();
-    return a->nibbles && a->affine && vector ? a->itable[0] : vnni ? -128 : 0;
+    return a->nibbles && a->affine && a->level >= LEVEL_AVX2 ? a->itable[0] : vnni_at(a->level) ? -128 : 0;
 }
 
 /* Rows [first, last) of x (a->k columns) quantized into xq, xs, corr for a's layers. */

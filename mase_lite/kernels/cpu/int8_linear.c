@@ -60,7 +60,8 @@ static void run(struct linear_args *a, const float *x, int threads, void *scratc
 
 /* out[l][i * n[l] + j] = sum_t x[i * k + t] * W_l[j, t] (+ bias[l][j]) for the `count` layers (at most 8) that
  * share x, x quantized as above: the m rows of x (k a multiple of 32) and the n[l] rows of each W_l, on `threads`
- * threads (OpenMP builds). scratch: 2 * m * k + m * k / 8 bytes, 4-byte aligned. Nibbles: q[l] n[l] rows of
+ * threads (OpenMP builds). scratch: m * k + m * k / 4 bytes (x's codes, then a float32 scale and an int32
+ * correction per block), 4-byte aligned. Nibbles: q[l] n[l] rows of
  * k / 2 bytes, scales[l] n[l] rows of k / 32 float32 (float16 where `half`), itable the 16 integers of every
  * layer, unit the power of two they are multiplied by. Returns -1 (nothing done) for more than 8 layers. */
 int int8_linear_nibbles(const float *x, int64_t m, int64_t k, int count, const uint8_t *const *q,

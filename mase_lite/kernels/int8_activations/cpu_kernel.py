@@ -95,7 +95,7 @@ def _many(kind: str, x: Tensor, in_features: int, layers: list[tuple[Tensor, Ten
         weights[i], scale_ptrs[i], out_ptrs[i], counts[i] = w.data_ptr(), s.data_ptr(), o.data_ptr(), o.shape[1]
         bias_ptrs[i] = None if b is None else b.data_ptr()
     launch(lib, x32.data_ptr(), rows, len(layers), weights, scale_ptrs, bias_ptrs, out_ptrs, counts, lvl,
-           workers if lib.openmp else 1, scratch(2 * rows * in_features + rows * in_features // 8).data_ptr())
+           workers if lib.openmp else 1, scratch(rows * in_features + rows * in_features // 4).data_ptr())
     threads.end(probe)
     return [_out(o, x) for o in outs]
 

@@ -1,5 +1,6 @@
-"""A Llama-family model's decoding step in one native call (``decoder.c`` of the CPU kernel library) where every Linear of its layers takes
-int8 activations (packed MXINT8 or 4-bit layers with ``activations="int8"``): norms, projections, rotary
+"""A Llama-family model's decoding step in one native call (``decoder.c`` of the CPU kernel library) where every
+Linear of its layers takes int8 activations (packed MXINT8 or 4-bit layers with ``activations="int8"``): norms,
+projections, rotary
 embedding, the key/value cache and attention run in one parallel region, the threads meeting at barriers instead of
 returning to Python between layers. :class:`mase_lite.nn.decoder.Decoder` uses it for one token at a time; a
 prompt runs through the layers as before. Each projection's outputs are the bits of the layer's own call; the

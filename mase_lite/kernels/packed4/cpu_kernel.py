@@ -9,8 +9,9 @@ the fused path's sums are float32 in the kernel's own order, never split over th
 float64 reference up to float32 accumulation, the same at any thread count (the panel path's sums are torch's
 GEMM's, whose order may depend on its thread count).
 
-The vector level is the library's (:func:`mase_lite.kernels.cpu.level`; ``torch`` for the reference). Functions return None where the kernel does not
-apply (an input dtype it does not compute, a traced call, no compiled kernel): the caller runs the reference.
+The vector level is the library's (:func:`mase_lite.kernels.cpu.level`; ``torch`` for the reference). Functions
+return None where the kernel does not apply (an input dtype it does not compute, a traced call, no compiled kernel):
+the caller runs the reference.
 """
 
 from __future__ import annotations

@@ -126,13 +126,12 @@ def library(name: str, directory: Path = SOURCES, openmp: bool = False,
         return None
 
 
-def cached_name(source: Path, extra: tuple[str, ...] = (), sources: tuple[Path, ...] = ()) -> str:
-    """The file name of ``source``'s library (``sources``: the files built into it, where not ``source`` alone)
-    built with ``extra`` flags: a digest of the sources, the headers they include (``#include "..."``, through other
-    headers too), the flags, the compiler's version and the machine."""
-    texts = [p.read_text() for f in sources or (source,) for p in _included(Path(f))]
+def cached_name(name: str, sources: tuple[Path, ...], extra: tuple[str, ...] = ()) -> str:
+    """The file name of library ``name`` built from ``sources`` with ``extra`` flags: a digest of the sources, the headers
+    they include (``#include "..."``, through other headers too), the flags, the compiler's version and the machine."""
+    texts = [p.read_text() for source in sources for p in _included(Path(source))]
     key = hashlib.sha256("\0".join([*texts, *FLAGS, *extra, _compiler()[1], platform.machine()]).encode())
-    return f"{Path(source).stem}-{key.hexdigest()[:16]}.so"
+    return f"{name}-{key.hexdigest()[:16]}.so"
 
 
 def _included(source: Path) -> list[Path]:
@@ -153,7 +152,7 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 
 def _load(compiler: str, name: str, sources: tuple[Path, ...], extra: tuple[str, ...]) -> ctypes.CDLL:
     """``sources`` built into library ``name`` with ``extra`` flags (once: the cache) and loaded."""
-    target = _build_dir() / cached_name(Path(name), extra, sources)
+    target = _build_dir() / cached_name(name, sources, extra)
     if not _verified(target):
         _build(compiler, sources, target, extra)
     try:
