@@ -18,14 +18,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from pydantic import Field, model_validator
 
 from mase_lite.errors import UserError
 from mase_lite.passes.registry import PassParams, PassResult, register_pass
-from mase_lite.train import perplexity
-from mase_lite.train.batches import logits_of, model_device, model_inputs
-from mase_lite.train.evaluator import evaluate_model
+from mase_lite.train.evaluator import evaluate_model, stream_perplexity
 from mase_lite.train.language import token_stream
 from mase_lite.train.tasks import get_task
 
@@ -88,22 +85,9 @@ def _protocol_metrics(mg, params: EvaluateParams, data) -> dict:
     bos = data.tokenizer.bos_token_id if params.bos else None
     if params.bos and bos is None:
         raise UserError("evaluate.bos: the run's tokenizer has no beginning-of-text token")
-    model, names, device = mg.model, list(mg.input_names or data.input_names), model_device(mg.model)
-
-    def logits(ids):
-        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
-        return logits_of(model(**model_inputs(batch, names, device))).cpu()
-
-    was_training = model.training
-    model.eval()
     try:
-        with torch.no_grad():
-            if params.protocol == "sliding":
-                metrics = perplexity.sliding(logits, stream, params.context, params.stride)
-            else:
-                metrics = perplexity.chunks(logits, stream, params.context, bos, batch=params.batch_size)
+        metrics = stream_perplexity(mg.model, stream, list(mg.input_names or data.input_names), params.protocol,
+                                    params.context, params.stride, bos, params.batch_size)
     except ValueError as err:
         raise UserError(f"evaluate.context: {err} (the {params.split} split has {stream.numel()} tokens)") from err
-    finally:
-        model.train(was_training)
     return {**metrics, "protocol": params.protocol, "split": params.split}
