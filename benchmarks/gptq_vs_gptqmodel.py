@@ -27,7 +27,8 @@ import tempfile
 from pathlib import Path
 
 from busy import busy_processes  # beside this script
-from ptq import MODELS, WINDOW, held_out_error, weight_format  # beside this script
+from figures import cpu_model, spread  # beside this script
+from ptq import MODELS, gptq_steps, held_out_error, spec  # beside this script
 
 GPTQMODEL = """
 import json, os, sys, time
@@ -46,18 +47,11 @@ print(json.dumps({"seconds": time.perf_counter() - began}))
 """
 
 
-def spec(config: dict, batches: int, steps: list, out: str) -> dict:
-    return {"name": "gptq", "seed": 0, "device": "cpu", "capture": "modules",
-            "model": {"task": "causal-lm", "hf_config": config},
-            "data": {"dataset": "synthetic-grammar", "block_size": WINDOW, "n_train": batches * 4, "n_test": 8},
-            "steps": steps, "output_dir": out}
-
-
 def prepare(config: dict, batches: int, directory: Path) -> None:
     """The float model and its tokenizer saved for gptqmodel, and the calibration windows the tool's gptq step takes."""
     import mase_lite as ml
 
-    result = ml.run_pipeline(spec(config, batches, [], str(directory / "float")))
+    result = ml.run_pipeline(spec(config, batches, [], "float", str(directory / "float")))
     result.mg.model.save_pretrained(directory / "hf")
     result.data.tokenizer.save_pretrained(directory / "hf")
     windows = [row.tolist() for batch in result.data.loader("train", 4) for row in batch["input_ids"]][: batches * 4]
@@ -67,13 +61,10 @@ def prepare(config: dict, batches: int, directory: Path) -> None:
 def tool_child(config: dict, batches: int, out: str) -> None:
     import mase_lite as ml
 
-    quantize = {"pass": "quantize", "params": {"by": "type", "rules": {"head": None, "linear": {"weight":
-                                                                                                weight_format("full")}}}}
-    gptq = {"pass": "gptq", "params": {"num_batches": batches, "batch_size": 4, "act_order": True, "damp": 0.01}}
-    result = ml.run_pipeline(spec(config, batches, [quantize, gptq], out))
+    result = ml.run_pipeline(spec(config, batches, list(gptq_steps("full", batches)), "gptq", out))
     seconds = next(s["seconds"] for s in result.report["steps"] if s["pass"] == "gptq")
     test = [batch["input_ids"] for batch in result.data.loader("test", 4)]
-    float_model = ml.run_pipeline(spec(config, batches, [], out + "_float")).mg.model.eval()
+    float_model = ml.run_pipeline(spec(config, batches, [], "float", out + "_float")).mg.model.eval()
     print(json.dumps({"seconds": seconds, "held_out": held_out_error(float_model, result.mg.model, test)}))
 
 
@@ -87,10 +78,6 @@ def timed(command: list[str], cwd: Path) -> tuple[dict, float]:
         raise SystemExit(f"{command[0]} failed:\n{run.stderr[-3000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return json.loads(run.stdout.strip().splitlines()[-1]), cpu
-
-
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
 
 
 def main() -> None:
@@ -123,7 +110,7 @@ def main() -> None:
                     runs["gptqmodel"].append(timed(peer, directory))
             rows.append((busy, load, os.getloadavg()[0], runs))
     print(f"command: python benchmarks/gptq_vs_gptqmodel.py {' '.join(sys.argv[1:])}")
-    print(f"CPU: {os.cpu_count()} logical CPUs; {args.rounds} rounds each setting, the tools in turn\n")
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} logical CPUs; {args.rounds} rounds each setting, the tools in turn\n")
     print("| busy processes | load before → after | tool GPTQ s | gptqmodel quantize s | wall ratio tool / gptqmodel "
           "| tool process CPU s | gptqmodel process CPU s | tool held-out layer error |")
     print("|---|---|---|---|---|---|---|---|")
@@ -131,9 +118,9 @@ def main() -> None:
         tool_s = [r[0]["seconds"] for r in runs["tool"]]
         peer_s = [r[0]["seconds"] for r in runs["gptqmodel"]]
         ratios = [t / p for t, p in zip(tool_s, peer_s)]
-        print(f"| {busy} | {before:.2f} → {after:.2f} | {spread(tool_s)} | {spread(peer_s)} | "
-              f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | "
-              f"{spread([r[1] for r in runs['tool']])} | {spread([r[1] for r in runs['gptqmodel']])} | "
+        print(f"| {busy} | {before:.2f} → {after:.2f} | {spread(tool_s, 1)} | {spread(peer_s, 1)} | "
+              f"{spread(ratios)} | "
+              f"{spread([r[1] for r in runs['tool']], 1)} | {spread([r[1] for r in runs['gptqmodel']], 1)} | "
               f"{statistics.median(r[0]['held_out'] for r in runs['tool']):.4f} |")
 
 

@@ -49,6 +49,23 @@ def weight_format(grid: str) -> dict:
             "full_range": grid == "full"}
 
 
+def spec(config: dict, batches: int, steps: list, name: str, out_dir: str) -> dict:
+    """A pipeline of ``steps`` on the Llama of ``config`` (random weights, seed 0) and the grammar corpus, with
+    ``batches`` batches of 4 calibration windows of ``WINDOW`` tokens and 8 test windows."""
+    return {"name": name, "seed": 0, "device": "cpu", "capture": "modules",
+            "model": {"task": "causal-lm", "hf_config": config},
+            "data": {"dataset": "synthetic-grammar", "block_size": WINDOW, "n_train": batches * 4, "n_test": 8},
+            "steps": steps, "output_dir": out_dir}
+
+
+def gptq_steps(grid: str, batches: int) -> tuple[dict, dict]:
+    """Every Linear but the head quantized to W4 in groups of 128 on ``grid``, then GPTQ (act-order) over the
+    calibration batches."""
+    quantize = {"pass": "quantize", "params": {"by": "type", "rules": {"head": None,
+                                                                        "linear": {"weight": weight_format(grid)}}}}
+    return quantize, {"pass": "gptq", "params": {"num_batches": batches, "batch_size": 4, "act_order": True}}
+
+
 def gemm_rate() -> float:
     import torch
     from torch.utils import benchmark
@@ -101,24 +118,19 @@ def child(out: str, model_name: str, batches: int, layers: int, grid: str, rate:
 
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     config = {**MODELS[model_name], "num_hidden_layers": layers}
-    fmt = weight_format(grid)
 
-    def spec(steps, name):
-        return {"name": name, "seed": 0, "device": "cpu", "capture": "modules",
-                "model": {"task": "causal-lm", "hf_config": config},
-                "data": {"dataset": "synthetic-grammar", "block_size": WINDOW, "n_train": batches * 4, "n_test": 8},
-                "steps": steps, "output_dir": f"{out}/{name}"}
+    def run(steps, name):
+        return ml.run_pipeline(spec(config, batches, steps, name, f"{out}/{name}"))
 
-    quantize = {"pass": "quantize", "params": {"by": "type", "rules": {"head": None, "linear": {"weight": fmt}}}}
-    gptq = {"pass": "gptq", "params": {"num_batches": batches, "batch_size": 4, "act_order": True}}
-    result = ml.run_pipeline(spec([quantize, gptq], "gptq"))
+    quantize, gptq = gptq_steps(grid, batches)
+    result = run([quantize, gptq], "gptq")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     steps = {s["pass"]: s for s in result.report["steps"]}
     info = steps["gptq"]["info"]
     weights = sum(p.numel() * p.element_size() for p in result.mg.model.parameters())
     test = [batch["input_ids"] for batch in result.data.loader("test", 4)]
-    float_model = ml.run_pipeline(spec([], "float")).mg.model.eval()
-    rtn = ml.run_pipeline(spec([quantize], "rtn")).mg.model.eval()
+    float_model = run([], "float").mg.model.eval()
+    rtn = run([quantize], "rtn").mg.model.eval()
     tokens = batches * 4 * WINDOW
     print(json.dumps({"weights": weights, "peak": peak, "base": base_rss, "gptq": steps["gptq"]["seconds"],
                       "floor": floor_flops(config, tokens) / rate, "rate": rate / 1e9, "layers": len(info["layers"]),

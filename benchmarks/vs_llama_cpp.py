@@ -23,7 +23,6 @@ import contextlib
 import copy
 import json
 import os
-import platform
 import random
 import shutil
 import statistics
@@ -36,19 +35,13 @@ from pathlib import Path
 import torch
 
 from busy import busy_processes  # beside this script
+from figures import cpu_model, spread  # beside this script
 
 TYPES = {  # GGUF's type: the tool's format that it holds exactly, and how the tool packs it
     "Q4_0": ({"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "scale_dtype": "float16",
               "full_range": True}, "q4_0"),
     "Q8_0": ({"name": "mxint", "element_width": 8}, "mxint8"),
 }
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def build_model(layers: int) -> torch.nn.Module:
@@ -108,10 +101,6 @@ def llama_rates(binary: str, path: Path, threads: int, prompt: int, tokens: int)
     tests = json.loads(result.stdout)
     rate = {(t["n_prompt"], t["n_gen"]): t["avg_ts"] for t in tests}
     return rate[(prompt, 0)], rate[(0, tokens)]
-
-
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
 
 
 def main() -> None:
