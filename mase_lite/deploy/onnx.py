@@ -14,9 +14,10 @@ A format's ``onnx`` mapping (in its own module) gives a weight's DequantizeLinea
 (``tensors(codes)``: ``values``, ``scale``, ``zero``, ``axis``, ``block``, ``bits``, ``signed``, or None), its
 ``onnx/input`` mapping an activation's Q/DQ (``scheme(fmt)``: scale, zero point, signed, or None).
 
-The graph is ``torch.onnx.export`` of the model with its quantized weights swapped for their values for the
-duration of the export (the model is left as it was), inputs named as the model's, batch and sequence
-dimensions dynamic.
+The graph is ``torch.onnx.export`` of the model's inference program (:func:`.tracing.inference_program`: its
+quantized weights swapped for their values for the duration, the model left as it was): it takes the model's
+inputs but ``labels`` (``input_ids``, ``attention_mask``; ``pixel_values``), named as the model's, batch and
+sequence dimensions dynamic, and returns ``logits``, with no key/value cache.
 
 onnxruntime fuses an int8 per-tensor or per-channel DequantizeLinear -> MatMul into ``MatMulNBits``, which by
 default computes with int8 activations (accuracy level 4); the session option
@@ -40,7 +41,7 @@ from torch import Tensor
 
 from mase_lite import __version__
 from mase_lite.deploy.layers import ExportError, Layer, linear_layers, unsupported
-from mase_lite.deploy.tracing import Outputs, dynamic, evaluating, example_inputs, quantized_values
+from mase_lite.deploy.tracing import inference_program
 from mase_lite.files import follow_umask, head_of, staged_file
 from mase_lite.nn.quant_functional import QuantizedFunction
 from mase_lite.nn.quantized import QuantizedLayer
@@ -65,23 +66,18 @@ def _onnx():
 
 
 def write(mg, path: str | Path, tokenizer: Any = None) -> dict[str, Any]:
-    """Write ``mg`` (a graph or a module-mode model with example inputs) to the ONNX file ``path``."""
+    """Write ``mg`` (a graph or a module-mode model with example inputs) to the ONNX file ``path``: its inference
+    inputs (not ``labels``), returning its logits."""
     onnx = _onnx()
     model = mg.model
     _check_activations(model)
     layers = linear_layers(model)
     dq = {layer.name: _dequantize_spec(layer) for layer in layers}
     dq = {name: spec for name, spec in dq.items() if spec is not None}
-    inputs = example_inputs(mg)
-    wrapper = Outputs(model, list(inputs))
-    with quantized_values(model), _quiet_exporter(), evaluating(wrapper):
-        with torch.no_grad():
-            outputs = wrapper.names_of(model(**inputs))
-        program = torch.onnx.export(
-            wrapper, tuple(inputs.values()), dynamo=True, optimize=False, opset_version=OPSET,
-            input_names=list(inputs), output_names=outputs,
-            dynamic_shapes=(tuple(dynamic(v) for v in inputs.values()),),
-            custom_translation_table=_translations(), verbose=False)
+    with _quiet_exporter():
+        program, inputs, outputs = inference_program(mg, TARGET, unpack=True)
+        program = torch.onnx.export(program, dynamo=True, optimize=False, opset_version=OPSET, input_names=inputs,
+                                    output_names=outputs, custom_translation_table=_translations(), verbose=False)
     proto = program.model_proto
     prefix = "model."
     replaced = _replace_initializers(onnx, proto, dq, prefix)
@@ -93,7 +89,7 @@ def write(mg, path: str | Path, tokenizer: Any = None) -> dict[str, Any]:
     return {"format": TARGET, "path": str(path), "bytes": path.stat().st_size, "opset": OPSET,
             "dequantize_linear": sorted(replaced),
             "float_weights": sorted(lay.name for lay in layers if lay.name not in replaced and lay.weight_format is not None),
-            "inputs": list(inputs), "outputs": [o.name for o in proto.graph.output]}
+            "inputs": inputs, "outputs": [o.name for o in proto.graph.output]}
 
 
 def is_export(path: Path) -> bool:

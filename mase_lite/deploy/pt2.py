@@ -1,18 +1,22 @@
 """pt2: the ``torch.export`` program of the quantized model, for a fresh process:
 
     import mase_lite.deploy.pt2 as pt2          # registers mase_lite's operators, nothing else runs
-    model = pt2.load("model.pt2")               # a torch.nn.Module: model(input_ids) -> logits, ...
+    model = pt2.load("model.pt2")               # a torch.nn.Module
+    logits = model(input_ids, attention_mask)   # a causal LM, a text classifier; an image classifier: pixel_values
 
 A ``.pt2`` is data, like a checkpoint: :func:`load` reads it with nothing unpickled, evaluated or run. Before torch
-sees the archive, :mod:`.pt2_check` refuses one holding pickled objects, guard code, operators outside aten, prims
-and mase_lite, or symbolic shapes that are more than expressions (torch's own loader would run each), naming the
-member; ``trust_code=True`` (or ``--trust-code``) loads an archive from elsewhere as ``torch.export.load`` does.
+sees the archive, :mod:`.pt2_check` refuses one holding pickled objects, guard code beyond relations of the
+inputs' sizes, operators outside aten, prims and mase_lite, or symbolic shapes that are more than expressions
+(torch's own loader would run each), naming the member; ``trust_code=True`` (or ``--trust-code``) loads an
+archive from elsewhere as ``torch.export.load`` does.
 
 Quantized weights are the program's constants, as their quantized values; packed MXINT8 layers keep their int8
 codes and call ``mase_lite::mxint8_linear``; quantized activations call ``mase_lite::fake_quantize`` with their
-format. The program takes the model's inputs in order (batch and sequence dimensions free) and returns its
-tensors (a model output's fields, in order; a tensor when there is one, as ``logits``), and computes the
-tool's values bit for bit.
+format. The program is the model as a runtime calls it: it takes the model's inputs but ``labels`` (an
+encoder-decoder keeps them: its decoder reads the targets), positionally in the order of the export's ``inputs``
+(the module torch.export loads takes them as they were traced), batch and sequence dimensions free; it returns
+the ``logits`` (a model without: its output's tensors, in order; one alone as itself), with no key/value cache,
+and computes the tool's values bit for bit.
 """
 
 from __future__ import annotations
@@ -31,9 +35,8 @@ import torch
 
 import mase_lite.kernels.mxint8.ops  # noqa: F401  (registers mase_lite::mxint8_linear for loading)
 import mase_lite.nn.quant_op  # noqa: F401  (registers mase_lite::fake_quantize for loading)
-from mase_lite.deploy.layers import ExportError
 from mase_lite.deploy.pt2_check import check_archive
-from mase_lite.deploy.tracing import Outputs, dynamic, evaluating, example_inputs, quantized_values
+from mase_lite.deploy.tracing import inference_program
 from mase_lite.errors import UserError
 from mase_lite.files import follow_umask, head_of, read_regular, staged_file
 from mase_lite.trust import trusted
@@ -44,25 +47,16 @@ MARKER = "mase_lite.json"  # an extra file naming the writer: what tells a previ
 
 
 def write(mg, path: str | Path, tokenizer: Any = None) -> dict[str, Any]:
-    """Write ``mg`` (a graph or a module-mode model with example inputs) as a ``torch.export`` program to ``path``."""
-    model = mg.model
-    inputs = example_inputs(mg)
-    wrapper = Outputs(model, list(inputs))
-    with quantized_values(model, unpack=False), evaluating(wrapper), torch.no_grad():
-        outputs = wrapper.names_of(model(**inputs))
-        try:
-            program = torch.export.export(wrapper, tuple(inputs.values()),
-                                          dynamic_shapes=(tuple(dynamic(v) for v in inputs.values()),), strict=False)
-        except Exception as err:  # torch.export's refusal of this model, in one line
-            raise ExportError(f"{TARGET}: torch.export cannot trace this model: {str(err).splitlines()[0]}") from None
+    """Write ``mg`` (a graph or a module-mode model with example inputs) as a ``torch.export`` program to ``path``:
+    its inference inputs (not ``labels``) in order, returning its logits."""
+    program, inputs, outputs = inference_program(mg, TARGET, unpack=False)
     path = Path(path)
     archive = io.BytesIO()  # torch's archive writer aborts the process on a full disk; Python's write raises
     torch.export.save(program, archive, extra_files={MARKER: json.dumps({"format": TARGET, "writer": "mase_lite"})})
     with staged_file(path) as tmp:
         tmp.write_bytes(archive.getbuffer())
         follow_umask(tmp)
-    return {"format": TARGET, "path": str(path), "bytes": path.stat().st_size, "inputs": list(inputs),
-            "outputs": outputs}
+    return {"format": TARGET, "path": str(path), "bytes": path.stat().st_size, "inputs": inputs, "outputs": outputs}
 
 
 @contextlib.contextmanager

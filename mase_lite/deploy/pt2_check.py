@@ -14,7 +14,9 @@ and the field at fault unless every part is one of:
 - node targets that are operator overloads of the ``aten``, ``prims`` and ``mase_lite`` namespaces, or Python's
   ``operator.getitem`` and arithmetic;
 - symbolic expressions made only of sympy's and torch's shape functions, integer symbols and literals;
-- names that are dotted identifiers; no guard code.
+- names that are dotted identifiers; guard code (which torch runs as Python) that only relates the inputs'
+  sizes (``L['input_ids'].size()[1] == L['attention_mask'].size()[1]``): torch writes such guards for a model of
+  several inputs.
 
 >>> expression("Mul(Integer(64), Symbol('s50', positive=True, integer=True))", "x")
 >>> expression("eval('1')", "x")
@@ -54,6 +56,7 @@ SYMPY_NAMES = {"Symbol", "Integer", "Rational", "Float", "Add", "Mul", "Pow", "M
 SYNTAX = (ast.Expression, ast.Call, ast.Name, ast.Load, ast.Constant, ast.keyword, ast.BinOp, ast.UnaryOp,
           ast.Compare, ast.BoolOp, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.USub,
           ast.UAdd, ast.Not, ast.And, ast.Or, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Tuple)
+COMPARISONS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 MAX_EXPRESSION = 4096  # characters: torch writes a few dozen
 
 
@@ -143,9 +146,7 @@ def program(model: Any, where: str) -> None:
     """Refuse a program JSON whose node targets, symbolic expressions, names or guards are more than data."""
     if not isinstance(model, dict) or not isinstance(model.get("graph_module"), dict):
         raise UserError(f"{where}: not a torch.export program (no graph_module)")
-    if model.get("guards_code"):
-        raise UserError(f"{where}: guards_code holds Python code, which is not run from a file someone else may "
-                        "have made")
+    guards(model.get("guards_code") or [], f"{where}: guards_code")
     graph = model["graph_module"].get("graph")
     nodes = graph.get("nodes") if isinstance(graph, dict) else None
     if not isinstance(nodes, list):
@@ -162,6 +163,43 @@ def program(model: Any, where: str) -> None:
             raise UserError(f"{where}: range_constraints.{short(key)} is not a shape symbol")
     for field, text in _expressions(model):
         expression(text, f"{where}: {field}")
+
+
+def guards(code: Any, where: str) -> None:
+    """Refuse guard code (torch's loader runs it as Python) that is more than relations of the inputs' sizes:
+    integers, arithmetic, comparisons and ``L['<input>'].size()[<dim>]``."""
+    if not isinstance(code, list):
+        raise UserError(f"{where}: not a list of guards")
+    for i, text in enumerate(code):
+        try:
+            ok = isinstance(text, str) and len(text) <= MAX_EXPRESSION
+            ok = ok and _size_relation(ast.parse(text, mode="eval").body)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            ok = False
+        if not ok:
+            raise UserError(f"{where}.{i} = {short(text)} holds Python code other than a relation of the inputs' sizes, "
+                            "which is not run from a file someone else may have made")
+
+
+def _size_relation(node: ast.AST) -> bool:
+    """Whether ``node`` is made only of integers, arithmetic, comparisons and ``L['<input>'].size()[<dim>]``."""
+    match node:
+        case ast.Constant(value=int()):
+            return True
+        case ast.UnaryOp(op=ast.USub() | ast.UAdd() | ast.Not(), operand=operand):
+            return _size_relation(operand)
+        case ast.BinOp(left=left, op=ast.Add() | ast.Sub() | ast.Mult() | ast.FloorDiv() | ast.Mod(), right=right):
+            return _size_relation(left) and _size_relation(right)
+        case ast.Compare(left=left, ops=ops, comparators=rest):
+            return all(isinstance(op, COMPARISONS) for op in ops) and all(map(_size_relation, [left, *rest]))
+        case ast.BoolOp(values=values):
+            return all(map(_size_relation, values))
+        case ast.Subscript(value=ast.Call(func=ast.Attribute(value=ast.Subscript(value=ast.Name(id="L"),
+                                                                              slice=ast.Constant(value=str(name))),
+                                                             attr="size"), args=[], keywords=[]),
+                           slice=ast.Constant(value=int())):
+            return IDENTIFIER.fullmatch(name) is not None
+    return False
 
 
 def target(name: Any, where: str) -> None:
@@ -225,4 +263,4 @@ def _dotted(name: Any) -> bool:
             and not any(part.startswith("__") and part.endswith("__") for part in name.split(".")))
 
 
-__all__ = ["check_archive", "expression", "program", "target"]
+__all__ = ["check_archive", "expression", "guards", "program", "target"]

@@ -1,9 +1,11 @@
 """Tracing a quantized model for a runtime: its quantized weights as plain values for the duration, in eval mode,
-called with its inputs by name and returning its tensors, with batch and sequence dimensions free."""
+called as a runtime calls it — its inputs but ``labels``, in order, returning its ``logits`` — with batch and
+sequence dimensions free."""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +14,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from mase_lite.deploy.layers import ExportError
+from mase_lite.errors import UserError
 from mase_lite.kernels.mxint8 import MXInt8Linear
 from mase_lite.nn.quantized import QuantizedLayer
 
@@ -28,31 +31,45 @@ def evaluating(module: nn.Module) -> Iterator[None]:
             m.training = mode
 
 
-class Outputs(nn.Module):
-    """The model called with its inputs by name, returning its tensors (a model output's fields, in order; one
-    tensor alone)."""
+TRAINING_INPUTS = ("labels",)  # what a runtime does not give: the loss's targets
 
-    def __init__(self, model: nn.Module, names: list[str]):
+
+class Inference(nn.Module):
+    """The model as a runtime calls it: its inference inputs in order (:attr:`names`, the parameters of its
+    forward, which torch.export names the program's inputs by), returning its ``logits`` (a model output without
+    logits: its tensors in order, one alone as itself). Made by :meth:`of`."""
+
+    names: tuple[str, ...] = ()
+
+    def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
-        self.names = names
 
-    def forward(self, *args: Tensor):
-        out = self.model(**dict(zip(self.names, args)))
-        if isinstance(out, Tensor):
-            return out
-        values = out.values() if hasattr(out, "values") else out
-        tensors = tuple(v for v in values if isinstance(v, Tensor))
-        return tensors[0] if len(tensors) == 1 else tensors
+    @classmethod
+    def of(cls, model: nn.Module, names: list[str]) -> "Inference":
+        """An :class:`Inference` of ``model`` whose forward takes ``names``."""
+        p = inspect.Parameter
 
-    @staticmethod
-    def names_of(out) -> list[str]:
-        """The output names: a model output's field names (``logits``), else ``output_<i>``."""
-        if isinstance(out, Tensor):
-            return ["output"]
-        if hasattr(out, "items"):
-            return [k for k, v in out.items() if isinstance(v, Tensor)]
-        return [f"output_{i}" for i, v in enumerate(out) if isinstance(v, Tensor)]
+        def forward(self, *inputs: Tensor):
+            return cls.forward(self, *inputs)
+
+        forward.__signature__ = inspect.Signature([p(n, p.POSITIONAL_OR_KEYWORD) for n in ("self", *names)])
+        return type(cls.__name__, (cls,), {"forward": forward, "names": tuple(names)})(model)
+
+    def forward(self, *inputs: Tensor):
+        return returned(self.model(**dict(zip(self.names, inputs))))[1]
+
+
+def returned(out: Any) -> tuple[list[str], Tensor | tuple[Tensor, ...]]:
+    """What an export returns of a model's output, with its names: ``logits`` where the output has them, else its
+    tensors (a model output's fields, ``output_<i>`` of a tuple; ``output``, one tensor alone)."""
+    if isinstance(out, Tensor):
+        return ["output"], out
+    if hasattr(out, "keys") and "logits" in out.keys():
+        return ["logits"], out["logits"]
+    named = out.items() if hasattr(out, "items") else ((f"output_{i}", v) for i, v in enumerate(out))
+    named = [(k, v) for k, v in named if isinstance(v, Tensor)]
+    return [k for k, _ in named], named[0][1] if len(named) == 1 else tuple(v for _, v in named)
 
 
 def example_inputs(mg) -> dict[str, Tensor]:
@@ -61,6 +78,39 @@ def example_inputs(mg) -> dict[str, Tensor]:
     if not inputs:
         raise ExportError("the model has no example inputs to trace it with (module mode: give example_inputs)")
     return inputs
+
+
+def inference_inputs(mg) -> dict[str, Tensor]:
+    """The example inputs a runtime gives (by name): all but ``labels``, which an encoder-decoder keeps (its
+    decoder reads the targets)."""
+    inputs = example_inputs(mg)
+    source = getattr(mg, "source_model", None)
+    config = getattr(mg.model if source is None else source, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        return inputs
+    return {k: v for k, v in inputs.items() if k not in TRAINING_INPUTS}
+
+
+def inference_program(mg, target: str, unpack: bool) -> tuple[torch.export.ExportedProgram, list[str], list[str]]:
+    """``mg``'s model as a runtime calls it (:class:`Inference`), traced by ``torch.export`` with its quantized
+    weights as values (``unpack``: packed MXINT8 layers decoded), batch and sequence dimensions free, and what it
+    does not return (a captured training graph's loss) removed; with its input and output names."""
+    inputs = inference_inputs(mg)
+    wrapper = Inference.of(mg.model, list(inputs))
+    with quantized_values(mg.model, unpack=unpack), evaluating(wrapper), torch.no_grad():
+        try:
+            outputs = returned(mg.model(**inputs))[0]
+        except UserError as err:  # a graph captured with labels it cannot leave out
+            raise ExportError(f"{target}: the model is exported as a runtime calls it, with {', '.join(inputs)} and "
+                              f"no labels: {err}") from None
+        try:
+            program = torch.export.export(wrapper, tuple(inputs.values()), strict=False,
+                                          dynamic_shapes={k: dynamic(v) for k, v in inputs.items()})
+        except Exception as err:  # torch.export's refusal of this model, in one line
+            raise ExportError(f"{target}: torch.export cannot trace this model: {str(err).splitlines()[0]}") from None
+    program.graph.eliminate_dead_code()
+    program.graph_module.recompile()
+    return program, list(inputs), outputs
 
 
 def dynamic(t: Tensor) -> dict[int, Any]:

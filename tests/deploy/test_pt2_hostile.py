@@ -147,13 +147,25 @@ def test_an_operator_outside_torch_ops_is_not_called(archive, tmp_path):
     assert not canary.exists()
 
 
-def test_guard_code_is_not_run(archive, tmp_path):
+@pytest.mark.parametrize("guard", ["__import__('os').system('{touch}') == 0",
+                                   "L['x'].size()[0] == __import__('os').system('{touch}')",
+                                   "L['x'].size()[0].__class__.__init__ == 0", "L[x].size()[0] == 1"])
+def test_guard_code_is_not_run(archive, tmp_path, guard):
+    """torch.export writes guards relating the inputs' sizes (``L['x'].size()[0] == L['y'].size()[0]``), which load;
+    anything more is refused."""
     canary = tmp_path / "ran"
-    path = _crafted(archive, tmp_path, lambda m: _program(
-        m, lambda model: model.update({"guards_code": [f"__import__('os').system('{_touch(canary)}') == 0"]})))
-    with pytest.raises(UserError, match=r"guards_code holds Python code, which is not run"):
+    path = _crafted(archive, tmp_path, lambda m: _program(m, lambda model: model.update(
+        {"guards_code": ["L['input'].size()[0] >= 2", guard.format(touch=_touch(canary))]})))
+    with pytest.raises(UserError, match=r"guards_code.1 = .* holds Python code other than a relation of the inputs' "
+                                        r"sizes, which is not run"):
         pt2.load(path)
     assert not canary.exists()
+
+
+def test_guards_relating_the_inputs_sizes_load(archive, tmp_path):
+    guards = ["L['input'].size()[0] >= 2", "((64*L['input'].size()[0]) % (16*L['input'].size()[1])) == 0"]
+    path = _crafted(archive, tmp_path, lambda m: _program(m, lambda model: model.update({"guards_code": guards})))
+    assert torch.equal(pt2.load(path)(X), archive[2])
 
 
 @pytest.mark.parametrize("member", ["archive/data/aotinductor/model/model.so", "archive/serialized_exported_program.json",
