@@ -369,6 +369,14 @@ def _sizes(path: Path, file: gguf_file.GGUFFile, arch: str) -> dict[str, Any]:
             "rope_theta": _positive(path, meta, f"{arch}.rope.freq_base", 10000.0, 1e12)}
 
 
+def _token_ids(meta: dict[str, Any], vocab: int) -> dict[str, int | None]:
+    """The file's BOS and EOS ids for the config (generation stops at its EOS, not at a config class's default);
+    none where the file gives no id of the vocabulary."""
+    ids = {key: meta.get(f"tokenizer.ggml.{key}") for key in ("bos_token_id", "eos_token_id")}
+    return {key: i if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab else None
+            for key, i in ids.items()}
+
+
 def _built(path: Path, auto_class: Any, config: Any, arch: str) -> torch.nn.Module:
     """The model of ``config``, once its memory (measured on the meta device) fits."""
     from transformers import logging as hf_logging
@@ -409,7 +417,8 @@ def read(path: str | Path, auto_class: Any) -> torch.nn.Module:
     tensors = file.tensors
     sizes = _sizes(path, file, arch)
     try:
-        config = getattr(transformers, CONFIGS[arch])(**sizes, tie_word_embeddings="output.weight" not in tensors,
+        config = getattr(transformers, CONFIGS[arch])(**sizes, **_token_ids(file.metadata, sizes["vocab_size"]),
+                                                      tie_word_embeddings="output.weight" not in tensors,
                                                       attention_bias=any(n.endswith("attn_q.bias") for n in tensors))
     except (ValueError, TypeError) as err:  # transformers' own checks of the values
         reason = (str(err).splitlines() or [type(err).__name__])[0]
@@ -538,7 +547,7 @@ def read_tokenizer(path: str | Path):
     """The GGUF file's vocabulary as a transformers tokenizer: ``bert`` (WordPiece: U+2581 words, bare
     continuations) or ``gpt2`` (byte-level BPE with its merges); None when the file has no vocabulary. Only the
     file's metadata is read (validated as :func:`.gguf_file.metadata` validates it)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     path = Path(path)
@@ -556,12 +565,12 @@ def read_tokenizer(path: str | Path):
     for key, token_id in ids.items():
         if token_id is not None and (isinstance(token_id, bool) or not isinstance(token_id, int)):
             raise ExportError(f"{path}: tokenizer.ggml.{key} = {short(token_id)}: give a token id")
+    types = meta.get("tokenizer.ggml.token_type", [gguf.TokenType.NORMAL] * len(tokens))
+    if not isinstance(types, list) or len(types) != len(tokens):
+        raise ExportError(f"{path}: tokenizer.ggml.token_type = {short(types)}: give one type per token "
+                          f"({len(tokens)})")
+    control = {i for i, t in enumerate(types) if t == gguf.TokenType.CONTROL}
     if kind == "bert":
-        types = meta.get("tokenizer.ggml.token_type", [gguf.TokenType.NORMAL] * len(tokens))
-        if not isinstance(types, list) or len(types) != len(tokens):
-            raise ExportError(f"{path}: tokenizer.ggml.token_type = {short(types)}: give one type per token "
-                              f"({len(tokens)})")
-        control = {i for i, t in enumerate(types) if t == gguf.TokenType.CONTROL}
         vocab = {}
         for i, token in enumerate(tokens):
             spelled = token if i in control else token[1:] if token.startswith("\u2581") else "##" + token
@@ -586,6 +595,8 @@ def read_tokenizer(path: str | Path):
             pre_tokenizers.Sequence([*(pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits),
                                      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         backend.decoder = decoders.ByteLevel()
+    # control tokens (a chat template's <|im_start|>, <|im_end|>) are whole special tokens, as llama.cpp parses them
+    backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in sorted(control)])
     roles = {role: tokens[ids[key]] for role, key in ROLES if ids[key] is not None and 0 <= ids[key] < len(tokens)}
     carried = {key: meta[key] for key, kind in CARRIED.items() if isinstance(meta.get(key), kind)}
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, model_input_names=["input_ids", "attention_mask"],

@@ -2,16 +2,22 @@
 the completions and tokens per second of prefill and decode. It runs the model's own modules, float,
 fake-quantized or packed alike, in graph and module mode; the tokenizer is the run's.
 
+A prompt is encoded as text, or with ``chat`` as a user's message in the tokenizer's chat template (a pretrained
+model's, or a GGUF's ``tokenizer.chat_template``) with the assistant's turn opened. A completion ends at the
+tokenizer's eos, the model's ``generation_config.eos_token_id`` and, with ``chat``, the token the template ends an
+assistant's turn with (``<|im_end|>``, ``<|eot_id|>``); or at a stop string, which counts once the completion has
+text before it (a first "." ends nothing) and is cut off with what follows; or after ``max_new_tokens``.
+
 Example::
 
     {"pass": "generate", "params": {"prompts": ["the small dog"], "max_new_tokens": 16, "stop": ["."]}}
+    {"pass": "generate", "params": {"prompts": ["Name a colour."], "chat": true}}
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-import torch
 from pydantic import AfterValidator, Field, model_validator
 from tqdm import tqdm
 
@@ -19,7 +25,7 @@ from mase_lite.errors import UserError
 from mase_lite.files import read_regular
 from mase_lite.limits import TEXT_PER_BYTE
 from mase_lite.passes.registry import PassError, PassParams, PassResult, Seed, register_pass
-from mase_lite.train.generation import MIN_TEMPERATURE, Sampling, generate
+from mase_lite.train.generation import Sampling, generate, generate_seq2seq
 
 
 def _has_text(prompt: str) -> str:
@@ -38,7 +44,9 @@ class GenerateParams(PassParams):
     top_k: int | None = Field(None, ge=1, description="sample among the k most likely tokens")
     top_p: float | None = Field(None, gt=0, le=1, description="sample among the most likely tokens holding this mass")
     seed: Seed = Field(0, description="seed of the sampling generator")
-    stop: list[str] = Field(default_factory=list, description="strings that end a completion (cut before them)")
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="strings that end a completion once it has text before them (cut off)")
+    chat: bool = Field(False, description="encode each prompt as a user's message in the tokenizer's chat template")
     label: str = Field("generate", min_length=1, description="name of the metrics in the run's report")
     console: bool = Field(True, description="print each completion")
 
@@ -62,15 +70,13 @@ def generate_pass(mg, params: GenerateParams, ctx):
     if not hasattr(model, "generate") or getattr(config, "is_encoder_decoder", False) is None:
         raise PassError(f"generate runs transformers language models; this model is a {type(model).__name__}")
     sampling = Sampling(params.do_sample, params.temperature, params.top_k, params.top_p, params.seed)
-    if getattr(config, "is_encoder_decoder", False):
-        out = _seq2seq(model, tokenizer, prompts, params)
-    else:
-        try:
-            out = generate(model, tokenizer, prompts, params.max_new_tokens, sampling, params.stop)
-        except UserError as err:  # a prompt of the file is named by the file
-            if err.location[:1] == ("prompts",) and err.location[1] >= len(params.prompts):
-                err.location = ("prompts_file",)
-            raise
+    run = generate_seq2seq if getattr(config, "is_encoder_decoder", False) else generate
+    try:
+        out = run(model, tokenizer, prompts, params.max_new_tokens, sampling, params.stop, params.chat)
+    except UserError as err:  # a prompt of the file is named by the file
+        if err.location[:1] == ("prompts",) and err.location[1] >= len(params.prompts):
+            err.location = ("prompts_file",)
+        raise
     completions = [{k: c[k] for k in ("prompt", "completion", "stopped")} for c in out.completions]
     if params.console:
         for c in completions:
@@ -90,28 +96,3 @@ def _file_prompts(path: str) -> list[str]:
         raise PassError(f"{path}: not UTF-8 text (byte {err.start})", location=("prompts_file",)) from None
     return [line for line in text.splitlines() if line.strip()]
 
-
-def _seq2seq(model, tokenizer, prompts, params):
-    """An encoder-decoder's completions by transformers' own generate (its cache), timed as a whole."""
-    import time
-
-    from mase_lite.train.generation import Generated
-
-    result = Generated(runner="transformers generate")
-    torch.manual_seed(params.seed)
-    for prompt in prompts:
-        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, max_new_tokens=params.max_new_tokens, do_sample=params.do_sample,
-                                 temperature=max(params.temperature, MIN_TEMPERATURE), top_k=params.top_k,
-                                 top_p=params.top_p)
-        result.decode_seconds += time.perf_counter() - start
-        new = out[0].tolist()[1:]
-        result.decode_tokens += len(new)
-        result.decode_steps += len(new)  # each new token is one step of the decoder
-        text = tokenizer.decode(new, skip_special_tokens=True)
-        hit = [text.find(s) for s in params.stop if s in text]
-        result.completions.append({"prompt": prompt, "completion": text[: min(hit)] if hit else text,
-                                   "stopped": "stop" if hit else "length"})
-    return result
