@@ -107,10 +107,12 @@ def frozen_copy(value: Any) -> Any:
 class PassContext:
     """The run state a pass may use: the run's data and output directory, and the instruments.
 
-    A pass takes it as a third argument: ``def my_pass(mg, params, ctx)``.
+    A pass takes it as a third argument: ``def my_pass(mg, params, ctx)``. ``tokenizer``: one given to a call
+    (``ml.passes.export(mg, {...}, tokenizer=tok)``), which ``export`` writes in preference to the data's.
     """
 
     data: Any = None
+    tokenizer: Any = None
     output_dir: Path | None = None
     instruments: tuple["PassInstrument", ...] = ()
     confined: bool = False  # a run reproduced from a report writes only inside output_dir

@@ -202,10 +202,17 @@ class PassInfo:
         from mase_lite.passes.manager import PassContext, run_pass
 
         if "data" in context_fields:
+            from torch import nn
+
             from mase_lite.train.batches import as_data
 
-            model = getattr(mg, "source_model", None) or getattr(mg, "model", mg)
+            # a plain module (module mode) is the model itself: a transformers model's ``.model`` is its backbone
+            model = mg if isinstance(mg, nn.Module) else getattr(mg, "source_model", getattr(mg, "model", mg))
             context_fields["data"] = as_data(context_fields["data"], model)
+        if isinstance(context_fields.get("tokenizer"), (str, Path)):  # a directory or hub name, loaded once here
+            from mase_lite.train.tokenizer import load_tokenizer
+
+            context_fields["tokenizer"] = load_tokenizer(context_fields["tokenizer"], field="tokenizer")
         if context is None:
             context = PassContext(**context_fields)
         elif context_fields:

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from mase_lite.deploy.layers import ExportError
 from mase_lite.errors import UserError
+from mase_lite.ir.export import without_partial_graphs
 from mase_lite.kernels.mxint8 import MXInt8Linear
 from mase_lite.nn.quantized import QuantizedLayer
 
@@ -104,8 +105,9 @@ def inference_program(mg, target: str, unpack: bool) -> tuple[torch.export.Expor
             raise ExportError(f"{target}: the model is exported as a runtime calls it, with {', '.join(inputs)} and "
                               f"no labels: {err}") from None
         try:
-            program = torch.export.export(wrapper, tuple(inputs.values()), strict=False,
-                                          dynamic_shapes={k: dynamic(v) for k, v in inputs.items()})
+            with without_partial_graphs():
+                program = torch.export.export(wrapper, tuple(inputs.values()), strict=False,
+                                              dynamic_shapes={k: dynamic(v) for k, v in inputs.items()})
         except Exception as err:  # torch.export's refusal of this model, in one line
             raise ExportError(f"{target}: torch.export cannot trace this model: {str(err).splitlines()[0]}") from None
     program.graph.eliminate_dead_code()

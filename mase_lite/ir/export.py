@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import os
 import re
+import sys
 import traceback
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -30,6 +32,40 @@ if TYPE_CHECKING:
 
 class CaptureError(UserError):
     """torch.export could not capture the model, or the inputs do not fit it."""
+
+
+def _partial_graphs(err: BaseException) -> list[str]:
+    """The partial graphs torch attached to ``err`` or an exception it was raised from (``partial_fx_graph``)."""
+    found, seen = [], set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(getattr(err, "partial_fx_graph", None), str):
+            found.append(err.partial_fx_graph)
+        err = err.__cause__ or err.__context__
+    return found
+
+
+@contextlib.contextmanager
+def without_partial_graphs() -> Iterator[None]:
+    """Run a ``torch.export`` call without the partial graph it prints when tracing fails on a data-dependent value.
+
+    torch's export wrapper prints the exception's ``partial_fx_graph`` (the traced code so far, often a hundred
+    lines) to stderr once per nested wrapper, before the error reaches us, which says in two lines where the
+    model branched. Stderr is held while exporting and written out afterwards less those dumps; everything else
+    (warnings, torch's log lines) passes through.
+    """
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    except BaseException as err:
+        text = held.getvalue()
+        for graph in _partial_graphs(err):
+            text = text.replace(graph + "\n", "")
+        sys.stderr.write(text)
+        raise
+    else:
+        sys.stderr.write(held.getvalue())
 
 
 @contextlib.contextmanager
@@ -140,14 +176,15 @@ def export_model(
     """Non-strict export with the modes of :func:`_export_modes` (``plan=None``: the model's eval)."""
     with _export_modes(model, plan), caches_off(model), torch.no_grad():
         try:
-            return torch.export.export(
-                model,
-                (),
-                dict(example_inputs),
-                strict=False,
-                dynamic_shapes=dynamic_shapes,
-                preserve_module_call_signature=preserve,
-            )
+            with without_partial_graphs():
+                return torch.export.export(
+                    model,
+                    (),
+                    dict(example_inputs),
+                    strict=False,
+                    dynamic_shapes=dynamic_shapes,
+                    preserve_module_call_signature=preserve,
+                )
         except Exception as err:
             raise CaptureError(describe_export_failure(model, err)) from err
 
