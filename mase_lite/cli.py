@@ -196,8 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--trust-code", action="store_true",
-        help="let checkpoints and reports name model factories, classes and plug-ins that are not registered "
-        "(they are imported and called: use only for files you trust)",
+        help="let checkpoints and reports name model factories, classes and plug-ins that are not registered, and "
+        "lm-eval task files name Python code (they are imported and called: use only for files you trust)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -48,6 +48,17 @@ def logits_of(outputs) -> torch.Tensor:
     return logits
 
 
+def causal_logits(model: nn.Module, input_names: Sequence[str]):
+    """``ids -> logits`` of a causal LM over token ids ``[batch, length]`` (on the CPU) fed as ``input_names``
+    (a graph's captured inputs): the attention mask all ones, the labels the ids."""
+    device = model_device(model)
+
+    def logits(ids: torch.Tensor) -> torch.Tensor:
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+        return logits_of(model(**model_inputs(batch, input_names, device))).cpu()
+    return logits
+
+
 def loss_of(outputs) -> torch.Tensor | None:
     """The loss a model computed itself (``.loss`` or a ``"loss"`` entry), if any."""
     loss = getattr(outputs, "loss", None)

@@ -21,13 +21,13 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from mase_lite.train.perplexity import chunks, sliding
-from mase_lite.train.batches import logits_of, model_device, model_inputs
+from mase_lite.train.batches import causal_logits, logits_of, model_device, model_inputs
 from mase_lite.train.tasks import TASKS
 from mase_lite.progress import Ticker, bars_disabled
 
 
 @contextlib.contextmanager
-def _evaluating(model: nn.Module) -> Iterator[None]:
+def evaluating(model: nn.Module) -> Iterator[None]:
     """``model`` in eval mode without gradients, its mode restored afterwards."""
     was_training = model.training
     model.eval()
@@ -58,7 +58,7 @@ def evaluate_model(
     loader = data.loader(split, batch_size)
     device = model_device(model)
     meter = TASKS[data.task].meter(getattr(data, "num_labels", None))
-    with _evaluating(model):
+    with evaluating(model):
         ticker = Ticker(f"evaluate {split}", len(loader), "batch")
         for batch in tqdm(loader, desc=f"evaluate {split}", unit="batch", disable=bars_disabled() if progress else True):
             meter.update(logits_of(model(**model_inputs(batch, input_names, device))), batch)
@@ -71,13 +71,8 @@ def stream_perplexity(model: nn.Module, ids: torch.Tensor, input_names: Sequence
                       stride: int | None = None, bos: int | None = None, batch_size: int = 64) -> dict:
     """A causal LM's perplexity over the token stream ``ids`` by ``protocol`` (``sliding`` or ``chunks``; see
     :mod:`mase_lite.train.perplexity`), the model in eval mode and restored afterwards."""
-    device = model_device(model)
-
-    def logits(x: torch.Tensor) -> torch.Tensor:
-        batch = {"input_ids": x, "attention_mask": torch.ones_like(x), "labels": x}
-        return logits_of(model(**model_inputs(batch, input_names, device))).cpu()
-
-    with _evaluating(model):
+    logits = causal_logits(model, input_names)
+    with evaluating(model):
         if protocol == "sliding":
             return sliding(logits, ids, context, stride)
         return chunks(logits, ids, context, bos, batch=batch_size)
