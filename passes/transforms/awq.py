@@ -84,21 +84,28 @@ def _group_size(fmt: dict, columns: int) -> int | None:
 def _clip(x: torch.Tensor, weight: torch.Tensor, fmt: dict, steps: int = 10) -> tuple[torch.Tensor, float, float]:
     """``weight`` (``[out, in]``) with each row's groups clipped to the fraction ``1 - i/20`` (``i < steps``) of their
     largest magnitude that makes ``||x_g (w_g - Q(clip(w))_g)ᵀ||²`` least per row and group ``g``; and the
-    summed output error before and after."""
+    summed output error before and after. Groups narrower than ``x``'s rows are judged by their inputs' Gram
+    matrices ``x_gᵀ x_g`` (formed once), wider ones on ``x`` itself."""
     rows, columns = weight.shape
     size = _group_size(fmt, columns)
     if size is None:
         return weight, 0.0, 0.0
     groups = columns // size
     xg = x.reshape(x.shape[0], groups, size)
+    gram = torch.einsum("ngk,ngl->gkl", xg, xg) if size < x.shape[0] else None
+
+    def errors(diff: torch.Tensor) -> torch.Tensor:  # [rows, groups]
+        if gram is None:
+            return torch.einsum("ngk,rgk->rgn", xg, diff).square().sum(-1)
+        return (torch.einsum("rgk,gkl->rgl", diff, gram) * diff).sum(-1)
+
     w = weight.detach().float()
     top = w.reshape(rows, groups, size).abs().amax(-1, keepdim=True)
     best_error, best = None, w
     for i in range(steps):
         bound = (top * (1 - i / 20)).expand(rows, groups, size).reshape(rows, columns)
         clipped = torch.maximum(torch.minimum(w, bound), -bound)
-        diff = (w - quantize(clipped, fmt)).reshape(rows, groups, size)
-        error = torch.einsum("ngk,rgk->rgn", xg, diff).square().sum(-1)  # [rows, groups]
+        error = errors((w - quantize(clipped, fmt)).reshape(rows, groups, size))
         if best_error is None:
             first, best_error, best = error, error, clipped
             continue
@@ -117,15 +124,49 @@ def _weight_magnitude(weights: list[torch.Tensor], formats: list[dict]) -> torch
     return torch.cat(shares).mean(0)
 
 
+CANDIDATE_ELEMENTS = 1 << 23  # weight differences judged in one product (32 MB of float32)
+FACTOR_BLOCKS = 8  # column blocks of the triangular product: (8 + 1) / 16 of a full one's work
+
+
+def _squared_norms(diff: torch.Tensor, gram: torch.Tensor, factor: torch.Tensor | None) -> torch.Tensor:
+    """Each row ``d`` of ``diff``'s ``d XᵀX dᵀ``: ``||d L||²`` with ``L`` the lower Cholesky factor of ``XᵀX`` (its
+    product by column blocks skips the zeros above the diagonal), or ``(d XᵀX) · d`` where ``XᵀX`` has none."""
+    if factor is None:
+        return torch.linalg.vecdot(diff @ gram, diff)
+    width = -(-factor.shape[0] // FACTOR_BLOCKS)
+    total = torch.zeros(diff.shape[0], dtype=diff.dtype, device=diff.device)
+    for start in range(0, factor.shape[0], width):
+        product = diff[:, start:] @ factor[start:, start:start + width]
+        total += torch.linalg.vecdot(product, product)
+    return total
+
+
+def _output_errors(gram: torch.Tensor, weights: list[torch.Tensor], formats: list[dict], scales: list[torch.Tensor]
+                   ) -> list[float]:
+    """Each candidate ``s``'s ``Σ_W ||X Wᵀ - X (Q(W·s)/s)ᵀ||²`` from the inputs' Gram matrix ``XᵀX``
+    (:func:`_squared_norms` of ``D = W - Q(W·s)/s``): a product of the weights' size by the inputs' width instead of
+    by the calibration rows; the group's weights and several candidates' ``D`` stacked into one product."""
+    factor, singular = torch.linalg.cholesky_ex(gram)
+    factor = None if int(singular) else factor
+    rows = sum(w.shape[0] for w in weights)
+    chunk = max(1, CANDIDATE_ELEMENTS // (rows * gram.shape[0]))
+    errors: list[float] = []
+    for start in range(0, len(scales), chunk):
+        diff = torch.cat([w - quantize(w * s, fmt) / s for s in scales[start:start + chunk]
+                          for w, fmt in zip(weights, formats)])
+        errors += _squared_norms(diff, gram, factor).double().view(-1, rows).sum(1).tolist()
+    return errors
+
+
 def _best_scales(x: torch.Tensor, weights: list[torch.Tensor], formats: list[dict], grid: int, duo: bool
                  ) -> tuple[torch.Tensor, float, float, float]:
-    """``(s, α, error, error at α = 0, family)`` minimising the group's output error over ``x``: scales
-    ``x̄**α`` ("activation"), and with ``duo`` also ``x̄**α / w̄**(1-α)`` ("duo")."""
+    """``(s, α, error, error at α = 0, family)`` minimising the group's output error over ``x`` (the first of equal
+    ones): scales ``x̄**α`` ("activation"), and with ``duo`` also ``x̄**α / w̄**(1-α)`` ("duo"); each judged by
+    :func:`_output_errors`."""
     magnitude = x.abs().mean(0)
     floats = [w.detach().float() for w in weights]
-    reference = [x @ w.t() for w in floats]
     families = [("activation", None)] + ([("duo", _weight_magnitude(floats, formats))] if duo else [])
-    best, unscaled = None, None
+    candidates = []
     for family, w_magnitude in families:
         for step in range(grid):
             alpha = step / grid
@@ -133,14 +174,11 @@ def _best_scales(x: torch.Tensor, weights: list[torch.Tensor], formats: list[dic
                 continue  # 1 / w̄: the weights' own spread, not the activations'
             s = magnitude.pow(alpha) if w_magnitude is None else magnitude.pow(alpha) / (w_magnitude.pow(1 - alpha) + 1e-4)
             s = s.clamp(min=1e-4)
-            s = s / (s.max() * s.min()).sqrt()
-            error = sum(float((x @ (quantize(w * s, fmt) / s).t() - ref).square().sum())
-                        for w, fmt, ref in zip(floats, formats, reference))
-            if unscaled is None:
-                unscaled = error
-            if best is None or error < best[2]:
-                best = (s, alpha, error, family)
-    return best[0], best[1], best[2], unscaled, best[3]
+            candidates.append((s / (s.max() * s.min()).sqrt(), alpha, family))
+    errors = _output_errors(x.t() @ x, floats, formats, [s for s, _, _ in candidates])
+    best = min(range(len(candidates)), key=errors.__getitem__)
+    s, alpha, family = candidates[best]
+    return s, alpha, errors[best], errors[0], family
 
 
 @register_pass("awq", kind="transform", params=AWQParams, requires=("data",), replay=False)

@@ -1,6 +1,8 @@
 """AWQ: the folded scales leave the float model's function unchanged, no group's calibration error grows,
 and on a model with outlier channels 3-bit weights lose less than by rounding alone (with GPTQ after it too)."""
 
+from unittest import mock
+
 import pytest
 import torch
 
@@ -89,3 +91,33 @@ def test_awq_optimises_in_llama_cpps_own_types():
     assert len(info["groups"]) == 6
     error = lambda model: float((logits(model) - reference).square().mean())  # noqa: E731
     assert error(mg.model) < 0.5 * error(rounded.model)
+
+
+def test_the_searches_judge_candidates_by_their_output_error():
+    """The scale search's errors from XᵀX (candidates one or two a product) and the clip search's from each group's Gram matrix are the output errors
+    ||X Wᵀ - X Q(W)ᵀ||² computed directly; the clip found is the least of the ten clips for each row's group."""
+    from mase_lite.numerics import quantize
+    from mase_lite.passes.transforms.awq import _clip, _output_errors
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(300, 64, generator=g), torch.randn(24, 64, generator=g)
+    s = torch.rand(64, generator=g) + 0.5
+    direct = [sum(float((x @ (v - quantize(v * c, W3) / c).t()).square().sum()) for v in (w, 2 * w)) for c in (s, 1 / s)]
+    with mock.patch("mase_lite.passes.transforms.awq.CANDIDATE_ELEMENTS", 48 * 64):  # one candidate a product
+        assert _output_errors(x.t() @ x, [w, 2 * w], [W3, W3], [s, 1 / s]) == pytest.approx(direct, rel=1e-5)
+    assert _output_errors(x.t() @ x, [w, 2 * w], [W3, W3], [s, 1 / s]) == pytest.approx(direct, rel=1e-5)
+    x[:, 5] = 0  # an input that never fires: XᵀX singular, no Cholesky factor
+    direct = [sum(float((x @ (v - quantize(v * c, W3) / c).t()).square().sum()) for v in (w, 2 * w)) for c in (s, 1 / s)]
+    assert _output_errors(x.t() @ x, [w, 2 * w], [W3, W3], [s, 1 / s]) == pytest.approx(direct, rel=1e-5)
+    x = torch.randn(300, 64, generator=g)
+    fmt = {**W3, "group_size": 16}  # narrower than x's 300 rows: by Gram matrices
+    top = w.reshape(24, 4, 16).abs().amax(-1, keepdim=True)
+    direct = []
+    for i in range(10):
+        bound = (top * (1 - i / 20)).expand(24, 4, 16).reshape(24, 64)
+        diff = (w - quantize(torch.maximum(torch.minimum(w, bound), -bound), fmt)).reshape(24, 4, 16)
+        direct.append(torch.einsum("ngk,rgk->rgn", x.reshape(300, 4, 16), diff).square().sum(-1))
+    clipped, before, after = _clip(x, w, fmt)
+    assert before == pytest.approx(float(direct[0].sum()), rel=1e-5)
+    assert after == pytest.approx(float(torch.stack(direct).amin(0).sum()), rel=1e-5) and after < before
+    assert clipped.abs().le(w.abs()).all()
