@@ -48,6 +48,14 @@ def logits_of(outputs) -> torch.Tensor:
     return logits
 
 
+def logit_inputs(mg, data) -> list[str]:
+    """What a forward for a causal LM's logits feeds ``mg``: a captured graph its captured inputs; modules the ids
+    alone (labels would add a loss over the whole vocabulary)."""
+    if mg.model is getattr(mg, "source_model", mg.model):
+        return ["input_ids"]
+    return list(mg.input_names or data.input_names)
+
+
 def causal_logits(model: nn.Module, input_names: Sequence[str]):
     """``ids -> logits`` of a causal LM over token ids ``[batch, length]`` (on the CPU) fed as ``input_names``
     (a graph's captured inputs): the attention mask all ones, the labels the ids."""

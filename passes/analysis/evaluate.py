@@ -22,6 +22,7 @@ from pydantic import Field, model_validator
 
 from mase_lite.errors import UserError
 from mase_lite.passes.registry import PassParams, PassResult, register_pass
+from mase_lite.train.batches import logit_inputs
 from mase_lite.train.evaluator import evaluate_model, stream_perplexity
 from mase_lite.train.language import token_stream
 from mase_lite.train.tasks import get_task
@@ -86,8 +87,8 @@ def _protocol_metrics(mg, params: EvaluateParams, data) -> dict:
     if params.bos and bos is None:
         raise UserError("evaluate.bos: the run's tokenizer has no beginning-of-text token")
     try:
-        metrics = stream_perplexity(mg.model, stream, list(mg.input_names or data.input_names), params.protocol,
-                                    params.context, params.stride, bos, params.batch_size)
+        metrics = stream_perplexity(mg.model, stream, logit_inputs(mg, data), params.protocol, params.context,
+                                    params.stride, bos, params.batch_size)
     except ValueError as err:
         raise UserError(f"evaluate.context: {err} (the {params.split} split has {stream.numel()} tokens)") from err
     return {**metrics, "protocol": params.protocol, "split": params.split}

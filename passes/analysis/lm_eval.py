@@ -21,7 +21,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from mase_lite.errors import UserError
 from mase_lite.passes.registry import PassError, PassParams, PassResult, Seed, register_pass
-from mase_lite.train.batches import causal_logits
+from mase_lite.train.batches import causal_logits, logit_inputs
 from mase_lite.train.evaluator import evaluating
 from mase_lite.train.lm_harness import refuse_code, run_tasks, task_manager, tool_lm
 
@@ -81,9 +81,7 @@ def lm_eval_pass(mg, params: LmEvalParams, ctx):
             raise PassError(err.message, location=err.location) from None
     manager = task_manager(params.task_dir, params.tasks)
     with evaluating(mg.model), evaluating(model):
-        # modules take the ids alone (labels would add a loss over the vocabulary); a graph its captured inputs
-        names = ["input_ids"] if mg.model is model else list(mg.input_names or ctx.data.input_names)
-        lm = tool_lm(model, causal_logits(mg.model, names), tokenizer, params.batch_size)
+        lm = tool_lm(model, causal_logits(mg.model, logit_inputs(mg, ctx.data)), tokenizer, params.batch_size)
         scores, about = run_tasks(lm, params.tasks, manager, params.limit, params.num_fewshot, params.seed,
                                   params.bootstrap_iters, params.chat)
     return PassResult({"tasks": about}, metrics=scores, label=params.label)
