@@ -6,15 +6,16 @@ calibration data gives candidate scales ``s = m**α`` (normalised to a geometric
 grid in ``[0, 1)``, and with ``duo`` also ``m**α / w**(1-α)`` (``w_j``: the mean over the group's rows of
 ``|W[:, j]|`` relative to its quantization group's largest, as AutoAWQ's duo scaling); each candidate is
 judged by the group's output error ``Σ ||X Wᵀ - (X/s) Q(W·s)ᵀ||²`` on the calibration rows with each
-layer's own weight format ``Q``, and the best is folded like SmoothQuant's (:mod:`mase_lite.passes.folding`):
-the input divided by ``s`` where it is made (a norm's weight, a preceding Linear's rows: up's for down), the weight
-columns multiplied by ``s``. ``α = 0`` (no scaling) is a candidate, so no group gets worse on these rows.
-The float model computes the same function; the weights' salient columns are now larger, so rounding
-costs them less. Then (``clip``) each row's group of weights (the format's group: 128 columns, a whole row
-per channel) is clipped to the fraction of its largest magnitude, from 1 down to 0.55, whose rounding gives
-the least output error on the calibration rows: a few large weights no longer stretch the group's scale. Groups are handled one repeated block at a time (:mod:`mase_lite.passes.layerwise`),
-each on the inputs the blocks before it give after their own scaling. Follow it with ``gptq`` or just
-let the quantized layers round.
+layer's own weight format ``Q`` (from ``XᵀX``, formed once; each family's grid coarse to fine), and the best is
+folded like SmoothQuant's (:mod:`mase_lite.passes.folding`): the input divided by ``s`` where it is made (a
+norm's weight, a preceding Linear's rows: up's for down), the weight columns multiplied by ``s``. ``α = 0`` (no
+scaling) is a candidate, so no group gets worse on these rows. The float model computes the same function; the
+weights' salient columns are now larger, so rounding costs them less. Then (``clip``) each row's group of weights
+(the format's group: 128 columns, a whole row per channel) is clipped to the fraction of its largest magnitude,
+from 1 down to 0.55, whose rounding gives the least output error on the calibration rows: a few large weights no
+longer stretch the group's scale. Groups are handled one repeated block at a time
+(:mod:`mase_lite.passes.layerwise`), each on the inputs the blocks before it give after their own scaling. Follow
+it with ``gptq`` or just let the quantized layers round.
 
 Example::
 
@@ -41,7 +42,8 @@ class AWQParams(Selection):
     num_batches: int = Field(16, ge=1, description="calibration batches")
     batch_size: int = Field(8, ge=1, description="rows per calibration batch")
     split: str = Field("train", description="data split of the calibration batches")
-    grid: int = Field(20, ge=1, description="exponents tried: 0, 1/grid, ..., (grid - 1)/grid")
+    grid: int = Field(20, ge=1, description="exponents searched: 0, 1/grid, ..., (grid - 1)/grid (every fourth, then "
+                                           "two and one steps beside the best)")
     duo: bool = Field(True, description="also try scales x̄**α / w̄**(1-α) (w̄: each input's mean weight magnitude "
                       "relative to its group's largest), as AutoAWQ and llm-compressor do; reported as scales 'duo'")
     max_rows: int = Field(4096, ge=1, description="calibration rows (tokens) per group the search judges on")
@@ -125,6 +127,7 @@ def _weight_magnitude(weights: list[torch.Tensor], formats: list[dict]) -> torch
 
 
 CANDIDATE_ELEMENTS = 1 << 23  # weight differences judged in one product (32 MB of float32)
+COARSE = 4  # the scale search's first steps along each family's grid (then 2, then 1 beside the best)
 FACTOR_BLOCKS = 8  # column blocks of the triangular product: (8 + 1) / 16 of a full one's work
 
 
@@ -160,25 +163,40 @@ def _output_errors(gram: torch.Tensor, weights: list[torch.Tensor], formats: lis
 
 def _best_scales(x: torch.Tensor, weights: list[torch.Tensor], formats: list[dict], grid: int, duo: bool
                  ) -> tuple[torch.Tensor, float, float, float]:
-    """``(s, α, error, error at α = 0, family)`` minimising the group's output error over ``x`` (the first of equal
-    ones): scales ``x̄**α`` ("activation"), and with ``duo`` also ``x̄**α / w̄**(1-α)`` ("duo"); each judged by
-    :func:`_output_errors`."""
+    """``(s, α, error, error at α = 0, family)`` minimising the group's output error over ``x``: scales ``x̄**α``
+    ("activation"), and with ``duo`` also ``x̄**α / w̄**(1-α)`` ("duo"), each judged by :func:`_output_errors`. Each
+    family's grid is searched coarse to fine: every ``COARSE``-th step, then the two half as far from the best, down
+    to its neighbours (the grid's best wherever the error falls and rises once along it); of equal errors the first
+    in grid order is kept."""
     magnitude = x.abs().mean(0)
     floats = [w.detach().float() for w in weights]
+    gram = x.t() @ x
     families = [("activation", None)] + ([("duo", _weight_magnitude(floats, formats))] if duo else [])
-    candidates = []
-    for family, w_magnitude in families:
-        for step in range(grid):
-            alpha = step / grid
-            if family == "duo" and step == 0:
-                continue  # 1 / w̄: the weights' own spread, not the activations'
-            s = magnitude.pow(alpha) if w_magnitude is None else magnitude.pow(alpha) / (w_magnitude.pow(1 - alpha) + 1e-4)
-            s = s.clamp(min=1e-4)
-            candidates.append((s / (s.max() * s.min()).sqrt(), alpha, family))
-    errors = _output_errors(x.t() @ x, floats, formats, [s for s, _, _ in candidates])
-    best = min(range(len(candidates)), key=errors.__getitem__)
-    s, alpha, family = candidates[best]
-    return s, alpha, errors[best], errors[0], family
+    first = {"activation": 0, "duo": 1}  # duo's step 0 is 1 / w̄: the weights' own spread, not the activations'
+
+    def scale(w_magnitude, alpha):
+        s = magnitude.pow(alpha) if w_magnitude is None else magnitude.pow(alpha) / (w_magnitude.pow(1 - alpha) + 1e-4)
+        s = s.clamp(min=1e-4)
+        return s / (s.max() * s.min()).sqrt()
+
+    found: dict[tuple[int, int], tuple[float, torch.Tensor]] = {}  # (family, step) -> (error, s)
+
+    def judge(steps: list[tuple[int, int]]) -> None:
+        steps = [(f, k) for f, k in steps if (f, k) not in found and first[families[f][0]] <= k < grid]
+        scales = [scale(families[f][1], k / grid) for f, k in steps]
+        for key, s, error in zip(steps, scales, _output_errors(gram, floats, formats, scales)):
+            found[key] = (error, s)
+
+    def best(f: int) -> int:
+        return min((k for g, k in found if g == f), key=lambda k: (found[(f, k)][0], k))
+
+    judge([(f, k) for f in range(len(families)) for k in range(0, grid, COARSE)])
+    stride = COARSE // 2
+    while stride:
+        judge([(f, best(f) + d) for f in range(len(families)) for d in (-stride, stride)])
+        stride //= 2
+    f, k = min(found, key=lambda key: (found[key][0], key))
+    return found[(f, k)][1], k / grid, found[(f, k)][0], found[(0, 0)][0], families[f][0]
 
 
 @register_pass("awq", kind="transform", params=AWQParams, requires=("data",), replay=False)

@@ -121,3 +121,22 @@ def test_the_searches_judge_candidates_by_their_output_error():
     assert before == pytest.approx(float(direct[0].sum()), rel=1e-5)
     assert after == pytest.approx(float(torch.stack(direct).amin(0).sum()), rel=1e-5) and after < before
     assert clipped.abs().le(w.abs()).all()
+
+
+def test_the_coarse_to_fine_search_finds_the_whole_grids_best_with_17_of_its_39_candidates():
+    from mase_lite.passes.transforms import awq
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(512, 64, generator=g) * torch.linspace(0.2, 4.0, 64)  # channels of growing magnitude
+    w = torch.randn(32, 64, generator=g)
+    magnitude, w_magnitude = x.abs().mean(0), awq._weight_magnitude([w], [W3])
+    grid = [("activation", k, magnitude.pow(k / 20)) for k in range(20)]
+    grid += [("duo", k, magnitude.pow(k / 20) / (w_magnitude.pow(1 - k / 20) + 1e-4)) for k in range(1, 20)]
+    grid = [(f, k, s.clamp(min=1e-4) / (s.clamp(min=1e-4).max() * s.clamp(min=1e-4).min()).sqrt()) for f, k, s in grid]
+    errors = awq._output_errors(x.t() @ x, [w], [W3], [s for _, _, s in grid])
+    family, step, _ = grid[min(range(len(grid)), key=errors.__getitem__)]
+    judged, real = [], awq._output_errors
+    with mock.patch.object(awq, "_output_errors", lambda gram, ws, fs, scales: judged.extend(scales) or real(gram, ws, fs, scales)):
+        s, alpha, error, unscaled, chosen = awq._best_scales(x, [w], [W3], 20, True)
+    assert (chosen, alpha) == (family, step / 20) and error == pytest.approx(min(errors), rel=1e-6)
+    assert unscaled == pytest.approx(errors[0], rel=1e-6) and len(judged) == 17
