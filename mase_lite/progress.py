@@ -8,9 +8,11 @@ or ``MASE_LITE_PROGRESS=0`` (:data:`QUIET`) shows neither. Lines are the command
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
+from collections.abc import Iterator
 
 logger = logging.getLogger("mase_lite.progress")
 
@@ -67,3 +69,21 @@ class Ticker:
         logger.info("%s", text)
         return text
 
+
+@contextlib.contextmanager
+def loggers_at(level: int, *names: str) -> Iterator[None]:
+    """Others' loggers ``names`` show only records of ``level`` and above within; their levels restored after.
+
+    >>> with loggers_at(logging.ERROR, "torch.onnx"):
+    ...     logging.getLogger("torch.onnx").level == logging.ERROR
+    True
+    """
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        for logger, before in zip(loggers, levels):
+            logger.setLevel(before)

@@ -46,6 +46,7 @@ from mase_lite.files import follow_umask, head_of, staged_file
 from mase_lite.nn.quant_functional import QuantizedFunction
 from mase_lite.nn.quantized import QuantizedLayer
 from mase_lite.numerics.registry import target_mapping
+from mase_lite.progress import loggers_at
 
 TARGET = "onnx"
 ANY_WEIGHT_FORMAT = True  # a weight format without a mapping here is written as its values
@@ -106,17 +107,10 @@ def is_export(path: Path) -> bool:
 @contextlib.contextmanager
 def _quiet_exporter() -> Iterator[None]:
     """torch.onnx's progress lines and its notes on operators of packages not installed, out of the user's way."""
-    loggers = [logging.getLogger(name) for name in ("torch.onnx", "torch.onnx._internal.exporter._registration")]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
+    with (loggers_at(logging.ERROR, "torch.onnx", "torch.onnx._internal.exporter._registration"),
+          contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings()):
+        warnings.simplefilter("ignore")
+        yield
 
 
 def _check_activations(model: nn.Module) -> None:

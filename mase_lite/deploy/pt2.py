@@ -24,12 +24,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import contextlib
 import io
 import json
 import logging
 import zipfile
-from collections.abc import Iterator
 
 import torch
 
@@ -39,6 +37,7 @@ from mase_lite.deploy.pt2_check import check_archive
 from mase_lite.deploy.tracing import inference_program
 from mase_lite.errors import UserError
 from mase_lite.files import follow_umask, head_of, read_regular, staged_file
+from mase_lite.progress import loggers_at
 from mase_lite.trust import trusted
 
 TARGET = "pt2"
@@ -57,16 +56,6 @@ def write(mg, path: str | Path, tokenizer: Any = None) -> dict[str, Any]:
         tmp.write_bytes(archive.getbuffer())
         follow_umask(tmp)
     return {"format": TARGET, "path": str(path), "bytes": path.stat().st_size, "inputs": inputs, "outputs": outputs}
-
-
-@contextlib.contextmanager
-def _quiet(logger: logging.Logger) -> Iterator[None]:
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def is_export(path: Path) -> bool:
@@ -88,7 +77,7 @@ def load(path: str | Path, trust_code: bool = False) -> torch.nn.Module:
     if not trust:
         check_archive(data, str(path))
     try:
-        with _quiet(logging.getLogger("torch.export")):  # it logs a damaged archive's traceback, then raises
+        with loggers_at(logging.CRITICAL, "torch.export"):  # it logs a damaged archive's traceback, then raises
             program = torch.export.load(io.BytesIO(data))
         return program.module() if trust else program.module(check_guards=False)
     except Exception as err:  # torch's loader raises many kinds (AssertionError, SpecViolationError, ...) for damage

@@ -28,6 +28,7 @@ import torch
 import yaml
 
 from mase_lite.errors import UserError
+from mase_lite.progress import loggers_at
 from mase_lite.trust import TRUST_HINT, trusted
 
 EXTRA = "pip install 'mase-lite[eval]'"
@@ -55,7 +56,7 @@ def tool_lm(model: torch.nn.Module, logits: Callable[[torch.Tensor], torch.Tenso
             with torch.no_grad():
                 return logits(inps)
 
-    with _quiet(), _tied_as_is(model):  # _quiet: its warning that a model instance makes some arguments moot
+    with loggers_at(logging.ERROR, "lm_eval"), _tied_as_is(model):  # _quiet: its warning that a model instance makes some arguments moot
         return ToolLM(pretrained=model, tokenizer=copy.deepcopy(tokenizer), batch_size=batch_size)
 
 
@@ -71,18 +72,6 @@ def _tied_as_is(model: torch.nn.Module):
         del model.tie_weights
         if own is not None:
             model.tie_weights = own
-
-
-@contextlib.contextmanager
-def _quiet():
-    """lm-eval's loggers at errors only."""
-    logger = logging.getLogger("lm_eval")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def _shown(path: Path, task_dir: Path) -> str:
@@ -167,7 +156,7 @@ def run_tasks(lm, tasks: Sequence[str], manager, limit: int | None = None, num_f
     """``lm`` on ``tasks`` (groups add their own entry), seeded with ``seed``: ``{task: {metric: value}}`` and
     ``{task: {"documents", "num_fewshot", "higher_is_better"}}``."""
     simple_evaluate, _, _ = harness()
-    with _quiet():
+    with loggers_at(logging.ERROR, "lm_eval"):
         out = simple_evaluate(model=lm, tasks=list(tasks), num_fewshot=num_fewshot, limit=limit,
                               task_manager=manager, bootstrap_iters=bootstrap_iters, apply_chat_template=chat,
                               log_samples=False, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
