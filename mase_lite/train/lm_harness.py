@@ -56,7 +56,8 @@ def tool_lm(model: torch.nn.Module, logits: Callable[[torch.Tensor], torch.Tenso
             with torch.no_grad():
                 return logits(inps)
 
-    with loggers_at(logging.ERROR, "lm_eval"), _tied_as_is(model):  # _quiet: its warning that a model instance makes some arguments moot
+    # lm_eval's warning that a model given as an instance makes some arguments moot, out of the way
+    with loggers_at(logging.ERROR, "lm_eval"), _tied_as_is(model):
         return ToolLM(pretrained=model, tokenizer=copy.deepcopy(tokenizer), batch_size=batch_size)
 
 

@@ -23,7 +23,6 @@ import logging
 from pathlib import Path
 from typing import Any, Literal
 
-import torch.nn as nn
 from pydantic import Field, field_validator
 
 from mase_lite.deploy import export, target_names
@@ -63,8 +62,7 @@ def _tokenizer(mg, ctx) -> tuple[Any, str | None]:
         return ctx.tokenizer, "tokenizer="
     if getattr(ctx.data, "tokenizer", None) is not None:
         return ctx.data.tokenizer, "data"
-    model = mg if isinstance(mg, nn.Module) else getattr(mg, "source_model", None)
-    own = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
+    own = getattr(getattr(getattr(mg, "source_model", None), "config", None), "_name_or_path", "") or ""
     if own and any((Path(own) / name).is_file() for name in TOKENIZER_FILES):
         from mase_lite.train.tokenizer import load_tokenizer
 

@@ -144,13 +144,18 @@ def _squared_norms(diff: torch.Tensor, gram: torch.Tensor, factor: torch.Tensor 
     return total
 
 
-def _output_errors(gram: torch.Tensor, weights: list[torch.Tensor], formats: list[dict], scales: list[torch.Tensor]
-                   ) -> list[float]:
-    """Each candidate ``s``'s ``Σ_W ||X Wᵀ - X (Q(W·s)/s)ᵀ||²`` from the inputs' Gram matrix ``XᵀX``
-    (:func:`_squared_norms` of ``D = W - Q(W·s)/s``): a product of the weights' size by the inputs' width instead of
-    by the calibration rows; the group's weights and several candidates' ``D`` stacked into one product."""
+def _factor(gram: torch.Tensor) -> torch.Tensor | None:
+    """The lower Cholesky factor of ``XᵀX``; None where it is singular (an input that never fires)."""
     factor, singular = torch.linalg.cholesky_ex(gram)
-    factor = None if int(singular) else factor
+    return None if int(singular) else factor
+
+
+def _output_errors(gram: torch.Tensor, factor: torch.Tensor | None, weights: list[torch.Tensor], formats: list[dict],
+                   scales: list[torch.Tensor]) -> list[float]:
+    """Each candidate ``s``'s ``Σ_W ||X Wᵀ - X (Q(W·s)/s)ᵀ||²`` from the inputs' Gram matrix ``XᵀX`` and its
+    :func:`_factor` (:func:`_squared_norms` of ``D = W - Q(W·s)/s``): a product of the weights' size by the inputs'
+    width instead of by the calibration rows; the group's weights and several candidates' ``D`` stacked into one
+    product."""
     rows = sum(w.shape[0] for w in weights)
     chunk = max(1, CANDIDATE_ELEMENTS // (rows * gram.shape[0]))
     errors: list[float] = []
@@ -162,7 +167,7 @@ def _output_errors(gram: torch.Tensor, weights: list[torch.Tensor], formats: lis
 
 
 def _best_scales(x: torch.Tensor, weights: list[torch.Tensor], formats: list[dict], grid: int, duo: bool
-                 ) -> tuple[torch.Tensor, float, float, float]:
+                 ) -> tuple[torch.Tensor, float, float, float, str]:
     """``(s, α, error, error at α = 0, family)`` minimising the group's output error over ``x``: scales ``x̄**α``
     ("activation"), and with ``duo`` also ``x̄**α / w̄**(1-α)`` ("duo"), each judged by :func:`_output_errors`. Each
     family's grid is searched coarse to fine: every ``COARSE``-th step, then the two half as far from the best, down
@@ -171,6 +176,7 @@ def _best_scales(x: torch.Tensor, weights: list[torch.Tensor], formats: list[dic
     magnitude = x.abs().mean(0)
     floats = [w.detach().float() for w in weights]
     gram = x.t() @ x
+    factor = _factor(gram)
     families = [("activation", None)] + ([("duo", _weight_magnitude(floats, formats))] if duo else [])
     first = {"activation": 0, "duo": 1}  # duo's step 0 is 1 / w̄: the weights' own spread, not the activations'
 
@@ -184,7 +190,7 @@ def _best_scales(x: torch.Tensor, weights: list[torch.Tensor], formats: list[dic
     def judge(steps: list[tuple[int, int]]) -> None:
         steps = [(f, k) for f, k in steps if (f, k) not in found and first[families[f][0]] <= k < grid]
         scales = [scale(families[f][1], k / grid) for f, k in steps]
-        for key, s, error in zip(steps, scales, _output_errors(gram, floats, formats, scales)):
+        for key, s, error in zip(steps, scales, _output_errors(gram, factor, floats, formats, scales)):
             found[key] = (error, s)
 
     def best(f: int) -> int:

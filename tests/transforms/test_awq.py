@@ -94,21 +94,24 @@ def test_awq_optimises_in_llama_cpps_own_types():
 
 
 def test_the_searches_judge_candidates_by_their_output_error():
-    """The scale search's errors from XᵀX (candidates one or two a product) and the clip search's from each group's Gram matrix are the output errors
-    ||X Wᵀ - X Q(W)ᵀ||² computed directly; the clip found is the least of the ten clips for each row's group."""
+    """The scale search's errors from XᵀX (candidates one or two a product, its Cholesky factor or, singular, itself)
+    and the clip search's from each group's Gram matrix are the output errors ||X Wᵀ - X Q(W)ᵀ||² computed directly;
+    the clip found is the least of the ten clips for each row's group."""
     from mase_lite.numerics import quantize
-    from mase_lite.passes.transforms.awq import _clip, _output_errors
+    from mase_lite.passes.transforms.awq import _clip, _factor, _output_errors
 
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(300, 64, generator=g), torch.randn(24, 64, generator=g)
     s = torch.rand(64, generator=g) + 0.5
     direct = [sum(float((x @ (v - quantize(v * c, W3) / c).t()).square().sum()) for v in (w, 2 * w)) for c in (s, 1 / s)]
+    errors = lambda gram: _output_errors(gram, _factor(gram), [w, 2 * w], [W3, W3], [s, 1 / s])  # noqa: E731
     with mock.patch("mase_lite.passes.transforms.awq.CANDIDATE_ELEMENTS", 48 * 64):  # one candidate a product
-        assert _output_errors(x.t() @ x, [w, 2 * w], [W3, W3], [s, 1 / s]) == pytest.approx(direct, rel=1e-5)
-    assert _output_errors(x.t() @ x, [w, 2 * w], [W3, W3], [s, 1 / s]) == pytest.approx(direct, rel=1e-5)
+        assert errors(x.t() @ x) == pytest.approx(direct, rel=1e-5)
+    assert errors(x.t() @ x) == pytest.approx(direct, rel=1e-5)
     x[:, 5] = 0  # an input that never fires: XᵀX singular, no Cholesky factor
+    assert _factor(x.t() @ x) is None
     direct = [sum(float((x @ (v - quantize(v * c, W3) / c).t()).square().sum()) for v in (w, 2 * w)) for c in (s, 1 / s)]
-    assert _output_errors(x.t() @ x, [w, 2 * w], [W3, W3], [s, 1 / s]) == pytest.approx(direct, rel=1e-5)
+    assert errors(x.t() @ x) == pytest.approx(direct, rel=1e-5)
     x = torch.randn(300, 64, generator=g)
     fmt = {**W3, "group_size": 16}  # narrower than x's 300 rows: by Gram matrices
     top = w.reshape(24, 4, 16).abs().amax(-1, keepdim=True)
@@ -133,10 +136,11 @@ def test_the_coarse_to_fine_search_finds_the_whole_grids_best_with_17_of_its_39_
     grid = [("activation", k, magnitude.pow(k / 20)) for k in range(20)]
     grid += [("duo", k, magnitude.pow(k / 20) / (w_magnitude.pow(1 - k / 20) + 1e-4)) for k in range(1, 20)]
     grid = [(f, k, s.clamp(min=1e-4) / (s.clamp(min=1e-4).max() * s.clamp(min=1e-4).min()).sqrt()) for f, k, s in grid]
-    errors = awq._output_errors(x.t() @ x, [w], [W3], [s for _, _, s in grid])
+    errors = awq._output_errors(x.t() @ x, awq._factor(x.t() @ x), [w], [W3], [s for _, _, s in grid])
     family, step, _ = grid[min(range(len(grid)), key=errors.__getitem__)]
     judged, real = [], awq._output_errors
-    with mock.patch.object(awq, "_output_errors", lambda gram, ws, fs, scales: judged.extend(scales) or real(gram, ws, fs, scales)):
+    counted = lambda gram, factor, ws, fs, scales: judged.extend(scales) or real(gram, factor, ws, fs, scales)  # noqa: E731
+    with mock.patch.object(awq, "_output_errors", counted):
         s, alpha, error, unscaled, chosen = awq._best_scales(x, [w], [W3], 20, True)
     assert (chosen, alpha) == (family, step / 20) and error == pytest.approx(min(errors), rel=1e-6)
     assert unscaled == pytest.approx(errors[0], rel=1e-6) and len(judged) == 17
