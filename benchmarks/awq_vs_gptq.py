@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from figures import cpu_model, spread  # beside this script
+from record import add_record_flag, recording  # beside this script
 
 W4G128 = {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 128}
 
@@ -51,6 +52,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--one", choices=["float", "gptq", "awq"], help=argparse.SUPPRESS)
+    add_record_flag(parser)
     args = parser.parse_args()
     if args.one:
         return one(args.one, args.gguf, args.calibration, args.out)
@@ -65,11 +67,12 @@ def main() -> None:
     print(f"float held-out perplexity {runs['float'][0]['perplexity']:.4f}")
     for method in ("gptq", "awq"):
         seconds = [r["seconds"] for r in runs[method]]
-        print(f"{method}: {spread(seconds, 1)} s, held-out perplexity "
-              f"{runs[method][0]['perplexity']:.4f}")
+        perplexities = sorted({f"{r['perplexity']:.4f}" for r in runs[method]})
+        print(f"{method}: {spread(seconds, 1)} s, held-out perplexity {' / '.join(perplexities)}")
     ratios = [a["seconds"] / g["seconds"] for a, g in zip(runs["awq"], runs["gptq"])]
     print(f"AWQ / GPTQ wall: {spread(ratios)}")
 
 
 if __name__ == "__main__":
-    main()
+    with recording("awq_vs_gptq"):
+        main()

@@ -4,9 +4,10 @@ GPTQ, SparseGPT and Wanda change a layer's weight from the layer's inputs on cal
 model repeats blocks (a transformer's decoder layers), the inputs of the first block are captured once and
 the blocks are processed in order: ``handle`` sees a block's selected layers and a function that runs the
 block on its inputs (to collect statistics through hooks), changes the layers, and the block runs again to
-give the next block its inputs, now from the changed model. Peak memory is the model plus one block's
-statistics and the calibration activations. Selected layers outside the blocks (an output head) are handled
-last, over whole-model runs.
+give the next block its inputs, now from the changed model. A pass that needs only the first inputs'
+statistics raises :class:`Enough` from a hook: the run stops there, and this block and the ones after it run on
+those inputs only. Peak memory is the model plus one block's statistics and the calibration activations.
+Selected layers outside the blocks (an output head) are handled last, over whole-model runs.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ from mase_lite.train.batches import model_inputs
 
 class _Stop(Exception):
     """Raised by the hook that captures the first block's inputs: the rest of the model need not run."""
+
+
+class Enough(Exception):
+    """Raised by a hook of ``handle``'s run once its statistics are complete: the run stops, and this block and
+    the ones after it run on the inputs it got to only (a pass that judges on its first rows forwards no more)."""
 
 
 class InputStatistics:
@@ -148,10 +154,11 @@ def _first_block_inputs(model: nn.Module, block: nn.Module, batches: list[dict])
     return captured
 
 
-def _run_block(block: nn.Module, inputs: list[tuple[tuple, dict]]) -> list[tuple[tuple, dict]]:
-    """The block on each input, and the next block's inputs (its output in place of the hidden states). Each
-    weight is quantized once for all the inputs (the values are dropped after: they are as large as the weights)."""
-    nxt = []
+def _run_block(block: nn.Module, inputs: list[tuple[tuple, dict]], nxt: list | None = None) -> list[tuple[tuple, dict]]:
+    """The block on each input, and the next block's inputs (its output in place of the hidden states), appended
+    to ``nxt``. Each weight is quantized once for all the inputs (the values are dropped after: they are as large
+    as the weights)."""
+    nxt = [] if nxt is None else nxt
     with quantized_once(block):
         for args, kwargs in inputs:
             out = block(*args, **kwargs)
@@ -191,7 +198,7 @@ def each_block(model: nn.Module, layers: dict[str, nn.Module], batches: list[dic
                     with (disk.resident(f"{prefix}.{i}", write=bool(inside)) if disk is not None else nullcontext(),
                           spare_threads()):
                         if inside:
-                            handle(inside, lambda: _run_block(block, inputs))
+                            inputs = _handled(handle, inside, block, inputs)
                         inputs = _run_block(block, inputs)
                     return_free_memory()  # the block's Hessians, sweeps and activations: else the heap grows block by block
                     if log is not None:
@@ -200,9 +207,34 @@ def each_block(model: nn.Module, layers: dict[str, nn.Module], batches: list[dic
                 raise PassError("model.stream: the model has no repeated blocks (a ModuleList of layers) to load one at a time")
             if rest:
                 with spare_threads():
-                    handle(rest, lambda: [model(**batch) for batch in batches])
+                    handle(rest, lambda: _run_model(model, batches))
     finally:
         model.train(was_training)
+
+
+def _run_model(model: nn.Module, batches: list[dict]) -> None:
+    """The whole model on each batch, until a hook raises :class:`Enough`."""
+    try:
+        for batch in batches:
+            model(**batch)
+    except Enough:
+        pass
+
+
+def _handled(handle: Callable, inside: dict[str, nn.Module], block: nn.Module, inputs: list) -> list:
+    """``handle(inside, run)`` with ``run`` running ``block`` on ``inputs``; the inputs it got to where a hook raised
+    :class:`Enough`, else all of them."""
+    kept = list(inputs)
+
+    def run() -> None:
+        done: list = []
+        try:
+            _run_block(block, kept, done)
+        except Enough:
+            del kept[len(done) + 1:]
+
+    handle(inside, run)
+    return kept
 
 
 def _check_streamable(layers: dict[str, nn.Module], prefix: str) -> None:

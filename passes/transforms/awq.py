@@ -32,7 +32,7 @@ from pydantic import Field
 
 from mase_lite.numerics import parse_format, quantize
 from mase_lite.passes.folding import fold_target, input_groups, linear_weight
-from mase_lite.passes.layerwise import calibration_batches, each_block
+from mase_lite.passes.layerwise import Enough, calibration_batches, each_block
 from mase_lite.passes.registry import PassError, PassResult, register_pass
 from mase_lite.passes.select import Selection, select_nodes
 
@@ -53,14 +53,18 @@ class AWQParams(Selection):
 
 
 def _inputs(leaders: dict[str, nn.Module], run, max_rows: int) -> dict[str, torch.Tensor]:
-    """Up to ``max_rows`` rows of each leader's input over ``run()``, in float32."""
+    """Up to ``max_rows`` rows of each leader's input over ``run()``, in float32; the run stops
+    (:class:`~mase_lite.passes.layerwise.Enough`) once every leader has them."""
     kept: dict[str, list[torch.Tensor]] = {name: [] for name in leaders}
+    counts = dict.fromkeys(leaders, 0)
 
     def hook(name):
         def record(module, args):
-            rows = sum(t.shape[0] for t in kept[name])
-            if rows < max_rows:
-                kept[name].append(args[0].detach().reshape(-1, args[0].shape[-1])[: max_rows - rows].float())
+            if counts[name] < max_rows:
+                kept[name].append(args[0].detach().reshape(-1, args[0].shape[-1])[: max_rows - counts[name]].float())
+                counts[name] += kept[name][-1].shape[0]
+                if min(counts.values()) >= max_rows:
+                    raise Enough
         return record
 
     handles = [module.register_forward_pre_hook(hook(name)) for name, module in leaders.items()]

@@ -144,3 +144,23 @@ def test_the_coarse_to_fine_search_finds_the_whole_grids_best_with_17_of_its_39_
         s, alpha, error, unscaled, chosen = awq._best_scales(x, [w], [W3], 20, True)
     assert (chosen, alpha) == (family, step / 20) and error == pytest.approx(min(errors), rel=1e-6)
     assert unscaled == pytest.approx(errors[0], rel=1e-6) and len(judged) == 17
+
+
+def test_awq_forwards_only_the_batches_holding_its_rows():
+    """With ``max_rows`` of 100 and batches of 64 rows, the search needs two of the four batches: each block runs
+    on those two only, and the result is the one calibration on those two batches alone gives, bit for bit."""
+    def run(num_batches):
+        mg, _ = ml.passes.quantize(with_outliers(), RULES)
+        calls = []
+        handle = mg.model.model.layers[1].register_forward_pre_hook(lambda module, args: calls.append(1))
+        mg, info = ml.passes.awq(mg, {"num_batches": num_batches, "max_rows": 100, "clip_rows": 100},
+                                 data=TokenBatches(labels=False))
+        handle.remove()
+        return mg, info, len(calls)
+
+    trimmed, info, calls = run(4)
+    alone, alone_info, alone_calls = run(2)
+    assert calls == alone_calls == 4  # the search's run and the run giving the next block its inputs, two batches each
+    assert info == alone_info
+    for (name, a), b in zip(trimmed.model.state_dict().items(), alone.model.state_dict().values()):
+        assert torch.equal(a, b), name
