@@ -9,6 +9,8 @@ Example::
     evaluate_model(model, data)["accuracy"]
 """
 
+from mase_lite.train import builtin_tasks  # noqa: F401, I001  (registers the built-in tasks; then the datasets, which name them)
+from mase_lite.train import builtin_datasets  # noqa: F401
 from mase_lite.train.data import BatchLoader, DataModule, DataSpec, build_data
 from mase_lite.train.evaluator import evaluate_model
 from mase_lite.train.models import ModelSpec, build_model

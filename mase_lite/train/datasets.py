@@ -94,8 +94,6 @@ def _load_entry_points() -> None:
 
 def get_dataset(name: str) -> DatasetEntry | None:
     """The registered dataset ``name`` (built-ins included), or ``None`` for a hub dataset name."""
-    from mase_lite.train import builtin_datasets  # noqa: F401  (registers the built-in datasets)
-
     _load_entry_points()
     return _REGISTRY.get(name)
 

@@ -166,27 +166,20 @@ def register_task(task: Task) -> Task:
 
 def task_names() -> list[str]:
     """The registered tasks' names, built-in ones first."""
-    _builtins()
     return list(_TASKS)
 
 
 def get_task(name: str) -> Task:
     """The registered task ``name``; a ``UserError`` listing the tasks otherwise."""
-    _builtins()
     if name not in _TASKS:
         raise UserError(f"task must be one of {', '.join(_TASKS)}; got {name!r}"[:300])
     return _TASKS[name]
-
-
-def _builtins() -> None:
-    import mase_lite.train.builtin_tasks  # noqa: F401  (registers the built-in tasks)
 
 
 class _Tasks(Mapping):
     """``TASKS[name]``: the registry as a read-only mapping."""
 
     def __getitem__(self, name: str) -> Task:
-        _builtins()
         return _TASKS[name]
 
     def __iter__(self):

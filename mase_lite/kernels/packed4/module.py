@@ -37,6 +37,8 @@ import mase_lite.kernels.int8_activations.cpu_kernel as int8_kernel
 from mase_lite.kernels.int8_activations.layers import Int8Weights, check_activations, check_input, fused
 import mase_lite.kernels.packed4.cpu_kernel as cpu_kernel
 from mase_lite.errors import UserError
+from mase_lite.numerics.codes import decode as decode_codes
+from mase_lite.numerics.codes import encode
 from mase_lite.numerics.registry import target_mapping
 
 BLOCK = 32
@@ -128,23 +130,44 @@ class Packed4Linear(nn.Module):
         """Pack a fake-quantized Linear's weight (formats: see the module docstring), bit for bit its quantized
         weight; a ``UserError`` naming the format otherwise. Its input and output stay float."""
         formats = layer.quant_formats()
-        fmt = formats.get("weight")
-        if not packable(fmt) or set(formats) != {"weight"} or layer.in_features % BLOCK:
-            raise UserError(f"a packed 4-bit weight takes scaled_integer (4 bits, symmetric, groups of 32), mxint "
-                            f"(element_width 4) or mxfp e2m1 in blocks of 32 over inputs a multiple of 32, on the "
-                            f"weight alone; this layer has {formats} over {layer.in_features} inputs"[:400])
-        encoded = layer.encode_parameters()["weight"]
+        _check_packable(formats.get("weight"), set(formats) != {"weight"}, layer.in_features, formats)
+        bias = None if layer.bias is None else layer._operand("bias", layer.bias).detach().clone()
+        return cls._from_codes(formats["weight"], layer.encode_parameters()["weight"],
+                               layer._operand("weight", layer.weight).detach(), bias, activations)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, fmt: dict[str, Any], activations: str = "float") -> Packed4Linear:
+        """Pack a float Linear's weight in ``fmt``: what :meth:`from_quantized` gives for the Linear fake-quantized
+        in ``fmt`` (the weight alone), without making that layer first.
+
+        >>> linear = torch.nn.Linear(64, 8)
+        >>> fmt = {"name": "mxfp", "element_format": "e2m1"}
+        >>> from mase_lite.nn.quantized import quantize_module
+        >>> torch.equal(Packed4Linear.from_linear(linear, fmt).nibbles,
+        ...             Packed4Linear.from_quantized(quantize_module(linear, {"weight": fmt})).nibbles)
+        True
+        """
+        _check_packable(fmt, False, linear.in_features, {"weight": fmt})
+        encoded = encode(linear.weight.detach(), fmt)
+        if encoded is None:
+            raise UserError(f"a {fmt['name']} weight has no stored codes; it cannot be packed")
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls._from_codes(fmt, encoded, decode_codes(encoded), bias, activations)
+
+    @classmethod
+    def _from_codes(cls, fmt: dict[str, Any], encoded, expected: Tensor, bias: Tensor | None, activations: str
+                    ) -> Packed4Linear:
+        """The layer holding ``encoded``'s codes of ``fmt``, checked to decode to ``expected`` bit for bit."""
+        out_features, in_features = encoded.shape
         table, scales = _table_and_scales(encoded)
-        codes = encoded.unpacked().reshape(layer.out_features, layer.in_features).to(torch.uint8)
-        module = cls(layer.in_features, layer.out_features, fmt, bias=layer.bias is not None,
-                     dtype=layer.weight.dtype, activations=activations)
+        codes = encoded.unpacked().reshape(out_features, in_features).to(torch.uint8)
+        module = cls(in_features, out_features, fmt, bias=bias is not None, dtype=expected.dtype, activations=activations)
         module.nibbles = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
         module.scales, module.table = scales.to(scale_dtype(fmt)).contiguous(), table  # float16: exact
-        expected = layer._operand("weight", layer.weight).detach().float()
-        if not _same_bits(decode(module.nibbles, module.scales, module.table), expected):
+        if not _same_bits(decode(module.nibbles, module.scales, module.table), expected.float()):
             raise UserError(f"packing this {fmt['name']} weight in 4 bits would change it; it stays fake-quantized")
-        if layer.bias is not None:
-            module.bias = nn.Parameter(layer._operand("bias", layer.bias).detach().clone())
+        if bias is not None:
+            module.bias = nn.Parameter(bias)
         if activations == "int8":
             module.integer_table()  # a table without an int8 form is named now, not at the first call
         return module
@@ -183,8 +206,6 @@ class Packed4Linear(nn.Module):
     def encoded(self):
         """The weight as stored codes of its own format (an ``Encoded``, as the fake-quantized layer it was packed
         from stores it): what an export writes. A ``UserError`` where its scales have no stored form."""
-        from mase_lite.numerics.codes import encode
-
         values = self.dequantized_weight()
         side = target_mapping(self.fmt["name"], "packed").side(self.scales, self.fmt)  # the inverse of _table_and_scales
         encoded = encode(values, self.fmt, side=side, values=values)
@@ -203,6 +224,13 @@ class Packed4Linear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt['name']}"
                 + (f", activations={self.activations}" if self.activations != "float" else ""))
+
+
+def _check_packable(fmt: dict[str, Any] | None, others: bool, in_features: int, formats: dict) -> None:
+    if not packable(fmt) or others or in_features % BLOCK:
+        raise UserError(f"a packed 4-bit weight takes scaled_integer (4 bits, symmetric, groups of 32), mxint "
+                        f"(element_width 4) or mxfp e2m1 in blocks of 32 over inputs a multiple of 32, on the "
+                        f"weight alone; this layer has {formats} over {in_features} inputs"[:400])
 
 
 def _table_and_scales(encoded) -> tuple[Tensor, Tensor]:

@@ -36,8 +36,6 @@ def pack_linears(model: nn.Module, fmt: str | dict[str, Any] = "q4_0", skip: tup
     are a multiple of 32) by a :class:`Packed4Linear` of ``fmt`` (``q4_0``, ``mxint4``, ``mxfp4`` or a packable
     format dict) with ``activations`` ``float`` or ``int8`` (inference: see the layer); returns how many were
     packed."""
-    from mase_lite.nn.quantized import quantize_module
-
     fmt = FORMATS.get(fmt, fmt) if isinstance(fmt, str) else fmt
     if not isinstance(fmt, dict) or not packable(fmt):
         raise UserError(f"pack_linears: {fmt!r} is not a 4-bit format that packs; named ones: {', '.join(FORMATS)}")
@@ -46,7 +44,6 @@ def pack_linears(model: nn.Module, fmt: str | dict[str, Any] = "q4_0", skip: tup
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        layer = quantize_module(getattr(parent, child), {"weight": fmt})
-        setattr(parent, child, Packed4Linear.from_quantized(layer, activations=activations))
+        setattr(parent, child, Packed4Linear.from_linear(getattr(parent, child), fmt, activations=activations))
     return_free_memory()
     return len(names)
