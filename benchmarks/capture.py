@@ -26,6 +26,7 @@ from mase_lite.ir.capture_cache import CACHE
 from mase_lite.ir.inputs import hf_example_inputs
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the zoo lives in tests/
 from tests.zoo.models import ZOO  # noqa: E402
+from record import add_record_flag, recording  # noqa: E402  beside this script
 
 NAMES = ["input_ids", "attention_mask", "labels"]
 SHAPES = {
@@ -97,6 +98,7 @@ def main() -> None:
     parser.add_argument("--zoo-only", action="store_true")
     parser.add_argument("--recapture-only", action="store_true")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    add_record_flag(parser)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -126,4 +128,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("capture"):
+        main()

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mase_lite as ml  # noqa: E402
 from mase_lite.codegen import emit  # noqa: E402
+from record import add_record_flag, recording  # noqa: E402  beside this script
 
 BERTS = {"BertConfig() default (12 layers, h768)": {},
          "bert-tiny shape (2 layers, h128)": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
@@ -63,8 +64,10 @@ def zoo_rows() -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--zoo", action="store_true", help="also run every zoo model through codegen")
+    add_record_flag(parser)
     args = parser.parse_args()
     logging.disable(logging.WARNING)
-    bert_rows()
-    if args.zoo:
-        zoo_rows()
+    with recording("codegen_readability"):
+        bert_rows()
+        if args.zoo:
+            zoo_rows()

@@ -16,6 +16,7 @@ import os
 
 from busy import busy_processes  # beside this script
 from mase_lite.bench.decode import bench_decode
+from record import add_record_flag, recording  # beside this script
 
 
 def main() -> None:
@@ -26,6 +27,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--busy", type=int, default=0, help="busy processes (while True: pass) during the run")
+    add_record_flag(parser)
     args = parser.parse_args()
     config = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=args.layers, num_attention_heads=16,
                   num_key_value_heads=4, vocab_size=32000, max_position_embeddings=512)
@@ -37,4 +39,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("decode"):
+        main()

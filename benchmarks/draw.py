@@ -19,6 +19,7 @@ from transformers import BertConfig, BertForSequenceClassification
 from mase_lite import MaseGraph
 from mase_lite.bench import timing
 from mase_lite.viz.draw import DrawOptions, build
+from record import add_record_flag, recording  # beside this script
 
 VIEWS = {
     "full": {},
@@ -37,6 +38,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--out", type=Path, default=None, help="keep the SVGs here (default: a temporary directory)")
+    add_record_flag(parser)
     args = parser.parse_args()
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig(num_hidden_layers=args.layers)).eval()
@@ -59,4 +61,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("draw"):
+        main()

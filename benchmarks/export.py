@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from record import add_record_flag, recording  # beside this script
+
 SHAPE = {"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
          "num_key_value_heads": 4, "intermediate_size": 2816, "vocab_size": 32000, "max_position_embeddings": 2048}
 W4 = {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 128, "full_range": True,
@@ -133,6 +135,7 @@ def _llama_cpp(path: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=8, help="decoder layers (8: 156 M parameters)")
+    add_record_flag(parser)
     args = parser.parse_args()
     load = lambda: " ".join(Path("/proc/loadavg").read_text().split()[:3])  # noqa: E731
     before = load()
@@ -151,4 +154,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("export"):
+        main()

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import mase_lite as ml
+from record import add_record_flag, recording  # beside this script
 
 
 def corpus(work: Path, calibration_chars: int, held_out_chars: int) -> tuple[Path, Path]:
@@ -94,6 +95,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=64, help="calibration windows of 512 tokens (GPTQ and imatrix)")
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    add_record_flag(parser)
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="gguf_vs_llama_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -125,4 +127,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("gguf_vs_llama_cpp"):
+        main()

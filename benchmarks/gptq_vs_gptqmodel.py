@@ -29,6 +29,7 @@ from pathlib import Path
 from busy import busy_processes  # beside this script
 from figures import cpu_model, spread  # beside this script
 from ptq import MODELS, gptq_steps, held_out_error, spec  # beside this script
+from record import add_record_flag, recording  # beside this script
 
 GPTQMODEL = """
 import json, os, sys, time
@@ -90,6 +91,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=4, help="calibration batches of 4 windows of 128 tokens")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--busy", type=int, nargs="+", default=[0, 2], help="busy processes beside, per setting")
+    add_record_flag(parser)
     args = parser.parse_args()
     config = {**MODELS["156m"], "num_hidden_layers": args.layers}
     rows = []
@@ -125,4 +127,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("gptq_vs_gptqmodel"):
+        main()

@@ -20,6 +20,7 @@ from torch.utils import benchmark
 
 from mase_lite.kernels.mxint8 import MXInt8Linear
 from mase_lite.kernels.packed4 import pack_linears
+from record import add_record_flag, recording  # beside this script
 
 
 def layers(kind: str, activations: str, count: int, out_features: int, in_features: int) -> list[torch.nn.Module]:
@@ -42,6 +43,7 @@ def main() -> None:
     parser.add_argument("--out", type=int, default=2816)
     parser.add_argument("--in", dest="in_features", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=1)
+    add_record_flag(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     x = torch.randn(1, args.in_features)
@@ -67,4 +69,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("int8_activations"):
+        main()

@@ -58,8 +58,11 @@ def run(lab: str) -> None:
 
 
 def main() -> None:
+    from record import add_record_flag  # beside this script; here, as tests load this file by its path
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("labs", nargs="*", metavar="LAB", help=f"labs to run (default: all): {', '.join(PLOTS)}")
+    add_record_flag(parser)
     labs = parser.parse_args().labs or list(PLOTS)
     unknown = [lab for lab in labs if lab not in PLOTS]
     if unknown:
@@ -69,4 +72,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from record import recording  # beside this script
+
+    with recording("labs"):
+        main()

@@ -20,6 +20,7 @@ import torch.nn as nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import mase_lite as ml
+from record import add_record_flag, recording  # beside this script
 
 INT8 = {"name": "integer", "data_in_width": 8, "data_in_frac_width": 4, "weight_width": 8, "weight_frac_width": 4}
 PARAMS = {"by": "type", "rules": {"head": None}, "default": INT8}
@@ -46,6 +47,7 @@ def timed(fn) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    add_record_flag(parser)
     args = parser.parse_args()
     torch.manual_seed(0)
     with torch.device("meta"):
@@ -72,4 +74,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("module_quantize"):
+        main()

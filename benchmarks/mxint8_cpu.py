@@ -14,6 +14,7 @@ import torch
 
 from mase_lite.bench import mxint8_cpu
 from mase_lite.kernels import cpu
+from record import add_record_flag, recording  # beside this script
 
 SMALL_LLAMA = dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
                    intermediate_size=1408, vocab_size=32000)
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--tokens", nargs="+", type=int, default=[1, 128])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--min-run-time", type=float, default=0.3)
+    add_record_flag(parser)
     args = parser.parse_args()
     print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"MXINT8 CPU level {cpu.level()}; load average before: {load()}\n")
@@ -54,4 +56,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("mxint8_cpu"):
+        main()

@@ -34,6 +34,7 @@ from torch.utils import benchmark
 from mase_lite.numerics import quantize, straight_through
 from mase_lite.numerics.memory import empty_like_advised
 from mase_lite.numerics.native import block_kernel, element_kernel, scaled_kernel
+from record import add_record_flag, recording  # beside this script
 
 FORMATS: dict[str, dict] = {
     "integer8": {"name": "integer", "width": 8, "frac_width": 4},
@@ -128,6 +129,7 @@ def main() -> None:
                         help="also time each quantize-dequantize through the torch implementation")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for every timing (torch.utils.benchmark's default 1; the machine's cores: all)")
+    add_record_flag(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     names = args.only or list(FORMATS)
@@ -204,4 +206,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("numerics"):
+        main()

@@ -14,12 +14,14 @@ import torch
 from torch.utils import benchmark
 
 from mase_lite.kernels import packed4
+from record import add_record_flag, recording  # beside this script
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--activations", choices=["float", "int8"], default="int8")
     parser.add_argument("--rounds", type=int, default=15)
+    add_record_flag(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -49,4 +51,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("packed4_scales"):
+        main()

@@ -21,6 +21,7 @@ from torch.utils import benchmark
 
 from busy import busy_processes  # beside this script
 from mase_lite.kernels import mxint8, packed4
+from record import add_record_flag, recording  # beside this script
 
 
 def timed(call, threads: int, seconds: float) -> float:
@@ -59,6 +60,7 @@ def main() -> None:
     parser.add_argument("--format", choices=["q4_0", "mxint4", "mxfp4", "mxint8"], default="q4_0")
     parser.add_argument("--activations", choices=["float", "int8"], default="float")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    add_record_flag(parser)
     args = parser.parse_args()
     with busy_processes(2):
         torch.manual_seed(0)
@@ -91,4 +93,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("packed4_under_load"):
+        main()

@@ -17,6 +17,8 @@ import os
 import subprocess
 import sys
 
+from record import add_record_flag, recording  # beside this script
+
 CASE = """
 import gc, json, os, torch
 import mase_lite as ml
@@ -59,6 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--width", type=int, default=2048)
+    add_record_flag(parser)
     args = parser.parse_args()
     print(f"command: python benchmarks/packed_memory.py {' '.join(sys.argv[1:])}; load average "
           f"{os.getloadavg()[0]:.2f}\n")
@@ -74,4 +77,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("packed_memory"):
+        main()

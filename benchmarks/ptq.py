@@ -35,6 +35,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from record import add_record_flag, recording  # beside this script
+
 MODELS = {
     "156m": {"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
              "num_key_value_heads": 4, "intermediate_size": 2816, "vocab_size": 32000, "max_position_embeddings": 2048},
@@ -148,6 +150,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=4, help="calibration batches of 4 windows of 128 tokens")
     parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's)")
     parser.add_argument("--grid", choices=["full", "symmetric"], default="full")
+    add_record_flag(parser)
     args = parser.parse_args()
     layers = args.layers or MODELS[args.model]["num_hidden_layers"]
     load = lambda: " ".join(Path("/proc/loadavg").read_text().split()[:3])  # noqa: E731
@@ -167,4 +170,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("ptq"):
+        main()

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from record import add_record_flag, recording  # beside this script
+
 QWEN_1_5B = {"model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
              "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768,
              "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "dtype": "bfloat16"}
@@ -115,6 +117,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=QWEN_1_5B["num_hidden_layers"])
     parser.add_argument("--compare", action="store_true", help="also run in memory and compare the exported files")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads of the runs")
+    add_record_flag(parser)
     args = parser.parse_args()
     load = lambda: " ".join(Path("/proc/loadavg").read_text().split()[:3])  # noqa: E731
     with tempfile.TemporaryDirectory() as name:
@@ -145,4 +148,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+    with recording("ptq_streamed"):
+        main()

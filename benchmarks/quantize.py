@@ -18,6 +18,7 @@ from transformers import BertConfig, BertForSequenceClassification
 
 import mase_lite as ml
 from mase_lite.ir import meta
+from record import add_record_flag, recording  # beside this script
 
 INT8 = {"name": "integer", "width": 8, "frac_width": 4}
 PARAMS = {"by": "type", "rules": {"linear": {"data_in": INT8, "weight": INT8, "bias": INT8}}}
@@ -47,6 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layers", type=int, default=12)
+    add_record_flag(parser)
     args = parser.parse_args()
     torch.manual_seed(0)
     now, before = [], []
@@ -61,4 +63,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("quantize"):
+        main()

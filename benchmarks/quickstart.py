@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from mase_lite.bench import timing
+from record import add_record_flag, recording  # beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
+    add_record_flag(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run = [sys.executable, "-m", "mase_lite.cli", "run", "pipelines/quickstart.json", "--output-dir", tmp]
@@ -52,4 +54,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("quickstart"):
+        main()

@@ -29,9 +29,10 @@ from transformers import AutoModelForCausalLM
 import mase_lite as ml
 from mase_lite.deploy import hub
 from figures import cpu_model  # beside this script
+from record import add_record_flag, recording  # beside this script
 
 TASKS = ["text_cloze", "text_rolling"]
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "real-model.md"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "real-model.md"
 
 
 def write_tasks(text: str, folder: Path, seed: int = 0) -> Path:
@@ -67,7 +68,7 @@ def write_tasks(text: str, folder: Path, seed: int = 0) -> Path:
 
 
 def pipeline(gguf: Path, calibration: Path, tasks: Path, out: Path) -> dict:
-    """The guide's one JSON (``docs/real-model.md``) on these files."""
+    """The guide's one JSON (``docs/guides/real-model.md``) on these files."""
     spec = json.loads(re.search(r"^```json\n(.*?)^```", GUIDE.read_text(), re.S | re.M).group(1))
     spec["model"]["pretrained"], spec["data"]["path"], spec["output_dir"] = str(gguf), str(calibration), str(out / "run")
     for step in spec["steps"]:
@@ -98,6 +99,7 @@ def main() -> None:
     parser.add_argument("--calibration", type=Path, required=True, help="GPTQ's calibration text")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--limit", type=int, default=200, help="documents per task of the comparison with HFLM")
+    add_record_flag(parser)
     args = parser.parse_args()
     tasks = write_tasks(args.text.read_text(), args.out / "tasks")
     spec = pipeline(args.gguf, args.calibration, tasks, args.out)
@@ -129,4 +131,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("real_model"):
+        main()

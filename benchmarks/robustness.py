@@ -995,6 +995,8 @@ PARTS = ["pipelines", "searches", "checkpoints", "subprocess", "kills", "data", 
 
 
 def main() -> None:
+    from record import add_record_flag  # beside this script; here, as tests load this file by its path
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--parts", nargs="+", default=PARTS, choices=PARTS)
@@ -1017,6 +1019,7 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=TIME_LIMIT, help="seconds a case may take before it counts as a hang")
     parser.add_argument("--summarize", nargs="+", metavar="JSONL", help="print the table of records written before, and stop")
     parser.add_argument("--keep", help="work in this directory and keep it (default: a temporary one)")
+    add_record_flag(parser)
     args = parser.parse_args()
     if args.summarize:
         summarize([Case(**json.loads(line)) for name in args.summarize for line in Path(name).read_text().splitlines()])
@@ -1184,4 +1187,7 @@ def _progress(case: Case, canary: Path, record: str | None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from record import recording  # beside this script
+
+    with recording("robustness"):
+        main()

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from busy import busy_processes  # beside this script
+from record import add_record_flag, recording  # beside this script
 
 
 def main() -> None:
@@ -23,6 +24,7 @@ def main() -> None:
     parser.add_argument("spec")
     parser.add_argument("--busy", type=int, default=2, help="busy processes beside the runs")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="explicit --threads settings to compare")
+    add_record_flag(parser)
     args = parser.parse_args()
     settings = [None, *args.threads]
     rows = []
@@ -49,4 +51,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("run_under_load"):
+        main()

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from record import add_record_flag, recording  # beside this script
+
 FORMATS = [
     {"name": "integer", "data_in_width": 8, "data_in_frac_width": 4, "weight_width": 8, "weight_frac_width": 4},
     {"name": "integer", "data_in_width": 4, "data_in_frac_width": 2, "weight_width": 4, "weight_frac_width": 2},
@@ -71,6 +73,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--no-cache", action="store_true", help="turn the prefix cache off")
     parser.add_argument("--threads", type=int, help="torch CPU threads per worker (OMP_NUM_THREADS; default: torch's)")
+    add_record_flag(parser)
     args = parser.parse_args()
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before torch is imported, here and in the workers
@@ -124,4 +127,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("search"):
+        main()

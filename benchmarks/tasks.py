@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from record import add_record_flag, recording  # beside this script
+
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "pipelines" / "tasks"
 BIG = {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
@@ -107,6 +109,7 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", nargs="+", choices=["llm", "cnn", "vit", "big-eval"])
+    add_record_flag(parser)
     args = parser.parse_args()
     rows = ["| run | train s | figures | wall s | load (1/5/15 min) before -> after |", "|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,4 +126,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("tasks"):
+        main()

@@ -10,6 +10,7 @@ milliseconds and the ratio of 2 threads to 1.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 from busy import busy_processes  # beside this script
+from record import add_record_flag, recording  # beside this script
 
 CHILD = """
 import json, time, torch
@@ -58,6 +60,9 @@ def table(label: str, results: dict[bool, dict[str, float]]) -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_record_flag(parser)
+    parser.parse_args()
     load = lambda: " ".join(Path("/proc/loadavg").read_text().split()[:3])  # noqa: E731
     print(f"load average before: {load()}")
     table("quiet", {adaptive: measure(adaptive) for adaptive in (True, False)})
@@ -67,4 +72,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("threads_under_load"):
+        main()

@@ -25,6 +25,7 @@ import torch
 
 import mase_lite as ml
 from mase_lite.train import prepare
+from record import add_record_flag, recording  # beside this script
 
 PIPELINE = Path(__file__).resolve().parents[1] / "pipelines" / "finetune.json"
 
@@ -34,6 +35,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=3, help="timed epochs")
     parser.add_argument("--warmup-steps", type=int, default=20, help="untimed training steps first")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    add_record_flag(parser)
     return parser.parse_args()
 
 
@@ -74,4 +76,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("train"):
+        main()

@@ -36,6 +36,7 @@ import torch
 
 from busy import busy_processes  # beside this script
 from figures import cpu_model, spread  # beside this script
+from record import add_record_flag, recording  # beside this script
 
 TYPES = {  # GGUF's type: the tool's format that it holds exactly, and how the tool packs it
     "Q4_0": ({"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "scale_dtype": "float16",
@@ -113,6 +114,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--types", nargs="+", default=list(TYPES), choices=list(TYPES))
     parser.add_argument("--busy", type=int, default=0, help="busy processes (while True: pass) during the run")
+    add_record_flag(parser)
     args = parser.parse_args()
     if not args.llama_bench:
         parser.error("--llama-bench: no llama-bench found (build llama.cpp's llama-bench target, or set LLAMA_BENCH)")
@@ -162,4 +164,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with recording("vs_llama_cpp"):
+        main()
