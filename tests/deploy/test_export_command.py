@@ -66,7 +66,7 @@ def test_a_report_naming_a_checkpoint_outside_its_run_is_not_followed(tmp_path, 
 
 
 def test_a_run_with_a_relative_output_dir_exports_by_its_directory(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)  # the README's route: "output_dir": "runs/w4a16", then export runs/w4a16
+    monkeypatch.chdir(tmp_path)  # the deploy guide's route: "output_dir": "runs/w4a16", then export runs/w4a16
     ml.run_pipeline({"model": MODEL, "data": {"block_size": 16, "n_train": 16, "n_test": 8},
                      "steps": [{"pass": "quantize", "params": {"by": "type", "rules": {"head": None, "linear": W4}}},
                                {"pass": "save", "params": {"path": "checkpoint"}}],

@@ -1,7 +1,7 @@
 """CUDA kernels: an nvcc compile check wherever nvcc exists, bit-exactness wherever a GPU exists.
 
 On a machine without CUDA these tests skip with the reason; the kernels were written and
-PTX-checked on a CPU-only machine (see benchmarks/RESULTS.md, section MXINT8).
+PTX-checked on a CPU-only machine (see benchmarks/RESULTS.md, section mxint8).
 """
 
 import math

@@ -22,7 +22,7 @@ def mlp():
     return ml.MaseGraph(model, example_inputs={"input": torch.randn(4, 8)})
 
 
-class CountOpParams(BaseModel):  # the README's plug-in, as a user writes it
+class CountOpParams(BaseModel):  # the extend guide's plug-in (docs/guides/extend.md), as a user writes it
     op: str = "dropout"
 
 

@@ -27,8 +27,8 @@ def llama(vocab_size: int = 128) -> LlamaForCausalLM:
 
 
 def test_a_data_section_evaluates_a_causal_lm_built_in_python_in_both_modes():
-    """The README's ``data=<section>``: the task is the model's own (module mode used to read its backbone
-    ``.model``), and a model without a tokenizer gets one trained on the data within its vocab_size."""
+    """The extend guide's ``data=<section>`` (docs/guides/extend.md): the task is the model's own (module mode used
+    to read its backbone ``.model``), and a model without a tokenizer gets one trained on the data within its vocab_size."""
     model = llama()
     _, module_info = ml.passes.evaluate(model, {"progress": False}, data=SECTION)
     mg = ml.MaseGraph(model, hf_input_names=["input_ids", "attention_mask", "labels"])

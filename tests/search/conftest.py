@@ -75,7 +75,7 @@ def write_spec(tmp_path: Path, spec: dict, name: str = "search.json") -> Path:
 
 def start_worker(spec_path: Path) -> subprocess.Popen:
     """``mase-lite search spec`` in its own process."""
-    env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}  # one core each, as the README advises
+    env = {**os.environ, "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}  # one core each, as the search guide advises
     return subprocess.Popen(
         [sys.executable, "-m", "mase_lite.cli", "search", str(spec_path)],
         stdout=subprocess.PIPE,

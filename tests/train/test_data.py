@@ -144,7 +144,7 @@ def test_synthetic_defaults_sizes_and_max_length():
 
 
 def test_the_default_language_model_corpus_keeps_a_prompts_common_words_whole():
-    """A prompt such as the README's "the small dog" is words of the default causal-LM tokenizer, not letters."""
+    """A prompt such as the deploy guide's "the small dog" is words of the default causal-LM tokenizer, not letters."""
     data = build_data({"n_train": 64, "n_test": 8}, task="causal-lm", seed=0)
     assert data.tokenizer.tokenize("the small dog runs.") == ["the", "small", "dog", "runs", "."]
 
