@@ -38,11 +38,11 @@ def write_model(directory: Path, layers: int) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from mase_lite.nn.disk_weights import repeated_blocks
+    from mase_lite.runtime.disk_weights import repeated_blocks
     import random
 
-    from mase_lite.train.grammar import default_grammar
-    from mase_lite.train.tokenizer import train_wordpiece
+    from mase_lite.workloads.grammar import default_grammar
+    from mase_lite.workloads.tokenizer import train_wordpiece
 
     fields = {k: v for k, v in QWEN_1_5B.items() if k != "model_type"}
     config = AutoConfig.for_model("qwen2", **{**fields, "num_hidden_layers": layers})

@@ -27,7 +27,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import mase_lite as ml
-from mase_lite.deploy import hub
+from mase_lite.importers import hub
 from figures import cpu_model  # beside this script
 from record import add_record_flag, recording  # beside this script
 
@@ -83,7 +83,7 @@ def hf_float(model, tokenizer, tasks: Path, limit: int) -> dict:
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    from mase_lite.train.lm_harness import metric_name
+    from mase_lite.workloads.lm_harness import metric_name
 
     lm = HFLM(pretrained=model, tokenizer=copy.deepcopy(tokenizer), batch_size=16)
     out = simple_evaluate(model=lm, tasks=TASKS, limit=limit, bootstrap_iters=1000, log_samples=False,

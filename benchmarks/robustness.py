@@ -1102,8 +1102,11 @@ def main() -> None:
             try:
                 from robustness_studies import study_kill_cases
 
-                for case in kill_cases(args.seed, work / "kills", args.run_kills, args.worker_kills) + study_kill_cases(
-                        args.seed, work / "studies", KILL_PIPELINE, args.study_kills):
+                studies = study_kill_cases(args.seed, work / "studies", KILL_PIPELINE,
+                                           lambda spec: forked(cli(["search", str(spec)]), spec.parent)[0], args.study_kills)
+                for case in kill_cases(args.seed, work / "kills", args.run_kills, args.worker_kills) + [
+                        Case("kill", r["target"], r["what"], code=r["code"], outcome="survived" if r["ok"] else "defect",
+                             why=r["why"]) for r in studies]:
                     cases.append(case)
                     _progress(case, canary, args.json)
             except Exception:  # the probe's own failure: reported, the other parts' figures kept

@@ -61,8 +61,9 @@ def _base(work: Path) -> Path:
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     import mase_lite as ml
-    from mase_lite.deploy import export, hub
-    from mase_lite.train.tokenizer import train_wordpiece
+    from mase_lite.deploy import export
+    from mase_lite.importers import hub
+    from mase_lite.workloads.tokenizer import train_wordpiece
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -81,10 +82,10 @@ def _importer(path: Path, out: Path) -> Callable[[], int]:
     first, which would keep many a directory from the model's reader), answering like the CLI; the imported state is
     saved beside the directory for the verifier."""
     def call() -> int:
-        from mase_lite.deploy.hub import read_tokenizer
-        from mase_lite.errors import UserError, describe
-        from mase_lite.train.models import build_model
-        from mase_lite.train.tokenizer import load_tokenizer
+        from mase_lite.importers.hub import read_tokenizer
+        from mase_lite.infra.errors import UserError, describe
+        from mase_lite.workloads.models import build_model
+        from mase_lite.workloads.tokenizer import load_tokenizer
 
         try:
             model = build_model({"task": "causal-lm", "pretrained": str(path)}, seed=0)

@@ -32,15 +32,15 @@ WEIRD = [None, True, -1, 2, 2**31, 2**62, 2**64, 10**5000, 1e300, 1.5, "", "x", 
 def reader(spec: dict, task: str, model: dict | None = None) -> Callable[[], int]:
     """A case as the CLI runs it: the data (or model) read; exit 2 with one line for the user's mistake."""
     def call() -> int:
-        from mase_lite.errors import UserError, describe
+        from mase_lite.infra.errors import UserError, describe
 
         try:
             if model is not None:
-                from mase_lite.train.models import build_model
+                from mase_lite.workloads.models import build_model
 
                 build_model(model, num_labels=2, seed=0)
             else:
-                from mase_lite.train.data import build_data
+                from mase_lite.workloads.data import build_data
 
                 data = build_data(spec, task=task, seed=0)
                 next(iter(data.loader("train", 4)))  # one batch made, as training would

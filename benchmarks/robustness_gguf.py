@@ -53,9 +53,10 @@ def _base(work: Path) -> tuple[Path, Parts]:
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     import mase_lite as ml
-    from mase_lite.deploy import gguf, hub
+    from mase_lite.deploy import gguf
+    from mase_lite.importers import hub
     from mase_lite.ir.module_model import ModuleModel
-    from mase_lite.train.tokenizer import train_wordpiece
+    from mase_lite.workloads.tokenizer import train_wordpiece
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -73,7 +74,7 @@ def _held(path: Path) -> Any:
     """What the import of ``path`` depends on: its ``<arch>.*`` metadata and each tensor's dimensions, type and bytes
     (None when the file is not readable)."""
     from mase_lite.deploy import gguf_file
-    from mase_lite.errors import UserError
+    from mase_lite.infra.errors import UserError
 
     try:
         file = gguf_file.read_file(path)
@@ -92,9 +93,9 @@ def _importer(path: Path, out: Path) -> Callable[[], int]:
     def call() -> int:
         import torch
 
-        from mase_lite.deploy.hub import read_tokenizer
-        from mase_lite.errors import UserError, describe
-        from mase_lite.train.models import build_model
+        from mase_lite.importers.hub import read_tokenizer
+        from mase_lite.infra.errors import UserError, describe
+        from mase_lite.workloads.models import build_model
 
         try:
             read_tokenizer(path)

@@ -46,7 +46,7 @@ def _loader(path: Path, inputs: Any) -> Callable[[], int]:
         import torch
 
         from mase_lite.deploy import pt2
-        from mase_lite.errors import UserError, describe
+        from mase_lite.infra.errors import UserError, describe
 
         try:
             model = pt2.load(path)

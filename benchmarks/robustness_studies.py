@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -88,10 +88,10 @@ def _server() -> Postgres | None:
     return server
 
 
-def study_kill_cases(seed: int, work: Path, pipeline: dict, kills_per_point: int = 2) -> list[Any]:
-    """A :class:`robustness.Case` per (storage, point, k): see the module's docstring."""
-    from robustness import Case, cli, forked
-
+def study_kill_cases(seed: int, work: Path, pipeline: dict, resume: Callable[[Path], int],
+                     kills_per_point: int = 2) -> list[dict[str, Any]]:
+    """One record per (storage, point, k) — ``target``, ``what``, ``code`` (the resuming worker's exit), ``ok`` and
+    ``why`` — see the module's docstring; ``resume(search_json)`` runs the second worker and returns its exit code."""
     from mase_lite.search.storage import open_storage
 
     rng = random.Random(seed)
@@ -123,17 +123,15 @@ def study_kill_cases(seed: int, work: Path, pipeline: dict, kills_per_point: int
                                             env=env, capture_output=True, text=True, timeout=600)
                     opened = url or open_storage(None, sdir / "out", heartbeat_interval=1)
                     finished = _complete(opened)
-                    code = forked(cli(["search", str(sdir / "search.json")]), sdir)[0]
+                    code = resume(sdir / "search.json")
                     final = _complete(url or open_storage(None, sdir / "out", heartbeat_interval=1))
                     lost = {n: v for n, v in finished.items() if final.get(n) != v}
                     points = sorted(p for p, _ in final.values())
                     ok = killed.returncode == -9 and code == 0 and not lost and points == WIDTHS
-                    case = Case("kill", f"search worker ({storage})", f"SIGKILL {point} (the {at}. time), "
-                                f"{len(finished)} trials finished before", code=code)
-                    case.outcome = "survived" if ok else "defect"
-                    case.why = "" if ok else (f"killed worker exit {killed.returncode}, resume exit {code}, lost {lost}, "
-                                              f"grid points complete {points}")
-                    cases.append(case)
+                    cases.append({"target": f"search worker ({storage})", "code": code, "ok": ok,
+                                  "what": f"SIGKILL {point} (the {at}. time), {len(finished)} trials finished before",
+                                  "why": "" if ok else (f"killed worker exit {killed.returncode}, resume exit {code}, "
+                                                        f"lost {lost}, grid points complete {points}")})
     finally:
         if server is not None:
             server.stop()

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 import mase_lite as ml
-from mase_lite.train import prepare
+from mase_lite.workloads import prepare
 from record import add_record_flag, recording  # beside this script
 
 PIPELINE = Path(__file__).resolve().parents[1] / "pipelines" / "finetune.json"

@@ -1,6 +1,6 @@
 """Prefill and decode on the CPU, the tool against llama.cpp in the same run: a Llama of 156 M parameters (hidden 1024,
 8 layers, 16/4 heads, FFN 2816, vocabulary 32000; random weights, seed 0) quantized by the tool, exported to GGUF, and
-run both by the tool's decoder (every Linear packed with int8 activations; mase_lite.nn.decoder) and by llama.cpp's
+run both by the tool's decoder (every Linear packed with int8 activations; mase_lite.runtime.decoder) and by llama.cpp's
 ``llama-bench`` on that very file. The types: Q4_0 (the tool's 4-bit groups of 32 with float16 scales, which GGUF's
 Q4_0 holds exactly) and Q8_0 (the tool's MXINT8, which GGUF's Q8_0 holds exactly).
 
@@ -58,8 +58,8 @@ def gguf_file(model: torch.nn.Module, fmt: dict, path: Path) -> None:
     """``model`` with every Linear quantized to ``fmt``, written as GGUF (with a tokenizer: llama.cpp needs one)."""
     import mase_lite as ml
     from mase_lite.deploy import export
-    from mase_lite.train.grammar import default_grammar
-    from mase_lite.train.tokenizer import train_wordpiece
+    from mase_lite.workloads.grammar import default_grammar
+    from mase_lite.workloads.tokenizer import train_wordpiece
 
     tokenizer = train_wordpiece(default_grammar().sample(500, random.Random(0)), vocab_size=1000)
     quantized, _ = ml.passes.quantize(copy.deepcopy(model), {"by": "type", "rules": {"linear": {"weight": fmt}}})
@@ -68,7 +68,7 @@ def gguf_file(model: torch.nn.Module, fmt: dict, path: Path) -> None:
 
 def packed_decoder(model: torch.nn.Module, packing: str, max_length: int):
     from mase_lite.kernels import mxint8, packed4
-    from mase_lite.nn.decoder import Decoder
+    from mase_lite.runtime.decoder import Decoder
 
     packed = copy.deepcopy(model)
     if packing == "mxint8":

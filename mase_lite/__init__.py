@@ -9,7 +9,10 @@ Example::
     result = ml.run_pipeline("pipelines/quickstart.json")
 """
 
-from mase_lite.errors import UserError
+from mase_lite.infra import moved
+from mase_lite.infra.errors import UserError
+
+moved.install()  # the modules' names before the layout of 2026-11 keep working (with a warning)
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,4 @@
-"""Rebuilding a saved graph's model from its recipe, under the trust policy (:mod:`mase_lite.trust`).
+"""Rebuilding a saved graph's model from its recipe, under the trust policy (:mod:`mase_lite.infra.trust`).
 
 A checkpoint's ``recipe.json`` is data, possibly someone else's: a factory it names is called only
 when registered, named or trusted; a transformers class only when transformers' auto registry lists
@@ -7,7 +7,7 @@ among the rebuilt model's own modules. The recipe's format and the files are the
 (:mod:`mase_lite.ir.serialize`).
 
 Weights: :func:`save_checkpoint` stores each quantized weight and bias as its codes and shared scales
-(:mod:`mase_lite.nn.storage`; ``weights="float"`` keeps the float values a layer quantizes on every call, as
+(:mod:`mase_lite.layers.storage`; ``weights="float"`` keeps the float values a layer quantizes on every call, as
 training needs them, but for parameters that already hold stored values); :func:`load_weights` decodes them
 bit for bit into the rebuilt model and holds them.
 
@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 import torch.nn as nn
 
-from mase_lite.errors import UserError
-from mase_lite.files import check_regular, recover
+from mase_lite.infra.errors import UserError
+from mase_lite.infra.files import check_regular, recover
 from mase_lite.ir.export import dynamic_shapes_of
 from mase_lite.ir.serialize import (
     RECIPE,
@@ -39,15 +39,15 @@ from mase_lite.ir.serialize import (
     save,
     validate,
 )
-from mase_lite.limits import check_fits, model_bytes
-from mase_lite.nn.storage import check_stored_names, flatten, restore_codes, stored_codes, unflatten
-from mase_lite.trust import TRUST_HINT, call_factory, qualname, resolve_factory, resolve_leaf_module, trusted
+from mase_lite.infra.limits import check_fits, model_bytes
+from mase_lite.layers.storage import check_stored_names, flatten, restore_codes, stored_codes, unflatten
+from mase_lite.infra.trust import TRUST_HINT, call_factory, qualname, resolve_factory, resolve_leaf_module, trusted
 
 
 def build_from_recipe(recipe: dict[str, Any] | FactoryRecipe | HFRecipe) -> nn.Module:
     """A freshly initialised model from a recipe written by :func:`model_recipe` or a factory.
 
-    A factory is called only when registered or trusted (see :mod:`mase_lite.trust`); a transformers
+    A factory is called only when registered or trusted (see :mod:`mase_lite.infra.trust`); a transformers
     class only when transformers' auto registry lists it for the config's model type.
     """
     if isinstance(recipe, dict):
@@ -98,7 +98,7 @@ def _hf_class_and_config(recipe: HFRecipe) -> tuple[type, Any]:
 def read_checkpoint(directory: str | Path, model: nn.Module | None = None) -> tuple[dict[str, Any], nn.Module, dict[str, Any]]:
     """The recipe saved in ``directory``, the model to capture (rebuilt unless given) and the capture's arguments.
 
-    Nothing the recipe names is imported or called unless registered or trusted (:mod:`mase_lite.trust`):
+    Nothing the recipe names is imported or called unless registered or trusted (:mod:`mase_lite.infra.trust`):
     leaf-module classes are looked up among the model's own modules.
     """
     directory = Path(directory)

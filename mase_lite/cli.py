@@ -25,13 +25,14 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
-from mase_lite import __version__, progress
-from mase_lite.cores import choose_threads
-from mase_lite.errors import UserError, describe, shown_paths
-from mase_lite.faults import as_fault
-from mase_lite.jsonio import read_json
-from mase_lite.plugins import import_plugins
-from mase_lite.trust import set_trust_code
+from mase_lite import __version__
+from mase_lite.infra import progress
+from mase_lite.infra.cores import choose_threads
+from mase_lite.infra.errors import UserError, describe, shown_paths
+from mase_lite.infra.faults import as_fault
+from mase_lite.infra.jsonio import read_json
+from mase_lite.pipeline.plugins import import_plugins
+from mase_lite.infra.trust import set_trust_code
 
 
 def _check_spec(args: argparse.Namespace) -> None:
@@ -66,9 +67,9 @@ def _cmd_search(args: argparse.Namespace) -> int:
 def _cmd_draw(args: argparse.Namespace) -> int:
     from mase_lite.viz.draw import options, render
     from mase_lite.ir.graph import MaseGraph
-    from mase_lite.jsonio import read_json
-    from mase_lite.train.models import ModelSpec, build_model
-    from mase_lite.train.validation import validate_section
+    from mase_lite.infra.jsonio import read_json
+    from mase_lite.workloads.models import ModelSpec, build_model
+    from mase_lite.workloads.validation import validate_section
 
     opts = options(args.output, depth=args.depth, fold_repeats=args.fold_repeats, color_by=args.color_by)
     if args.graph is not None:
@@ -111,7 +112,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from mase_lite.deploy import export
     from mase_lite.deploy.sources import checkpoint_of
     from mase_lite.passes.replay import load_graph
-    from mase_lite.train.tokenizer import load_tokenizer
+    from mase_lite.workloads.tokenizer import load_tokenizer
 
     checkpoint = checkpoint_of(args.source)
     mg = load_graph(checkpoint)

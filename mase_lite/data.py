@@ -3,7 +3,7 @@ own task: ``register_task(Task(...))`` (its head, inputs, default model and data
 ``classification_data``, ``language_data``, ``seq2seq_data``, ``image_data`` or your own — and metrics), then
 ``"model": {"task": name}``.
 
-A loader takes the data section (a :class:`~mase_lite.train.data.DataSpec`) and the run's seed and
+A loader takes the data section (a :class:`~mase_lite.workloads.data.DataSpec`) and the run's seed and
 returns ``{"train": table, "test": table}``, where a table is a list of row dicts, a dict of columns
 or a ``datasets.Dataset``, or one table of rows (a list or a ``datasets.Dataset``) that the run
 divides by ``data.test_fraction``. Columns are named by the
@@ -22,9 +22,9 @@ Example::
     True
 """
 
-from mase_lite.train.data import classification_data, image_data, language_data, seq2seq_data
-from mase_lite.train.datasets import RawData, dataset_names, register_dataset
-from mase_lite.train.tasks import Task, get_task, register_task, task_names
+from mase_lite.workloads.data import classification_data, image_data, language_data, seq2seq_data
+from mase_lite.workloads.datasets import RawData, dataset_names, register_dataset
+from mase_lite.workloads.tasks import Task, get_task, register_task, task_names
 
 __all__ = ["RawData", "Task", "classification_data", "dataset_names", "get_task", "image_data", "language_data",
            "register_dataset", "register_task", "seq2seq_data", "task_names"]

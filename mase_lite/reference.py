@@ -168,8 +168,8 @@ def exports_page() -> str:
 
 
 def tasks_page() -> str:
-    from mase_lite.train.datasets import dataset_names, get_dataset
-    from mase_lite.train.tasks import get_task, task_names
+    from mase_lite.workloads.datasets import dataset_names, get_dataset
+    from mase_lite.workloads.tasks import get_task, task_names
 
     lines = ["# Tasks and datasets", "", "The values of a spec's `model.task` and `data.dataset` (or any hub dataset).",
              "", "## Tasks", ""]

@@ -19,13 +19,13 @@ import torch
 import torch.nn as nn
 
 from mase_lite.ir.capture import caches_off
-from mase_lite.heap import return_free_memory
-from mase_lite.nn.disk_weights import streamed
-from mase_lite.nn.quantized import quantized_once
+from mase_lite.infra.heap import return_free_memory
+from mase_lite.runtime.disk_weights import streamed
+from mase_lite.layers.quantized import quantized_once
 from mase_lite.numerics.codes import encode
 from mase_lite.numerics.native.threads import spare_threads
 from mase_lite.passes.registry import PassError
-from mase_lite.train.batches import model_inputs
+from mase_lite.workloads.batches import model_inputs
 
 
 class _Stop(Exception):
@@ -174,7 +174,7 @@ def each_block(model: nn.Module, layers: dict[str, nn.Module], batches: list[dic
                handle: Callable[[dict[str, nn.Module], Callable[[], object]], None], log: Callable[[int, int], None] | None = None) -> None:
     """Call ``handle(block_layers, run)`` for the selected layers of each repeated block in order, then for those
     outside the blocks (``run`` runs the whole model on ``batches``), in evaluation mode without gradients or
-    key/value caches. A model streamed from disk (:mod:`mase_lite.nn.disk_weights`) has one block resident at a
+    key/value caches. A model streamed from disk (:mod:`mase_lite.runtime.disk_weights`) has one block resident at a
     time, written back after ``handle``; its layers outside the blocks cannot be handled (they need whole-model
     runs)."""
     disk = streamed(model)

@@ -43,7 +43,7 @@ from typing import Any
 import torch.nn as nn
 from pydantic import BaseModel
 
-from mase_lite.errors import Scope, UserError
+from mase_lite.infra.errors import Scope, UserError
 from mase_lite.ir.module_model import ModuleModel, inputs_taken
 from mase_lite.passes.registry import BASE_FACTS, MODULE_MODE, PassError, PassInfo, PassResult, all_passes, providers_of  # noqa: F401 (BASE_FACTS: its users import it here)
 

@@ -33,7 +33,7 @@ from typing import Annotated, Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mase_lite.errors import Scope, UserError, validation_problems
+from mase_lite.infra.errors import Scope, UserError, validation_problems
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class PassInfo:
         try:
             return self.params.model_validate(params)
         except ValidationError as err:
-            from mase_lite.nn.quant_config import explain_format_error  # rules' number formats, as the user wrote them
+            from mase_lite.layers.quant_config import explain_format_error  # rules' number formats, as the user wrote them
 
             explain = lambda e: explain_format_error(e, params)  # noqa: E731
             raise PassError(problems=validation_problems(err, model=self.params, explain=explain)) from None
@@ -204,13 +204,13 @@ class PassInfo:
         if "data" in context_fields:
             from torch import nn
 
-            from mase_lite.train.batches import as_data
+            from mase_lite.workloads.batches import as_data
 
             # a plain module (module mode) is the model itself: a transformers model's ``.model`` is its backbone
             model = mg if isinstance(mg, nn.Module) else getattr(mg, "source_model", getattr(mg, "model", mg))
             context_fields["data"] = as_data(context_fields["data"], model)
         if isinstance(context_fields.get("tokenizer"), (str, Path)):  # a directory or hub name, loaded once here
-            from mase_lite.train.tokenizer import load_tokenizer
+            from mase_lite.workloads.tokenizer import load_tokenizer
 
             context_fields["tokenizer"] = load_tokenizer(context_fields["tokenizer"], field="tokenizer")
         if context is None:
@@ -258,7 +258,7 @@ def register_pass(
     ``needs_graph=False`` says the pass works on modules alone, so it also runs on a plain ``nn.Module``
     (module mode, :mod:`mase_lite.ir.module_model`); the pass manager refuses module mode to the others.
     ``streams=True`` says it also runs on a model whose weights stay on disk (``model.stream``,
-    :mod:`mase_lite.nn.disk_weights`): it makes a block resident before reading its tensors; a function of the
+    :mod:`mase_lite.runtime.disk_weights`): it makes a block resident before reading its tensors; a function of the
     params says so per call (``export`` streams to compressed-tensors only).
     """
     if kind not in ("analysis", "transform"):

@@ -24,14 +24,14 @@ from typing import Any
 
 import torch.nn as nn
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.ir.graph import MaseGraph
 from mase_lite.ir.module_model import ModuleModel
 from mase_lite.checkpoint import load_weights, read_checkpoint
 from mase_lite.ir.serialize import saved_capture
 from mase_lite.passes.manager import PassContext, run_pass
 from mase_lite.passes.registry import PassError, get_pass
-from mase_lite.trust import trusted, trusting
+from mase_lite.infra.trust import trusted, trusting
 
 
 def replay_transforms(mg, transforms: list[dict[str, Any]]):
@@ -57,7 +57,7 @@ def load_graph(directory: str | Path, model: nn.Module | None = None, trust_code
     """The graph saved in ``directory`` with its transforms replayed and its weights loaded.
 
     Code the checkpoint names (a model factory, leaf-module classes) is used only when registered,
-    or when ``trust_code`` is true (see :mod:`mase_lite.trust`); replay runs structural transforms only.
+    or when ``trust_code`` is true (see :mod:`mase_lite.infra.trust`); replay runs structural transforms only.
     """
     with trusting(trusted() or trust_code):
         if saved_capture(directory) == "modules":

@@ -35,7 +35,7 @@ def _private_state(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _isolated_trust():
     """What one test named as trusted (a spec's factory, a --plugin, --trust-code) does not leak into the next."""
-    from mase_lite import trust
+    from mase_lite.infra import trust
 
     flag, named, plugins = list(trust._trust), set(trust._named), set(trust._plugin_modules)
     yield

@@ -5,8 +5,8 @@ import stat
 
 import pytest
 
-import mase_lite.files as files
-from mase_lite.files import recover, staged_directory, staged_file
+import mase_lite.infra.files as files
+from mase_lite.infra.files import recover, staged_directory, staged_file
 
 
 @pytest.fixture

@@ -98,8 +98,9 @@ def test_the_real_model_guide_runs_on_a_small_gguf(tmp_path, monkeypatch):
     pytest.importorskip("lm_eval", reason="the eval extra is part of the dev extra")
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    from mase_lite.deploy import export, hub
-    from mase_lite.train.tokenizer import train_wordpiece
+    from mase_lite.deploy import export
+    from mase_lite.importers import hub
+    from mase_lite.workloads.tokenizer import train_wordpiece
 
     guide = dict(BLOCKS["real-model.md"])
     rng = random.Random(0)

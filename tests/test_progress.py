@@ -40,18 +40,18 @@ def test_a_long_step_writes_where_it_is_every_few_seconds_and_logs_it(tmp_path, 
     import logging
     import re
 
-    from mase_lite import progress
+    from mase_lite.infra import progress
 
     monkeypatch.setenv("MASE_LITE_PROGRESS", "1")
     monkeypatch.setattr(progress, "EVERY", 0.0)
     spec = {**SPEC, "steps": [{"pass": "train", "params": {"epochs": 2, "max_steps": 3, "batch_size": 4}}],
             "output_dir": str(tmp_path / "run")}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    with caplog.at_level(logging.INFO, logger="mase_lite.progress"):
+    with caplog.at_level(logging.INFO, logger="mase_lite.infra.progress"):
         assert main(["run", str(tmp_path / "spec.json")]) == 0
     ticks = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train: ")]
     assert [line.split(",")[0] for line in ticks] == ["train: step 1/3 (33 %)", "train: step 2/3 (66 %)",
                                                        "train: step 3/3 (100 %)"]
     assert all(re.fullmatch(r"train: step \d/3 \(\d+ %\), epoch [01], loss \d+\.\d{4}; \d+ s elapsed, [\d.e+-]+ step/s", t)
                for t in ticks), ticks
-    assert [r.getMessage() for r in caplog.records if r.name == "mase_lite.progress"] == ticks
+    assert [r.getMessage() for r in caplog.records if r.name == "mase_lite.infra.progress"] == ticks

@@ -1,5 +1,7 @@
 """The performance lab: torch.compile vs eager, naive vs fused attention, MXINT8 memory and speed,
-and codegen'd models vs their graphs, on CPU or CUDA (``mase-lite bench``).
+and codegen'd models vs their graphs, on CPU or CUDA (``mase-lite bench``, the course's lab 4, run by users on their
+machine). The project's own measurements against peers and baselines are the scripts in ``benchmarks/``, which
+record their figures in ``benchmarks/RESULTS.md``.
 
 Example::
 

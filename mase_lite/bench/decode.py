@@ -1,5 +1,5 @@
 """Decoding on the CPU: a Llama from a config (random weights, the same in every column) generating greedily with
-the tool's decoder (:mod:`mase_lite.nn.decoder`, its key/value cache) after a prompt, float32 against every Linear
+the tool's decoder (:mod:`mase_lite.runtime.decoder`, its key/value cache) after a prompt, float32 against every Linear
 packed (``lm_head`` included): MXINT8 and the 4-bit kernels (Q4_0-style integers, MXFP4), and MXINT8 and Q4_0 with
 int8 activations (``int8-act``). Where ``llama-cpp-python`` is installed, llama.cpp decodes the same weights exported
 to GGUF (:mod:`mase_lite.deploy.gguf`: MXINT8 as Q8_0, 4-bit groups of 32 as Q4_0, every
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from mase_lite.bench.section import Section
-from mase_lite.nn.decoder import Decoder
+from mase_lite.runtime.decoder import Decoder
 
 PACKINGS = ("MXINT8", "Q4_0", "MXFP4", "MXINT8 int8-act", "Q4_0 int8-act")  # int8-act: int8 activations
 HF_COLUMN = "MXINT8 in transformers' generate"
@@ -89,8 +89,8 @@ def _gguf_files(model: nn.Module, directory: Path) -> dict[str, Path]:
     """``model`` with every Linear quantized to each of llama.cpp's types, written as GGUF files."""
     import mase_lite as ml
     from mase_lite.deploy import export
-    from mase_lite.train.grammar import default_grammar
-    from mase_lite.train.tokenizer import train_wordpiece
+    from mase_lite.workloads.grammar import default_grammar
+    from mase_lite.workloads.tokenizer import train_wordpiece
 
     tokenizer = train_wordpiece(default_grammar().sample(500, random.Random(0)), vocab_size=1000)  # llama.cpp needs one
     files = {}
@@ -166,7 +166,7 @@ def bench_decode(config: dict, threads: list[int], prompt_tokens: int, new_token
              "environment)")
     notes = [f"LlamaForCausalLM({config}), greedy decoding with the key/value cache after {prompt_tokens} prompt "
              f"tokens, {new_tokens} tokens (ms per token from the first to the last), median of {rounds} rounds, by "
-             f"the tool's decoder (mase_lite.nn.decoder, what the generate step runs; the same packed model in "
+             f"the tool's decoder (mase_lite.runtime.decoder, what the generate step runs; the same packed model in "
              f"transformers' generate beside it); int8-act: "
              f"the packed Linears with int8 activations (llama.cpp's way: the input quantized per block of 32, integer "
              f"dot products); {llama}."]

@@ -23,7 +23,7 @@ from torch import nn
 from mase_lite.bench.section import Plot, Section
 from mase_lite.bench.timing import column_ratio
 from mase_lite.kernels.mxint8 import MXInt8Linear, mxint8_linear, pack_linears, quantize
-from mase_lite.heap import return_free_memory
+from mase_lite.infra.heap import return_free_memory
 
 MIB = 2**20
 LLAMA_085B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,

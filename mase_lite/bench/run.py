@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from mase_lite.bench.section import Section
-from mase_lite.errors import UserError, ensure_dir
-from mase_lite.files import staged_file
+from mase_lite.infra.errors import UserError, ensure_dir
+from mase_lite.infra.files import staged_file
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ The module tree is the model's own, so state-dict keys are the model's and a che
 each submodule's forward is cut from the graph (:mod:`mase_lite.codegen.classes`), aten calls print as
 torch functions, tensor methods and operators, and identical blocks share one class. Packed MXINT8
 Linear layers call ``mase_lite.kernels.mxint8.mxint8_linear`` (the op ``torch.ops.mase_lite.mxint8_linear``);
-fake-quantized layers come from ``mase_lite.nn``, their weights stored as codes and scales (decoded bit for bit at
-load). The package imports torch, safetensors and (for those layers) ``mase_lite.kernels`` and ``mase_lite.nn`` only;
+fake-quantized layers come from ``mase_lite.layers``, their weights stored as codes and scales (decoded bit for bit at
+load). The package imports torch, safetensors and (for those layers) ``mase_lite.kernels`` and ``mase_lite.layers`` only;
 packed layers run without mase_lite too, through the package's own torch version of the op (``_mxint8.py``: exact
 weights, torch's float32 sums).
 
@@ -35,8 +35,8 @@ from mase_lite.codegen.classes import ClassBuilder, Emitted
 from mase_lite.codegen.forwards import Names
 from mase_lite.codegen.leaves import PACKED_RUNTIME
 from mase_lite.codegen.modules import CodegenError
-from mase_lite.files import staged_directory
-from mase_lite.nn.storage import flatten, stored_codes
+from mase_lite.infra.files import staged_directory
+from mase_lite.layers.storage import flatten, stored_codes
 
 _DROPPED = (torch.ops.aten._assert_tensor_metadata.default, torch.ops.aten._assert_scalar.default)
 
@@ -72,7 +72,7 @@ def load(device: str | torch.device = "cpu") -> {class_name}:
         manifest = json.loads((file.metadata() or {{}}).get("stored", "{{}}"))
     stored = {{}}
     if manifest:
-        from mase_lite.nn.storage import unflatten
+        from mase_lite.layers.storage import unflatten
 
         stored = unflatten(tensors, manifest, str(WEIGHTS))
         tensors = {{k: v for k, v in tensors.items() if k.rpartition(".")[0] not in manifest}}
@@ -84,7 +84,7 @@ def load(device: str | torch.device = "cpu") -> {class_name}:
         owner, _, attr = name.rpartition(".")
         model.get_submodule(owner).register_buffer(attr, value, persistent=False)
     if stored:
-        from mase_lite.nn.storage import restore_codes
+        from mase_lite.layers.storage import restore_codes
 
         restore_codes(model, stored)
     return model.to(device).eval()

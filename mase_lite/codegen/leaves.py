@@ -143,7 +143,7 @@ def leaf_source(module: nn.Module, name: str) -> LeafSource:
 def _recreated(module: nn.Module, name: str) -> LeafSource:
     """A class of the module's own name whose forward is its eval-mode forward traced by torch.fx."""
     cls = type(module)
-    if cls.__module__ == "mase_lite.nn.lora":
+    if cls.__module__ == "mase_lite.layers.lora":
         raise CodegenError(f"codegen cannot express module {name!r}: a LoRA layer ({cls.__name__}); "
                            "merge it first with the lora_merge pass")
     if hasattr(cls, "mase_op") or any(True for _ in module.children()):

@@ -18,10 +18,10 @@ import torch
 import torch.nn as nn
 from torch.nn.utils import parametrize
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 
-QUANTIZED_MODULE = "mase_lite.nn.quantized"
-QUANTIZED_FUNCTION_MODULE = "mase_lite.nn.quant_functional"
+QUANTIZED_MODULE = "mase_lite.layers.quantized"
+QUANTIZED_FUNCTION_MODULE = "mase_lite.layers.quant_functional"
 _SKIPPED_ARGS = ("self", "device", "dtype")
 
 

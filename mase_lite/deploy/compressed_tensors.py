@@ -48,9 +48,9 @@ import torch.nn as nn
 from torch import Tensor
 
 from mase_lite.deploy.layers import ExportError, Layer, linear_layers, other_quantized_layers, unsupported
-from mase_lite.files import follow_umask, staged_directory
-from mase_lite.nn.disk_weights import streamed
-from mase_lite.nn.quant_functional import QuantizedFunction
+from mase_lite.infra.files import follow_umask, staged_directory
+from mase_lite.runtime.disk_weights import streamed
+from mase_lite.layers.quant_functional import QuantizedFunction
 from mase_lite.numerics.codes import offset_values, pack_bits
 from mase_lite.numerics.registry import Unfit, target_mapping
 
@@ -84,7 +84,7 @@ def write(mg, path: str | Path, tokenizer: Any = None, float_dtype: str = "float
     """Write ``mg`` (a captured graph or a module-mode model of a transformers model) to the directory ``path`` (a
     model without quantized layers as a plain Hugging Face directory); ``float_dtype``: the dtype of the tensors that are not quantized (embeddings, norms, float layers), and the
     config's, as checkpoints are usually shipped (float32 keeps the tool's numerics exactly). A model streamed
-    from disk (:mod:`mase_lite.nn.disk_weights`) is written one block at a time, one shard per block."""
+    from disk (:mod:`mase_lite.runtime.disk_weights`) is written one block at a time, one shard per block."""
     if float_dtype not in FLOAT_DTYPES:
         raise ExportError(f"float_dtype={float_dtype!r} is unknown; allowed: {', '.join(FLOAT_DTYPES)}")
     model, hf = mg.model, _hf_model(mg)
@@ -326,12 +326,3 @@ def pack_rows(unsigned: Tensor, bits: int) -> Tensor:
         packed = torch.nn.functional.pad(packed, (0, -packed.numel() % 4))
         rows.append(packed.view(torch.int32))
     return torch.stack(rows)
-
-
-# Import ------------------------------------------------------------------------------------------------
-# Reading others' directories lives in compressed_tensors_import (hostile files refused in one line); these names stay
-# importable from here.
-
-from mase_lite.deploy.compressed_tensors_import import (  # noqa: E402,F401
-    READ_FORMATS, _decoded, is_checkpoint, nvfp4_amax_of, read, unpack_rows,
-)

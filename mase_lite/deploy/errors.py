@@ -1,6 +1,6 @@
 """The one error of export and import: a model, a layer, a format or a file a target cannot hold or read."""
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 
 
 class ExportError(UserError):

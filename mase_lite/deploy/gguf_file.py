@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from mase_lite.deploy.layers import ExportError
-from mase_lite.errors import short
+from mase_lite.infra.errors import short
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)

@@ -2,7 +2,7 @@
 weight and bias, and its activation formats; and one error for a layer a target cannot hold.
 
 >>> import torch
->>> from mase_lite.nn.quantized import quantize_module
+>>> from mase_lite.layers.quantized import quantize_module
 >>> model = torch.nn.Sequential(quantize_module(torch.nn.Linear(64, 4), {"weight": {"name": "mxint"}}), torch.nn.Linear(4, 2))
 >>> [(layer.name, layer.weight_format and layer.weight_format["name"]) for layer in linear_layers(model)]
 [('0', 'mxint'), ('1', None)]
@@ -20,8 +20,8 @@ from torch import Tensor
 from mase_lite.deploy.errors import ExportError
 from mase_lite.kernels.mxint8 import MXInt8Linear
 from mase_lite.kernels.packed4.module import Packed4Linear
-from mase_lite.nn.lora import LoRALinear
-from mase_lite.nn.quantized import QuantizedLayer, QuantizedLinear
+from mase_lite.layers.lora import LoRALinear
+from mase_lite.layers.quantized import QuantizedLayer, QuantizedLinear
 from mase_lite.numerics.codes import Encoded, decode, offset_codes, pack_bits
 
 

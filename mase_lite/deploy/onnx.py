@@ -42,11 +42,11 @@ from torch import Tensor
 from mase_lite import __version__
 from mase_lite.deploy.layers import ExportError, Layer, linear_layers, unsupported
 from mase_lite.deploy.tracing import inference_program
-from mase_lite.files import follow_umask, head_of, staged_file
-from mase_lite.nn.quant_functional import QuantizedFunction
-from mase_lite.nn.quantized import QuantizedLayer
+from mase_lite.infra.files import follow_umask, head_of, staged_file
+from mase_lite.layers.quant_functional import QuantizedFunction
+from mase_lite.layers.quantized import QuantizedLayer
 from mase_lite.numerics.registry import target_mapping
-from mase_lite.progress import loggers_at
+from mase_lite.infra.progress import loggers_at
 
 TARGET = "onnx"
 ANY_WEIGHT_FORMAT = True  # a weight format without a mapping here is written as its values

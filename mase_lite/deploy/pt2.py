@@ -32,13 +32,13 @@ import zipfile
 import torch
 
 import mase_lite.kernels.mxint8.ops  # noqa: F401  (registers mase_lite::mxint8_linear for loading)
-import mase_lite.nn.quant_op  # noqa: F401  (registers mase_lite::fake_quantize for loading)
+import mase_lite.layers.quant_op  # noqa: F401  (registers mase_lite::fake_quantize for loading)
 from mase_lite.deploy.pt2_check import check_archive
 from mase_lite.deploy.tracing import inference_program
-from mase_lite.errors import UserError
-from mase_lite.files import follow_umask, head_of, read_regular, staged_file
-from mase_lite.progress import loggers_at
-from mase_lite.trust import trusted
+from mase_lite.infra.errors import UserError
+from mase_lite.infra.files import follow_umask, head_of, read_regular, staged_file
+from mase_lite.infra.progress import loggers_at
+from mase_lite.infra.trust import trusted
 
 TARGET = "pt2"
 ANY_WEIGHT_FORMAT = True  # a weight format without a mapping here is written as its values

@@ -22,7 +22,7 @@ and the field at fault unless every part is one of:
 >>> expression("eval('1')", "x")
 Traceback (most recent call last):
 ...
-mase_lite.errors.UserError: x: "eval('1')" calls something other than a symbolic-shape function
+mase_lite.infra.errors.UserError: x: "eval('1')" calls something other than a symbolic-shape function
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import re
 import zipfile
 from typing import Any
 
-from mase_lite.errors import UserError, short
+from mase_lite.infra.errors import UserError, short
 
 MEMBERS = re.compile(
     r"(archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id|models/model\.json"

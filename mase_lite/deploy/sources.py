@@ -21,9 +21,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mase_lite.errors import UserError
-from mase_lite.files import RECIPE
-from mase_lite.jsonio import read_json
+from mase_lite.infra.errors import UserError
+from mase_lite.infra.files import RECIPE
+from mase_lite.infra.jsonio import read_json
 
 REPORT = "report.json"
 

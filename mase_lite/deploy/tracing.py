@@ -14,10 +14,10 @@ import torch.nn as nn
 from torch import Tensor
 
 from mase_lite.deploy.layers import ExportError
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.ir.export import without_partial_graphs
 from mase_lite.kernels.mxint8 import MXInt8Linear
-from mase_lite.nn.quantized import QuantizedLayer
+from mase_lite.layers.quantized import QuantizedLayer
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 from torch.export import Dim
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.ir.inputs import sequence_dims
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from mase_lite.ir.train_mode import DropoutRecorder
-from mase_lite.files import private
+from mase_lite.infra.files import private
 from mase_lite.numerics.native import cache_root
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.ir import meta as meta_mod
 from mase_lite.ir.capture import MaseGraphModule, capture
 from mase_lite.ir.export import default_dynamic_shapes, dynamic_dims

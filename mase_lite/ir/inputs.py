@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 
 # An odd batch and sequence length keep export from confusing them with other sizes.
 BATCH, SEQ = 3, 13

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.ir.inputs import forward_parameters
 from mase_lite.ir.meta import logical_name, module_class, tensor_meta
 from mase_lite.ir.ops import is_leaf_class, op_of_module

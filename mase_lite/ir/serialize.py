@@ -26,11 +26,11 @@ import torch
 import torch.nn as nn
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
-from mase_lite.errors import UserError, format_validation_error
-from mase_lite.files import RECIPE
-from mase_lite.jsonio import read_json
-from mase_lite.files import follow_umask, recover, staged_directory
-from mase_lite.limits import check_fits
+from mase_lite.infra.errors import UserError, format_validation_error
+from mase_lite.infra.files import RECIPE
+from mase_lite.infra.jsonio import read_json
+from mase_lite.infra.files import follow_umask, recover, staged_directory
+from mase_lite.infra.limits import check_fits
 
 WEIGHTS = "model.safetensors"
 FORMAT_VERSION = 2

@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import sympy
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 
 
 @lru_cache(maxsize=4096)

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 
 FLOAT32_MANTISSA_BITS = 23
 FLOAT32_MAX_EXPONENT = 127

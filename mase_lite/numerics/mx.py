@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.numerics.blocks import amax_and_non_finite
 from mase_lite.numerics.chunks import map_blocks
 from mase_lite.numerics.exponents import (

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import Tensor
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 
 Shape = tuple[int, ...]
 Bounds = tuple[Tensor | float, Tensor | float]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from mase_lite.deploy import target_module
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.numerics.registry import Unfit, mapped_formats, target_mapping
 
 

@@ -24,10 +24,10 @@ from typing import Any, Callable, Protocol
 import torch
 from tqdm import tqdm
 
-from mase_lite import progress
-from mase_lite.errors import UserError, describe, ensure_dir, show_paths_as
-from mase_lite.files import check_writable, staged_directory, staged_file
-from mase_lite.lock import DirectoryLock
+from mase_lite.infra import progress
+from mase_lite.infra.errors import UserError, describe, ensure_dir, show_paths_as
+from mase_lite.infra.files import check_writable, staged_directory, staged_file
+from mase_lite.infra.lock import DirectoryLock
 from mase_lite.ir.capture import CaptureError
 from mase_lite.ir.graph import MaseGraph
 from mase_lite.ir.module_model import ModuleModel
@@ -37,12 +37,12 @@ from mase_lite.passes.manager import PassContext, PassInstrument, PassRun, run_p
 from mase_lite.passes.registry import get_pass
 from mase_lite.pipeline.preflight import check_targets
 from mase_lite.pipeline.spec import PipelineSpec, StepSpec, check_pipeline, graph_steps, load_spec
-from mase_lite.train.seeding import seed_everything
+from mase_lite.workloads.seeding import seed_everything
 
 logger = logging.getLogger(__name__)
 
 REPORT = "report.json"
-_CACHES = ("hf_cache", "data_cache")  # hub downloads and tokenized data (mase_lite.train), reused by the next run
+_CACHES = ("hf_cache", "data_cache")  # hub downloads and tokenized data (mase_lite.workloads), reused by the next run
 _MAX_NAME = 200  # bytes of an output directory's name: its staging directory adds ~30 (a file name has at most 255)
 _PACKAGES = ("mase-lite", "torch", "transformers", "pydantic", "optuna", "safetensors", "tokenizers")
 
@@ -73,10 +73,10 @@ def beside_report(source: Any, field: str) -> Path:
 
 
 def thread_settings() -> dict[str, Any]:
-    """The threads the run computes with: torch's count and what chose it (:mod:`mase_lite.cores`), the cores the
+    """The threads the run computes with: torch's count and what chose it (:mod:`mase_lite.infra.cores`), the cores the
     process may use, and whether native kernels choose per call between one thread and all
     by timing (:mod:`mase_lite.numerics.native.threads`)."""
-    from mase_lite import cores
+    from mase_lite.infra import cores
     from mase_lite.numerics.native import threads
 
     return {"torch": torch.get_num_threads(), "cores": cores.usable_cores(), "chosen_by": cores.REASON,
@@ -145,7 +145,7 @@ def capture_inputs(model: Any, data: Any, task: str, names: list[str] | None) ->
     Without ``names``, the task's inputs that the model's forward takes (all of them when it takes ``**kwargs``).
     """
     from mase_lite.ir.inputs import forward_parameters
-    from mase_lite.train.tasks import TASKS
+    from mase_lite.workloads.tasks import TASKS
 
     if names is None:
         offered = data.input_names if data is not None else [n for n in TASKS[task].input_names if n != "labels"]
@@ -160,8 +160,8 @@ def capture_inputs(model: Any, data: Any, task: str, names: list[str] | None) ->
 def build_graph(spec: PipelineSpec, output_dir: Path) -> tuple[MaseGraph | ModuleModel, Any]:
     """Model and data from the spec, moved to the spec's device and captured with the data's (or the spec's)
     inputs — or, by the spec's ``capture``, held as a plain module (module mode)."""
-    from mase_lite.train import prepare
-    from mase_lite.train.devices import resolve_device
+    from mase_lite.workloads import prepare
+    from mase_lite.workloads.devices import resolve_device
 
     model, data = prepare(spec.model, spec.data, output_dir, spec.seed)
     if not spec.model.stream:  # a streamed model's tensors are read onto the CPU when a block is resident
@@ -334,7 +334,7 @@ def run_pipeline(
     one given here, else a new directory beside the report (never the directory the report records).
 
     The run is written into a staging directory beside ``output_dir`` that replaces it whole at the
-    end, failed or not (:func:`mase_lite.files.staged_directory`): a killed run leaves the previous
+    end, failed or not (:func:`mase_lite.infra.files.staged_directory`): a killed run leaves the previous
     run as it was. Paths in the report and in errors name ``output_dir``.
     """
     spec = load_spec(source, recorded=recorded)

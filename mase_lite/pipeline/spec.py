@@ -21,17 +21,17 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 
-from mase_lite.errors import Scope, UserError, validation_problems
-from mase_lite.nn.quant_config import explain_format_error
-from mase_lite.plugins import import_plugins
+from mase_lite.infra.errors import Scope, UserError, validation_problems
+from mase_lite.layers.quant_config import explain_format_error
+from mase_lite.pipeline.plugins import import_plugins
 from mase_lite.passes.manager import BASE_FACTS, MissingRequirement, check_requirements
 from mase_lite.passes.registry import MODULE_MODE
 from mase_lite.passes.registry import all_passes, get_pass, pass_names
-from mase_lite.train.data import DataSpec, check_task_fields
-from mase_lite.train.devices import DEVICE_PATTERN, resolve_device
-from mase_lite.train.models import ModelSpec, check_head
-from mase_lite.jsonio import check_value, read_json
-from mase_lite.trust import admit_recorded, admit_spec
+from mase_lite.workloads.data import DataSpec, check_task_fields
+from mase_lite.workloads.devices import DEVICE_PATTERN, resolve_device
+from mase_lite.workloads.models import ModelSpec, check_head
+from mase_lite.infra.jsonio import check_value, read_json
+from mase_lite.infra.trust import admit_recorded, admit_spec
 
 
 class InputSpec(BaseModel):
@@ -163,7 +163,7 @@ def load_spec(source: str | Path | dict | BaseModel, plugins: list[str] = (), re
 
     ``plugins`` (e.g. from ``--plugin``) and the spec's own ``plugins`` are imported before the
     steps are validated, so their passes can be used. A spec recorded in a report (or ``recorded``:
-    taken from one) is data: it is admitted by :func:`mase_lite.trust.admit_recorded` (its code
+    taken from one) is data: it is admitted by :func:`mase_lite.infra.trust.admit_recorded` (its code
     needs the user's word, its trust decisions are dropped) and its run writes only inside its
     ``output_dir`` (``spec.recorded``). ``name`` names a dict in messages.
     """

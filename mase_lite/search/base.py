@@ -13,11 +13,11 @@ import copy
 from dataclasses import dataclass
 from pathlib import Path
 
-from mase_lite.errors import UserError
-from mase_lite.jsonio import read_json
+from mase_lite.infra.errors import UserError
+from mase_lite.infra.jsonio import read_json
 from mase_lite.pipeline.spec import is_report
-from mase_lite.plugins import import_plugins
-from mase_lite.trust import admit_recorded
+from mase_lite.pipeline.plugins import import_plugins
+from mase_lite.infra.trust import admit_recorded
 
 
 @dataclass
@@ -33,7 +33,7 @@ class BasePipeline:
 
 def base_pipeline(source: str | dict, base_dir: Path, where: str, recorded: bool) -> BasePipeline:
     """The pipeline a search names (a path relative to the search spec, or inline), admitted when it is
-    recorded data (:func:`mase_lite.trust.admit_recorded`), its ``.py`` plug-ins named by absolute path
+    recorded data (:func:`mase_lite.infra.trust.admit_recorded`), its ``.py`` plug-ins named by absolute path
     (trials import them from any working directory)."""
     if isinstance(source, dict):
         data, base, name = copy.deepcopy(source), base_dir, where

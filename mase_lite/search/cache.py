@@ -7,7 +7,7 @@ is kept in memory for this worker and written to ``<output_dir>/cache/<key>/`` f
 sees the directory: the graph as ``mg.save`` writes it (safetensors + JSON), the generators as
 safetensors + JSON. The key hashes the canonical JSON of everything the state depends on: model,
 data, seed, inputs, plug-ins and the first ``k`` steps. An entry's files are listed with their checksums,
-signed with this user's key (:mod:`mase_lite.signing`): an entry another user wrote, or copied from someone
+signed with this user's key (:mod:`mase_lite.infra.signing`): an entry another user wrote, or copied from someone
 else's search directory, is not trusted but discarded and computed again. A trial restored from the cache
 reports exactly the metrics of a run without it; its restored steps say ``"cached": true`` in report.json.
 Files the cached steps wrote (a drawing, a checkpoint) exist only in the trial that ran them.
@@ -41,11 +41,11 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from safetensors.torch import load_file, save_file
 
-from mase_lite.errors import UserError
-from mase_lite.files import follow_umask, private, temp_dir
+from mase_lite.infra.errors import UserError
+from mase_lite.infra.files import follow_umask, private, temp_dir
 from mase_lite.passes.manager import BASE_FACTS, PassContext
 from mase_lite.passes.registry import PassError, get_pass
-from mase_lite.signing import sign, user_key, verify
+from mase_lite.infra.signing import sign, user_key, verify
 
 logger = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ class PrefixCache:
     Several workers may share ``root``: a state is written to a staging directory and renamed into
     place; when two workers compute the same prefix at once, the first rename wins and the other
     worker's copy is discarded. ``keep`` states stay in memory (trials get deep copies). Without a
-    signing key (:func:`mase_lite.signing.user_key`), states stay in memory only.
+    signing key (:func:`mase_lite.infra.signing.user_key`), states stay in memory only.
     """
 
     def __init__(self, root: str | Path, length: int, keep: int = 2):
@@ -349,7 +349,7 @@ class PrefixCache:
         parts = spec.model_dump(mode="json", include={"model", "data", "seed"})
         key = json.dumps(parts, sort_keys=True, default=str)
         if key not in self._data:
-            from mase_lite.train import prepare
+            from mase_lite.workloads import prepare
 
             _, self._data[key] = prepare(spec.model, spec.data, ctx.output_dir, spec.seed)
         return self._data[key]

@@ -23,9 +23,9 @@ import optuna
 from optuna.trial import TrialState
 from tqdm import tqdm
 
-from mase_lite.errors import UserError, describe, ensure_dir, short
-from mase_lite.faults import ToolFault, as_fault
-from mase_lite.files import check_writable
+from mase_lite.infra.errors import UserError, describe, ensure_dir, short
+from mase_lite.infra.faults import ToolFault, as_fault
+from mase_lite.infra.files import check_writable
 from mase_lite.pipeline.runner import beside_report, json_safe, run_pipeline
 from mase_lite.search.base import base_pipeline
 from mase_lite.search.cache import PrefixCache, prefix_length
@@ -35,8 +35,8 @@ from mase_lite.search.preflight import TRIAL_SECONDS, check_metrics
 from mase_lite.search.space import Space
 from mase_lite.search.spec import SearchSpec, StudySpec, load_search_spec
 from mase_lite.search.storage import JOURNAL, fail_stale, heartbeat, hidden_url, open_storage
-from mase_lite import progress
-from mase_lite.progress import bars_disabled
+from mase_lite.infra import progress
+from mase_lite.infra.progress import bars_disabled
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def run_trial(study: Study, trial: optuna.Trial) -> tuple[TrialState, list[float
     """Sample, materialize, run; record params, metrics and status as user attributes.
 
     Returns the state, the objective values and the seconds spent inside the pipeline run. A failure of
-    the tool's own I/O is raised as a :class:`~mase_lite.faults.ToolFault`, not recorded."""
+    the tool's own I/O is raised as a :class:`~mase_lite.infra.faults.ToolFault`, not recorded."""
     spec = study.spec
     trial_dir = study.output_dir / "trials" / str(trial.number)
     t0 = time.perf_counter()
@@ -339,7 +339,7 @@ def run_search(source: str | Path | dict | SearchSpec, output_dir: str | Path | 
     """Check the spec, its space and metrics, run (or continue) every study, write the results.
 
     Raises a ``UserError`` (CLI exit 2) before any trial for anything the spec gets wrong, and after
-    writing the results when every trial failed; a :class:`~mase_lite.faults.ToolFault`
+    writing the results when every trial failed; a :class:`~mase_lite.infra.faults.ToolFault`
     when the tool's own I/O fails (the running trial runs again on resume). ``output_dir`` overrides the spec's;
     a search reproduced from a ``search_report.json`` writes there, else in a new directory beside the report,
     with its own journal: never to the directory or storage the report records.

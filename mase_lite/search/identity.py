@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 
 KEY = "mase_lite.search_spec"
 _UNKEYED_PIPELINE = ("name", "output_dir")  # trials set their own

@@ -28,7 +28,7 @@ from typing import Any
 from optuna.storages import JournalStorage
 from optuna.storages.journal import BaseJournalBackend, JournalFileBackend, JournalFileOpenLock
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.search.internals import UNSYNCED_OPERATIONS
 
 logger = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from mase_lite.files import staged_file  # noqa: E402
+from mase_lite.infra.files import staged_file  # noqa: E402
 
 
 _MARKERS = "osD^vP*X<>hp"

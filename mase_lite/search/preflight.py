@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import logging
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.passes.registry import get_pass
 
 logger = logging.getLogger(__name__)

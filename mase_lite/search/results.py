@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mase_lite.files import staged_file
+from mase_lite.infra.files import staged_file
 from mase_lite.pipeline.runner import package_versions, write_json_atomic
 from mase_lite.search import plots
 from mase_lite.search.spec import SearchSpec

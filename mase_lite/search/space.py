@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from mase_lite.errors import Scope, UserError
+from mase_lite.infra.errors import Scope, UserError
 from mase_lite.passes.registry import PassError, get_pass
 from mase_lite.pipeline.preflight import check_targets
 from mase_lite.pipeline.spec import PipelineSpec, check_pipeline, load_spec

@@ -21,8 +21,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from mase_lite.errors import UserError, short, validation_problems
-from mase_lite.jsonio import check_value, read_json
+from mase_lite.infra.errors import UserError, short, validation_problems
+from mase_lite.infra.jsonio import check_value, read_json
 from mase_lite.pipeline.spec import is_report
 from mase_lite.search.samplers import SAMPLERS, SamplerSpec, TPESamplerSpec
 

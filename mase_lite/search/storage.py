@@ -3,7 +3,7 @@
 Both record a heartbeat per running trial; a trial silent for ``grace_period`` seconds (its worker
 was killed) is failed by the next worker that looks, and a copy of it is queued to run again. A
 database that goes away (a restart) is retried for ``retry`` seconds; then the worker stops with a
-:class:`~mase_lite.faults.ToolFault` naming the storage.
+:class:`~mase_lite.infra.faults.ToolFault` naming the storage.
 
 Example::
 
@@ -27,8 +27,8 @@ import optuna
 from optuna.exceptions import ExperimentalWarning
 from optuna.storages import BaseStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 
-from mase_lite.errors import UserError
-from mase_lite.faults import ToolFault
+from mase_lite.infra.errors import UserError
+from mase_lite.infra.faults import ToolFault
 from mase_lite.search.internals import (HEARTBEAT_CALLS, BaseHeartbeat, HeartbeatJournalStorage, stale_trial_ids,
                                        use_stale_trial_ids)
 from mase_lite.search.journal import open_journal

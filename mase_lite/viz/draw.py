@@ -39,8 +39,8 @@ import graphviz
 import networkx as nx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mase_lite.errors import UserError, ensure_dir, format_validation_error
-from mase_lite.files import staged_file
+from mase_lite.infra.errors import UserError, ensure_dir, format_validation_error
+from mase_lite.infra.files import staged_file
 from mase_lite.viz.nx import to_networkx, write_graph
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ Its metrics land in the run's report under ``metrics[label]``. A causal language
 protocols: ``windows`` (the data's own windows, every token after a window's first scored), ``sliding`` (transformers'
 strided windows: ``context`` tokens every ``stride``) or ``chunks`` (llama.cpp's ``llama-perplexity``: chunks of
 ``context`` tokens, their second half scored, the first token the beginning-of-text one with ``bos``); see
-:mod:`mase_lite.train.perplexity`. A paper quoting transformers' guide uses ``sliding``; a llama.cpp figure ``chunks``
+:mod:`mase_lite.workloads.perplexity`. A paper quoting transformers' guide uses ``sliding``; a llama.cpp figure ``chunks``
 with its ``-c`` as ``context``.
 
 Example::
@@ -20,12 +20,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.passes.registry import PassParams, PassResult, register_pass
-from mase_lite.train.batches import logit_inputs
-from mase_lite.train.evaluator import evaluate_model, stream_perplexity
-from mase_lite.train.language import token_stream
-from mase_lite.train.tasks import get_task
+from mase_lite.workloads.batches import logit_inputs
+from mase_lite.workloads.evaluator import evaluate_model, stream_perplexity
+from mase_lite.workloads.language import token_stream
+from mase_lite.workloads.tasks import get_task
 
 
 class EvaluateParams(PassParams):

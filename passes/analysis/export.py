@@ -64,7 +64,7 @@ def _tokenizer(mg, ctx) -> tuple[Any, str | None]:
         return ctx.data.tokenizer, "data"
     own = getattr(getattr(getattr(mg, "source_model", None), "config", None), "_name_or_path", "") or ""
     if own and any((Path(own) / name).is_file() for name in TOKENIZER_FILES):
-        from mase_lite.train.tokenizer import load_tokenizer
+        from mase_lite.workloads.tokenizer import load_tokenizer
 
         return load_tokenizer(own, field="the model's name_or_path"), own
     return None, None

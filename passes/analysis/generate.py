@@ -21,11 +21,11 @@ from typing import Annotated
 from pydantic import AfterValidator, Field, model_validator
 from tqdm import tqdm
 
-from mase_lite.errors import UserError
-from mase_lite.files import read_regular
-from mase_lite.limits import TEXT_PER_BYTE
+from mase_lite.infra.errors import UserError
+from mase_lite.infra.files import read_regular
+from mase_lite.infra.limits import TEXT_PER_BYTE
 from mase_lite.passes.registry import PassError, PassParams, PassResult, Seed, register_pass
-from mase_lite.train.generation import Sampling, generate, generate_seq2seq
+from mase_lite.runtime.generation import Sampling, generate, generate_seq2seq
 
 
 def _has_text(prompt: str) -> str:

@@ -2,7 +2,7 @@
 of your own task YAML files) on the run's causal LM and tokenizer, through lm-eval's own Python API.
 
 The model is the run's as it stands: float, fake-quantized or packed, a captured graph or modules (see
-:mod:`mase_lite.train.lm_harness`). Each task's metrics land in the run's report as ``<label>.<task>.<metric>``
+:mod:`mase_lite.workloads.lm_harness`). Each task's metrics land in the run's report as ``<label>.<task>.<metric>``
 (``lm_eval.arc_easy.acc``, ``lm_eval.arc_easy.acc_stderr``; a filter other than lm-eval's ``none`` as
 ``<metric>:<filter>``), usable as a search's objectives. lm-eval comes with the extra ``eval``
 (``pip install 'mase-lite[eval]'``).
@@ -19,11 +19,11 @@ from pathlib import Path
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.passes.registry import PassError, PassParams, PassResult, Seed, register_pass
-from mase_lite.train.batches import causal_logits, logit_inputs
-from mase_lite.train.evaluator import evaluating
-from mase_lite.train.lm_harness import refuse_code, run_tasks, task_manager, tool_lm
+from mase_lite.workloads.batches import causal_logits, logit_inputs
+from mase_lite.workloads.evaluator import evaluating
+from mase_lite.workloads.lm_harness import refuse_code, run_tasks, task_manager, tool_lm
 
 
 class LmEvalParams(PassParams):

@@ -7,7 +7,7 @@ import json
 from pydantic import Field
 from tqdm import tqdm
 
-from mase_lite.errors import ensure_dir
+from mase_lite.infra.errors import ensure_dir
 from mase_lite.passes.registry import PassParams, PassResult, register_pass
 
 COLUMNS = ("name", "op", "module", "inputs", "output", "format")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from mase_lite.nn.pruning import activation_pruner_of, weight_mask_of
+from mase_lite.layers.pruning import activation_pruner_of, weight_mask_of
 from mase_lite.passes.registry import PassResult, register_pass
 from mase_lite.passes.select import Selection, select_nodes
 from mase_lite.passes.transforms.prune import PRUNABLE_OPS

@@ -20,14 +20,14 @@ from typing import Literal
 
 from pydantic import Field
 
-from mase_lite.errors import UserError, ensure_dir
-from mase_lite.files import recover, staged_directory
+from mase_lite.infra.errors import UserError, ensure_dir
+from mase_lite.infra.files import recover, staged_directory
 from mase_lite.ir.serialize import RECIPE, read_recipe
-from mase_lite.nn.storage import quantized_parameters
+from mase_lite.layers.storage import quantized_parameters
 from mase_lite.passes.registry import PassError, PassParams, PassResult, register_pass
 from mase_lite.passes.replay import load_graph
-from mase_lite.train.tokenizer import load_tokenizer, same_vocabulary
-from mase_lite.trust import trusted, trusting
+from mase_lite.workloads.tokenizer import load_tokenizer, same_vocabulary
+from mase_lite.infra.trust import trusted, trusting
 
 logger = logging.getLogger(__name__)
 

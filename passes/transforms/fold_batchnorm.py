@@ -29,8 +29,8 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from mase_lite.nn.pruning import attach_weight_mask, share_activation_pruner, weight_mask_of
-from mase_lite.nn.quantized import quantized_like
+from mase_lite.layers.pruning import attach_weight_mask, share_activation_pruner, weight_mask_of
+from mase_lite.layers.quantized import quantized_like
 from mase_lite.passes.registry import NoParams, PassResult, register_pass
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The ``gptq`` pass: GPTQ error compensation for the weights of quantized layers, one block at a time.
 
-Run ``quantize`` first: each selected layer keeps its weight format, and GPTQ (:mod:`mase_lite.nn.gptq`)
+Run ``quantize`` first: each selected layer keeps its weight format, and GPTQ (:mod:`mase_lite.algorithms.gptq`)
 chooses the weight values that make the layer's outputs on calibration data closest to the float
 layer's. The layers are handled one
 repeated block at a time (:mod:`mase_lite.passes.layerwise`): a block's layers collect their Hessians over
@@ -29,15 +29,15 @@ import torch.nn as nn
 from pydantic import Field
 from torch.nn.utils import parametrize
 
-from mase_lite.heap import return_free_memory
-from mase_lite.nn.disk_weights import streamed
-from mase_lite.nn.gptq import gptq
-from mase_lite.nn.quant_op import format_key
+from mase_lite.infra.heap import return_free_memory
+from mase_lite.runtime.disk_weights import streamed
+from mase_lite.algorithms.gptq import gptq
+from mase_lite.layers.quant_op import format_key
 from mase_lite.numerics import parse_format
 from mase_lite.passes.layerwise import calibration_batches, collect, each_block, store_weight, weight_of
 from mase_lite.passes.registry import PassError, PassResult, register_pass
 from mase_lite.passes.select import Selection, select_nodes
-from mase_lite.progress import Ticker
+from mase_lite.infra.progress import Ticker
 
 logger = logging.getLogger(__name__)
 

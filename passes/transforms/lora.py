@@ -22,8 +22,8 @@ import torch
 import torch.nn as nn
 from pydantic import AliasChoices, Field
 
-from mase_lite.limits import check_fits
-from mase_lite.nn.lora import FrozenParameters, LoRALinear, freeze_records, frozen_by_lora
+from mase_lite.infra.limits import check_fits
+from mase_lite.layers.lora import FrozenParameters, LoRALinear, freeze_records, frozen_by_lora
 from mase_lite.passes.registry import PassError, PassResult, Seed, register_pass
 from mase_lite.passes.select import Selection, select_modules
 

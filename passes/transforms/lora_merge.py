@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from mase_lite.nn.lora import LoRALinear, freeze_records, frozen_by_lora
+from mase_lite.layers.lora import LoRALinear, freeze_records, frozen_by_lora
 from mase_lite.passes.registry import PassError, PassResult, register_pass
 from mase_lite.passes.select import Selection, select_modules
 

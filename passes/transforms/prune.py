@@ -11,7 +11,7 @@ Example (the course's config shape)::
 For LLMs, two methods look at calibration data (the pipeline's ``data``), one repeated block at a time
 (:mod:`mase_lite.passes.layerwise`): ``wanda`` prunes the weights of least ``|w| · ‖x‖`` in each row, and
 ``sparsegpt`` chooses by ``w² / [H⁻¹]ᵢᵢ²`` and moves the kept weights to make up for the pruned ones (the GPTQ
-sweep, :mod:`mase_lite.nn.gptq`); a layer given a weight format by ``quantize`` is quantized in the same
+sweep, :mod:`mase_lite.algorithms.gptq`); a layer given a weight format by ``quantize`` is quantized in the same
 sweep, its codes holding the zeros. Both take ``granularity: "2:4"`` (``n`` of every ``m`` consecutive
 inputs of a row pruned, the pattern sparse tensor cores run)::
 
@@ -30,8 +30,8 @@ import torch.nn as nn
 from pydantic import Field, StringConstraints, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from mase_lite.nn.gptq import gptq
-from mase_lite.nn.pruning import (ActivationPruner, Sparsity, attach_activation_pruner, attach_weight_mask, check_n_of_m,
+from mase_lite.algorithms.gptq import gptq
+from mase_lite.layers.pruning import (ActivationPruner, Sparsity, attach_activation_pruner, attach_weight_mask, check_n_of_m,
                                   wanda_mask, weight_masks)
 from mase_lite.passes.layerwise import calibration_batches, collect, each_block, store_weight, weight_of
 from mase_lite.passes.registry import PassError, PassParams, PassResult, Seed, register_pass

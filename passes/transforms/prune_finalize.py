@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from mase_lite.nn.pruning import bake_weight_mask, detach_activation_pruner
+from mase_lite.layers.pruning import bake_weight_mask, detach_activation_pruner
 from mase_lite.passes.registry import PassParams, PassResult, register_pass
 
 

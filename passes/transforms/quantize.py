@@ -2,7 +2,7 @@
 
 Rules map a selector — an op type (``by: "type"``), a node name (``"name"``) or a regex on node
 names (``"regex"``) — to a layer config (flat MASE keys or the nested per-operand form, see
-:mod:`mase_lite.nn.quant_config`). The first matching rule wins; ``null`` or ``{"name": null}``
+:mod:`mase_lite.layers.quant_config`). The first matching rule wins; ``null`` or ``{"name": null}``
 leaves the node alone. ``default`` applies to the Linear/Conv modules no rule matched; matmul, bmm,
 add and mul nodes are quantized only when a rule selects them. ``bypass: true`` skips the pass.
 Every config is validated against every node it applies to before the graph changes.
@@ -27,7 +27,7 @@ the ``calibrate`` pass run before — by ``calibration.method`` (minmax, percent
 ``{"name": "mxint", "element_width": 8, "storage": "packed"}`` on a Linear gives a packed
 ``MXInt8Linear`` instead of a fake-quantized layer (``"activations": "int8"`` beside it: the layer's input
 quantized to int8 per block of 32, integer dot products, for inference). A ``preset`` (W4A16, W8A16, W8A8, MXINT8, MXFP4, NVFP4;
-:mod:`mase_lite.nn.presets`) is the rules a user would write for every Linear; ``ignore`` leaves nodes alone by
+:mod:`mase_lite.layers.presets`) is the rules a user would write for every Linear; ``ignore`` leaves nodes alone by
 name, module path or ``re:`` regex::
 
     {"pass": "quantize", "params": {"preset": "W4A16", "ignore": ["lm_head"]}}
@@ -49,15 +49,15 @@ import torch.nn as nn
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.ir.meta import module_class
 from mase_lite.ir.ops import function_packet_name
-from mase_lite.heap import return_free_memory
-from mase_lite.nn.presets import MIXED_PRESETS, PRESETS, mixed_rules
-from mase_lite.nn.quant_config import FUNCTION_OPERANDS, LAYER_OPERANDS, OperandFormat, QuantConfig, QuantSpec, resolve
+from mase_lite.infra.heap import return_free_memory
+from mase_lite.layers.presets import MIXED_PRESETS, PRESETS, mixed_rules
+from mase_lite.layers.quant_config import FUNCTION_OPERANDS, LAYER_OPERANDS, OperandFormat, QuantConfig, QuantSpec, resolve
 from mase_lite.numerics.calibration import Method, auto_keys, choose
-from mase_lite.nn.quant_functional import QUANTIZED_FUNCTIONS, QuantizedFunction
-from mase_lite.nn.quantized import is_quantizable_layer, quantize_module
+from mase_lite.layers.quant_functional import QUANTIZED_FUNCTIONS, QuantizedFunction
+from mase_lite.layers.quantized import is_quantizable_layer, quantize_module
 from mase_lite.passes.registry import PassError, PassParams, PassResult, register_pass
 from mase_lite.passes.select import SelectBy, is_output_head, node_matches
 
@@ -126,7 +126,7 @@ class QuantizeParams(PassParams):
 
     def for_model(self, mg) -> "QuantizeParams":
         """These params with a mixed preset (Q4_K_M, Q5_K_M) expanded into rules by module path for ``mg``'s
-        Linears (:func:`mase_lite.nn.presets.mixed_rules`); the params themselves otherwise."""
+        Linears (:func:`mase_lite.layers.presets.mixed_rules`); the params themselves otherwise."""
         if self.preset not in MIXED_PRESETS:
             return self
         modules = mg.modules

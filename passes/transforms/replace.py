@@ -2,7 +2,7 @@
 
 The new module must fit where the old one was: it is run on zeros shaped like the node's example
 inputs and must return the node's output shape and dtype, or the pass fails naming both shapes.
-Constructors are registered in ``mase_lite.nn.replacements``.
+Constructors are registered in ``mase_lite.layers.replacements``.
 
 Example (the NAS "Linear -> Identity" choice)::
 
@@ -22,7 +22,7 @@ import torch.fx as fx
 import torch.nn as nn
 from pydantic import ConfigDict, Field
 
-from mase_lite.nn.replacements import build_replacement
+from mase_lite.layers.replacements import build_replacement
 from mase_lite.passes.registry import PassError, PassParams, PassResult, register_pass
 from mase_lite.passes.select import Selection, select_nodes
 
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 class ModuleChoice(PassParams):
     """A registered replacement constructor and its keyword params."""
 
-    module: str = Field(description="registered replacement name (see mase_lite.nn.replacements)")
+    module: str = Field(description="registered replacement name (see mase_lite.layers.replacements)")
     params: dict[str, Any] = Field(default_factory=dict, description="keyword params of the constructor")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from mase_lite.passes.registry import PassParams, PassResult, Seed, register_pass
-from mase_lite.train.trainer import Precision, Schedule, fit
+from mase_lite.workloads.trainer import Precision, Schedule, fit
 
 
 class TrainParams(PassParams):

@@ -21,9 +21,9 @@ BERT_SHAPE = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, i
 PACKED = {"by": "type", "rules": {"linear": {"name": "mxint", "element_width": 8, "storage": "packed"}}}
 INTEGER = {"by": "type", "rules": {"linear": {"name": "integer", "data_in_width": 8, "data_in_frac_width": 4,
                                               "weight_width": 8, "weight_frac_width": 6}}}
-# Everything but torch, safetensors and the kernel runtime (fake-quantized layers also need mase_lite.nn).
+# Everything but torch, safetensors and the kernel runtime (fake-quantized layers also need mase_lite.layers).
 BLOCKED = ("mase_lite.ir", "mase_lite.passes", "mase_lite.codegen", "mase_lite.pipeline", "mase_lite.search",
-           "mase_lite.train", "mase_lite.bench", "transformers")
+           "mase_lite.workloads", "mase_lite.bench", "transformers")
 
 
 def bert(attn_implementation: str = "sdpa") -> BertForSequenceClassification:
@@ -200,7 +200,7 @@ def test_emitted_package_imports_neither_ir_nor_passes(captured, tmp_path, varia
     with torch.no_grad():
         inputs["expected"] = mg.model.eval()(**inputs).logits
     save_file(inputs, str(tmp_path / "inputs.safetensors"))
-    blocked = BLOCKED + (("mase_lite.nn",) if variant == "packed" else ())
+    blocked = BLOCKED + (("mase_lite.layers",) if variant == "packed" else ())
     script = BLOCKING_RUN.format(blocked=blocked, root=str(tmp_path), name=name,
                                  inputs=str(tmp_path / "inputs.safetensors"))
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=PATIENCE)
@@ -208,7 +208,7 @@ def test_emitted_package_imports_neither_ir_nor_passes(captured, tmp_path, varia
     loaded = eval(run.stdout.strip().splitlines()[-1])
     assert not [m for m in loaded if m.startswith(BLOCKED)]
     assert ("mase_lite.kernels.mxint8.ops" in loaded) == (variant == "packed")
-    assert ("mase_lite.nn.quantized" in loaded) == (variant == "integer")
+    assert ("mase_lite.layers.quantized" in loaded) == (variant == "integer")
 
 
 WITHOUT_MASE_LITE = """

@@ -9,7 +9,7 @@ import torch
 
 import mase_lite as ml
 from mase_lite.cli import main
-from mase_lite.errors import Scope, UserError, describe, show_paths_as
+from mase_lite.infra.errors import Scope, UserError, describe, show_paths_as
 from mase_lite.passes.registry import PassError, register_pass
 from mase_lite.search.space import Space
 from mase_lite.search.spec import SearchSpec

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 import mase_lite as ml
-from mase_lite.nn.pruning import activation_pruner_of, weight_mask_of
-from mase_lite.nn.quantized import QuantizedConv2d, QuantizedLinear, quantize_module
+from mase_lite.layers.pruning import activation_pruner_of, weight_mask_of
+from mase_lite.layers.quantized import QuantizedConv2d, QuantizedLinear, quantize_module
 from tests.ir.models import TwiceMLP, small_cnn
 
 INT4 = {"name": "integer", "data_in_width": 4, "data_in_frac_width": 2, "weight_width": 4, "weight_frac_width": 2}

@@ -249,7 +249,7 @@ def test_nvfp4_is_compressed_tensors_own_bytes_and_values(tmp_path):
 def test_nvfp4_w4a4_writes_the_input_global_scale_and_imports_back(tmp_path):
     """W4A4 NVFP4 (compressed-tensors' NVFP4 scheme): a calibrated activation amax becomes input_global_scale,
     and reading the directory back gives the same formats and logits bit for bit."""
-    from mase_lite.deploy.compressed_tensors import read
+    from mase_lite.importers.compressed_tensors import read
     from mase_lite.numerics.scaled import nvfp4_global_scale
 
     mg = quantized({"head": None, "linear": {"weight": NVFP4, "data_in": {**NVFP4, "tensor_amax": 3.5}}})

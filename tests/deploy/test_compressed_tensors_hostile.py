@@ -21,10 +21,11 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import mase_lite as ml
 from mase_lite.cli import main
-from mase_lite.deploy import export, hub
+from mase_lite.deploy import export
+from mase_lite.importers import hub
 from mase_lite.deploy.layers import ExportError
 from mase_lite.deploy.targets import Targets, TargetError
-from mase_lite.train.tokenizer import train_wordpiece
+from mase_lite.workloads.tokenizer import train_wordpiece
 
 W8 = {"name": "scaled_integer", "width": 8, "granularity": "channel", "full_range": True}
 RULES = {  # one config group each, in this order: group_0 ... group_6

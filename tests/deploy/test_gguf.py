@@ -11,8 +11,9 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, P
 
 import mase_lite as ml
 from mase_lite import UserError
-from mase_lite.deploy import export, hub
-from mase_lite.train.tokenizer import train_wordpiece
+from mase_lite.deploy import export
+from mase_lite.importers import hub
+from mase_lite.workloads.tokenizer import train_wordpiece
 
 gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize  # noqa: E402

@@ -18,10 +18,11 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 import mase_lite as ml
 from mase_lite.cli import main
 from mase_lite.deploy import gguf as gguf_io
-from mase_lite.deploy import gguf_file, hub
+from mase_lite.deploy import gguf_file
+from mase_lite.importers import hub
 from mase_lite.deploy.layers import ExportError
 from mase_lite.ir.module_model import ModuleModel
-from mase_lite.train.tokenizer import train_wordpiece
+from mase_lite.workloads.tokenizer import train_wordpiece
 
 gguf = pytest.importorskip("gguf")
 from tests.deploy.gguf_forge import (  # noqa: E402
@@ -247,7 +248,7 @@ def test_a_million_string_vocabulary_is_refused_in_seconds(base, tmp_path, hang_
 
 
 def test_a_model_over_the_memory_is_refused_before_it_is_built(base, monkeypatch):
-    monkeypatch.setattr("mase_lite.limits.memory_bytes", lambda: 1000)
+    monkeypatch.setattr("mase_lite.infra.limits.memory_bytes", lambda: 1000)
     refused(base[0], r"llama.block_count=1, llama.embedding_length=64, llama.feed_forward_length=128, "
                      r"llama.vocab_size=96: the llama model its metadata describes would need about .* GB, more than")
 

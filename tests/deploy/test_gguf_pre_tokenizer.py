@@ -6,7 +6,7 @@ one by one (SmolLM, StarCoder), in threes (Llama 3), or with the letters (GPT-2,
 import gguf
 import pytest
 
-from mase_lite.deploy.gguf import read_tokenizer
+from mase_lite.importers.gguf import read_tokenizer
 
 WORDS = {  # pre: how "ab 12345" is cut (byte-level: Ġ is the space)
     "gpt-2": ["ab", "Ġ12345"],

@@ -13,9 +13,10 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import mase_lite as ml
 from mase_lite import UserError
-from mase_lite.deploy import export, hub
-from mase_lite.nn.quantized import QuantizedLinear
-from mase_lite.train.tokenizer import train_wordpiece
+from mase_lite.deploy import export
+from mase_lite.importers import hub
+from mase_lite.layers.quantized import QuantizedLinear
+from mase_lite.workloads.tokenizer import train_wordpiece
 
 ct = pytest.importorskip("compressed_tensors")
 gguf = pytest.importorskip("gguf")

@@ -18,7 +18,7 @@ from mase_lite import UserError
 from mase_lite.deploy import export
 from mase_lite.deploy import pt2
 from mase_lite.ir.module_model import ModuleModel
-from mase_lite.trust import trusting
+from mase_lite.infra.trust import trusting
 
 X = torch.randn(3, 16)
 

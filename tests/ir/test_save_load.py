@@ -5,7 +5,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from mase_lite import MaseGraph, UserError
-from mase_lite.trust import trusting
+from mase_lite.infra.trust import trusting
 from tests.ir.models import small_cnn
 
 

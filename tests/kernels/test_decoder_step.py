@@ -8,7 +8,7 @@ import transformers
 
 from mase_lite.kernels import mxint8, packed4
 from mase_lite.kernels import cpu
-from mase_lite.nn.decoder import Decoder
+from mase_lite.runtime.decoder import Decoder
 
 SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)

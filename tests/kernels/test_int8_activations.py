@@ -11,7 +11,7 @@ from mase_lite.kernels import mxint8
 from mase_lite.kernels import cpu
 from mase_lite.kernels.int8_activations import cpu_kernel
 from mase_lite.kernels.packed4 import Packed4Linear, pack_linears
-from mase_lite.nn.quantized import quantize_module
+from mase_lite.layers.quantized import quantize_module
 
 FORMATS = {
     "q4_0": {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "full_range": True,

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.kernels.mxint8 import dequantize, dequantize_reference, quantize
 from tests.kernels.mxint8_cases import all_code_pairs, assert_bitwise_equal
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.kernels import cpu
 from mase_lite.kernels.mxint8 import cpu_kernel, dequantize, dequantize_reference, mxint8_linear, quantize
 from mase_lite.numerics import native

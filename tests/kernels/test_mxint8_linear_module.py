@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.kernels.mxint8 import MXInt8Linear, dequantize_reference, quantize
 
 from tests.kernels.mxint8_cases import assert_within_accumulation_error

@@ -10,7 +10,7 @@ from mase_lite import UserError
 from mase_lite.kernels import cpu
 from mase_lite.kernels.packed4 import Packed4Linear, cpu_kernel
 from mase_lite.kernels.packed4.module import decode
-from mase_lite.nn.quantized import quantize_module
+from mase_lite.layers.quantized import quantize_module
 from tests.kernels.mxint8_cases import UNIT_ROUNDOFF, SMALLEST_STEP, assert_bitwise_equal
 
 FORMATS = {

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.search import plots
 from mase_lite.search.space import Space
 from mase_lite.search.spec import SearchSpec

@@ -11,7 +11,7 @@ import torch.nn as nn
 import mase_lite as ml
 from mase_lite.cli import main
 from mase_lite.ir.module_model import ModuleModel
-from mase_lite.nn.quantized import QuantizedLinear
+from mase_lite.layers.quantized import QuantizedLinear
 from mase_lite.passes import PassError
 from mase_lite.passes.manager import PassContext
 from mase_lite.pipeline.spec import load_spec
@@ -19,9 +19,9 @@ from mase_lite.search.cache import PrefixCache
 from mase_lite.search.space import captured_nodes, select
 from mase_lite.search.spec import NodeSelector
 from mase_lite.pipeline.spec import DataSpec
-from mase_lite.train import prepare
-from mase_lite.train.models import ModelSpec
-from mase_lite.train.seeding import seed_everything
+from mase_lite.workloads import prepare
+from mase_lite.workloads.models import ModelSpec
+from mase_lite.workloads.seeding import seed_everything
 from tests.modules.models import refined
 
 INT8 = {"name": "integer", "data_in_width": 8, "data_in_frac_width": 4, "weight_width": 6, "weight_frac_width": 4}

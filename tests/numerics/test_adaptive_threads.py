@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from mase_lite import cores
+from mase_lite.infra import cores
 from mase_lite.kernels.mxint8 import cpu_kernel, quantize
 from mase_lite.numerics.native import threads
 

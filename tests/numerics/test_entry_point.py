@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.numerics import FormatError, bits_per_element, format_dict, format_names, quantize
 from mase_lite.numerics import mx
 from mase_lite.numerics.ggml import TYPES as GGML_FORMATS

@@ -11,7 +11,7 @@ import pytest
 import torch
 from gguf import quants
 
-from mase_lite.nn.gptq import gptq
+from mase_lite.algorithms.gptq import gptq
 from mase_lite.numerics import FormatError, bits_per_element, get_format, quantize
 from mase_lite.numerics.codes import decode, encode
 from mase_lite.numerics.ggml import GGML_TYPE_NAMES, TYPES, from_ggml_blocks, ggml_quantize, ggml_values, to_ggml_blocks

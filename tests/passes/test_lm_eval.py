@@ -12,8 +12,8 @@ import torch
 
 import mase_lite as ml
 from mase_lite.cli import main
-from mase_lite.train import lm_harness
-from mase_lite.trust import set_trust_code
+from mase_lite.workloads import lm_harness
+from mase_lite.infra.trust import set_trust_code
 
 pytest.importorskip("lm_eval", reason="the eval extra (pip install 'mase-lite[eval]') is part of the dev extra")
 

@@ -9,7 +9,7 @@ import pytest
 
 import mase_lite as ml
 from mase_lite.cli import main
-from mase_lite.train.language import token_stream
+from mase_lite.workloads.language import token_stream
 
 LM = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
       "num_key_value_heads": 1, "intermediate_size": 64, "max_position_embeddings": 64}

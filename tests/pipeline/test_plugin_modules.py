@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from mase_lite.cli import main
-from mase_lite.plugins import import_plugins
+from mase_lite.pipeline.plugins import import_plugins
 
 NETS = '''
 import torch.nn as nn

@@ -10,10 +10,10 @@ import torch.nn as nn
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 import mase_lite as ml
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.ir.capture import CaptureError
 from mase_lite.ir.export import without_partial_graphs
-from mase_lite.trust import qualname, register_factory
+from mase_lite.infra.trust import qualname, register_factory
 
 SECTION = {"dataset": "synthetic-grammar", "n_train": 4, "n_test": 4, "block_size": 16}
 DUMP_LINES = ("class GraphModule", "def forward(", "torch.ops.aten")
@@ -40,7 +40,7 @@ def test_a_data_section_evaluates_a_causal_lm_built_in_python_in_both_modes():
 
 
 def test_the_trained_tokenizer_fits_the_models_vocabulary():
-    from mase_lite.train.batches import as_data
+    from mase_lite.workloads.batches import as_data
 
     data = as_data(SECTION, llama(vocab_size=64))
     assert data.vocab_size <= 64 and max(int(b["input_ids"].max()) for b in data.loader("train", 4)) < 64

@@ -181,7 +181,7 @@ def test_block_size_beyond_the_models_positions_is_named(tmp_path, capsys):
 def test_pretrained_local_directories_bring_their_tokenizer_and_image_processor(tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageClassification, ViTImageProcessor
 
-    from mase_lite.train.tokenizer import train_wordpiece
+    from mase_lite.workloads.tokenizer import train_wordpiece
 
     lm_dir = tmp_path / "lm"
     tok = train_wordpiece(["some text to learn from", "more text"], vocab_size=100)
@@ -208,7 +208,7 @@ DECODERS_VIT = {"model_type": "vit", "hidden_size": 32, "num_hidden_layers": 1, 
 
 
 def test_a_plug_in_dataset_runs_in_a_search_with_the_prefix_cache(tmp_path, monkeypatch):
-    from mase_lite.train import datasets as registry
+    from mase_lite.workloads import datasets as registry
 
     registry.get_dataset("synthetic-grammar")  # the built-in datasets are registered
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # the plug-in's is forgotten after the test
@@ -248,7 +248,7 @@ def test_device_cuda_runs_every_step_on_the_gpu(tmp_path):
 def test_a_plug_in_task_is_one_registry_entry(tmp_path, monkeypatch, capsys):
     """A task added by a plug-in file (its head, default model, dataset and metrics) runs train and evaluate
     from JSON; a mistake in it is named like the built-in tasks'."""
-    from mase_lite.train import datasets, tasks
+    from mase_lite.workloads import datasets, tasks
 
     tasks.task_names(), datasets.get_dataset("synthetic-grammar")  # the built-in ones are registered
     monkeypatch.setattr(tasks, "_TASKS", dict(tasks._TASKS))  # the plug-in's entries are forgotten after the test

@@ -42,7 +42,7 @@ def test_threads_from_the_flag_then_the_environment(tmp_path, monkeypatch):
 @pytest.mark.parametrize("others, expected", [(2, 1), (1, 1), (0, 2), (5, 1)])
 def test_without_a_setting_the_cores_less_the_running_processes(tmp_path, monkeypatch, others, expected):
     """Two cores that two other processes keep busy: one thread (two waited on each other: 2.9x slower)."""
-    from mase_lite import cores
+    from mase_lite.infra import cores
 
     monkeypatch.delenv("MASE_LITE_THREADS", raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -62,7 +62,7 @@ def test_omp_num_threads_leaves_torchs_count(tmp_path, monkeypatch):
 
 
 def test_the_running_processes_are_read_from_the_system():
-    from mase_lite import cores
+    from mase_lite.infra import cores
 
     others = cores.running_others()
     assert others is None or 0 <= others < 10_000

@@ -8,7 +8,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 import mase_lite as ml
-from mase_lite.nn.quantized import QuantizedHFConv1D, QuantizedLinear
+from mase_lite.layers.quantized import QuantizedHFConv1D, QuantizedLinear
 from mase_lite.passes.registry import PassError
 from mase_lite.numerics import quantize
 

@@ -7,7 +7,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import mase_lite as ml
 from mase_lite import UserError
-from mase_lite.nn.presets import PRESETS
+from mase_lite.layers.presets import PRESETS
 from mase_lite.passes.registry import get_pass
 
 EXPANDED = {

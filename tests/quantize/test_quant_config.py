@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from mase_lite.nn.quant_config import (
+from mase_lite.layers.quant_config import (
     FUNCTION_OPERANDS,
     QuantConfigError,
     parse_quant_config,
@@ -137,7 +137,7 @@ def test_a_flat_rule_of_the_quantize_pass_is_named_by_the_key_written():
 
 def test_int8_activations_are_a_packed_layers_setting():
     from mase_lite.kernels.packed4 import Packed4Linear
-    from mase_lite.nn.quantized import quantize_module
+    from mase_lite.layers.quantized import quantize_module
 
     mx8 = {"name": "mxint", "element_width": 8}
     flat = quantize_module(torch.nn.Linear(64, 8), {**mx8, "storage": "packed", "activations": "int8"})

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 import mase_lite.passes as passes
 import mase_lite as ml
 from mase_lite.ir.graph import MaseGraph
-from mase_lite.nn.quant_functional import QuantizedMatmul
-from mase_lite.nn.quantized import QuantizedConv2d, QuantizedLinear
+from mase_lite.layers.quant_functional import QuantizedMatmul
+from mase_lite.layers.quantized import QuantizedConv2d, QuantizedLinear
 from mase_lite.passes.registry import PassError
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import mase_lite as ml
-from mase_lite.nn.quantized import QuantizedLinear
+from mase_lite.layers.quantized import QuantizedLinear
 from tests.ir.models import TwiceMLP
 
 PRUNE = {"weight": {"sparsity": 0.5, "method": "l1-norm", "scope": "local"}}

@@ -5,9 +5,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mase_lite.nn.quant_config import QuantConfigError
-from mase_lite.nn.quant_functional import QuantizedAdd, QuantizedMatmul, quantized_add, quantized_bmm, quantized_matmul, quantized_mul
-from mase_lite.nn.quantized import QuantizedConv1d, QuantizedConv2d, QuantizedLinear, quantize_module
+from mase_lite.layers.quant_config import QuantConfigError
+from mase_lite.layers.quant_functional import QuantizedAdd, QuantizedMatmul, quantized_add, quantized_bmm, quantized_matmul, quantized_mul
+from mase_lite.layers.quantized import QuantizedConv1d, QuantizedConv2d, QuantizedLinear, quantize_module
 from mase_lite.numerics import quantize, residual_level_means
 
 

@@ -8,7 +8,7 @@ import torch.nn as nn
 
 import mase_lite as ml
 from mase_lite.kernels.mxint8 import MXInt8Linear
-from mase_lite.nn.quantized import quantize_module
+from mase_lite.layers.quantized import quantize_module
 
 CONFIGS = {
     "mxint": {"weight": {"name": "mxint", "element_width": 8}, "data_in": {"name": "mxint", "element_width": 6}},

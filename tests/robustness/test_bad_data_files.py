@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mase_lite.errors import UserError
-from mase_lite.train.data import build_data
+from mase_lite.infra.errors import UserError
+from mase_lite.workloads.data import build_data
 
 
 def write(name: str, content):
@@ -146,8 +146,8 @@ def test_a_local_pretrained_directory_is_sized_before_it_is_built(fields, messag
     """Sized like an hf_config, from its config, before anything is allocated (the machine's memory fixed at 8 GB)."""
     from transformers import LlamaConfig
 
-    from mase_lite import limits
-    from mase_lite.train.models import build_model
+    from mase_lite.infra import limits
+    from mase_lite.workloads.models import build_model
 
     monkeypatch.setattr(limits, "memory_bytes", lambda: 8 << 30)
     config = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_hidden_layers=2)
@@ -163,7 +163,7 @@ def test_a_pickled_checkpoint_is_refused_in_one_line_and_never_unpickled(tmp_pat
 
     from transformers import LlamaConfig
 
-    from mase_lite.train.models import build_model
+    from mase_lite.workloads.models import build_model
 
     LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                 num_hidden_layers=1).save_pretrained(tmp_path)
@@ -286,7 +286,7 @@ def _pretrained_dir(tmp_path, config_change=None, weights_change=None):
 def test_a_damaged_pretrained_directory_is_refused_in_one_line(config_change, weights_change, message, tmp_path):
     """Found by benchmarks/robustness.py's data part: huggingface_hub's strict config checks, transformers' own and
     damaged safetensors ended in tracebacks."""
-    from mase_lite.train.models import build_model
+    from mase_lite.workloads.models import build_model
 
     path = _pretrained_dir(tmp_path, config_change, weights_change)
     with pytest.raises(UserError, match=rf"^model\.pretrained = '{path}': could not load it .*{message}") as caught:

@@ -13,7 +13,7 @@ from tests.robustness.nets import tiny
 CHILD = textwrap.dedent('''
     import os, signal, sys, torch
     from pathlib import Path
-    import mase_lite as ml, mase_lite.files as files
+    import mase_lite as ml, mase_lite.infra.files as files
     from tests.robustness.nets import tiny
 
     target, kill_before = Path(sys.argv[1]), sys.argv[2]

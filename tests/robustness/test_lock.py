@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from mase_lite.cli import main
-from mase_lite.lock import lock_path
+from mase_lite.infra.lock import lock_path
 from tests.robustness.waiting_run import start_waiting_run, wait_step
 from tests.conftest import PATIENCE
 

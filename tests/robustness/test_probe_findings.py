@@ -6,7 +6,7 @@ import pytest
 
 from mase_lite import UserError
 from mase_lite.cli import main
-from mase_lite.train.tokenizer import load_tokenizer, train_wordpiece
+from mase_lite.workloads.tokenizer import load_tokenizer, train_wordpiece
 
 
 @pytest.mark.parametrize("config, reason", [

@@ -16,11 +16,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import mase_lite as ml
-from mase_lite import limits
+from mase_lite.infra import limits
 from mase_lite.cli import main
-from mase_lite.errors import UserError
-from mase_lite.train.generation import Sampling, next_token
-from mase_lite.train.tokenizer import train_wordpiece
+from mase_lite.infra.errors import UserError
+from mase_lite.runtime.generation import Sampling, next_token
+from mase_lite.workloads.tokenizer import train_wordpiece
 from tests.search.conftest import TINY_PIPELINE, search_spec
 
 LLAMA = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -155,7 +155,7 @@ def state(tmp_path, monkeypatch):
 
 
 def test_the_key_is_made_once_for_this_user_alone(state):
-    from mase_lite.signing import user_key
+    from mase_lite.infra.signing import user_key
 
     key = user_key()
     assert len(key) == 32 and state.read_bytes() == key and user_key() == key
@@ -165,7 +165,7 @@ def test_the_key_is_made_once_for_this_user_alone(state):
 
 @pytest.mark.parametrize("exposure", ["a link", "readable by others", "writable by others", "not a key"])
 def test_a_key_others_could_know_or_set_is_replaced(state, tmp_path, exposure, caplog):
-    from mase_lite.signing import user_key
+    from mase_lite.infra.signing import user_key
 
     old = user_key()
     if exposure == "a link":
@@ -177,7 +177,7 @@ def test_a_key_others_could_know_or_set_is_replaced(state, tmp_path, exposure, c
         state.write_bytes(b"short")
     else:
         os.chmod(state, 0o644 if exposure == "readable by others" else 0o622)
-    with caplog.at_level("WARNING", logger="mase_lite.signing"):
+    with caplog.at_level("WARNING", logger="mase_lite.infra.signing"):
         new = user_key()
     assert "a new key replaces it" in caplog.text
     assert new not in (old, b"k" * 32) and state.read_bytes() == new and not state.is_symlink()
@@ -205,7 +205,7 @@ def _npz_declaring(path, members: dict) -> None:
     ({"images.npy": (1000, 1000, 1000), "labels.npy": (1000,)}, 4 << 30),  # an 8 GB member, 4 GB of memory
 ])
 def test_an_npz_member_declaring_more_than_memory_is_refused_before_loading(tmp_path, monkeypatch, members, memory):
-    from mase_lite.train.data import build_data
+    from mase_lite.workloads.data import build_data
 
     if memory is not None:
         monkeypatch.setattr(limits, "memory_bytes", lambda: memory)
@@ -219,7 +219,7 @@ def test_an_npz_member_declaring_more_than_memory_is_refused_before_loading(tmp_
 
 @pytest.mark.parametrize("value", [-2**63, 10**6, [1, -1], "1"])
 def test_a_token_id_outside_the_vocabulary_is_refused_naming_it(value, tmp_path):
-    from mase_lite.train.prepare import prepare
+    from mase_lite.workloads.prepare import prepare
 
     spec = {"task": "seq2seq-lm", "hf_config": {**T5, "decoder_start_token_id": value}}
     with pytest.raises(UserError, match=r"^model\.hf_config\.decoder_start_token_id = .*: a token id is an integer "
@@ -235,7 +235,7 @@ def test_a_token_id_outside_the_vocabulary_exits_2_from_the_cli(tmp_path, capsys
 
 def test_a_length_whose_attention_exceeds_memory_is_refused_naming_it(tmp_path):
     """T5's positions are relative (no max_position_embeddings): 10^5 tokens took a 40 GB allocation to fail."""
-    from mase_lite.train.prepare import prepare
+    from mase_lite.workloads.prepare import prepare
 
     with pytest.raises(UserError, match=r"^data\.max_length: the attention of one sequence of 100000 tokens \(2 heads\) "
                                         r"would need about 320\.0 GB, more than"):
@@ -245,8 +245,8 @@ def test_a_length_whose_attention_exceeds_memory_is_refused_naming_it(tmp_path):
 def test_training_counts_the_gradients_and_adams_two_moments(monkeypatch):
     """The vocabulary-sized case: 64 MB of weights fit in 100 MB of memory; their gradients and AdamW's two moments
     (192 MB more) do not."""
-    from mase_lite.train.batches import GivenBatches
-    from mase_lite.train.trainer import fit
+    from mase_lite.workloads.batches import GivenBatches
+    from mase_lite.workloads.trainer import fit
 
     monkeypatch.setattr(limits, "memory_bytes", lambda: 100 << 20)
     model = torch.nn.Embedding(10**6, 16)
@@ -260,7 +260,7 @@ def test_training_counts_the_gradients_and_adams_two_moments(monkeypatch):
 
 def test_a_text_corpus_beyond_memory_is_refused_before_it_is_read(tmp_path, monkeypatch):
     """A 2 GB one-line .txt (sparse here) with 1 GB of memory."""
-    from mase_lite.train.data import build_data
+    from mase_lite.workloads.data import build_data
 
     monkeypatch.setattr(limits, "memory_bytes", lambda: 1 << 30)
     sparse(tmp_path / "corpus.txt", 2 << 30)

@@ -8,7 +8,7 @@ import signal
 import subprocess
 
 from mase_lite.cli import main
-from mase_lite.lock import lock_path
+from mase_lite.infra.lock import lock_path
 from mase_lite.pipeline.runner import run_pipeline
 from tests.robustness.waiting_run import start_waiting_run, wait_step
 
@@ -50,7 +50,7 @@ def test_the_tokenized_data_cache_is_kept_for_the_next_run(tmp_path, caplog):
     run_pipeline(spec)
     [cached] = (tmp_path / "out" / "data_cache").iterdir()
     before = cached.stat().st_ino
-    caplog.set_level("INFO", logger="mase_lite.train.splits")
+    caplog.set_level("INFO", logger="mase_lite.workloads.splits")
     run_pipeline(spec)
     assert (tmp_path / "out" / "data_cache" / cached.name).stat().st_ino == before
     assert f"tokenized data from the cache {tmp_path}/.out.staging-" in caplog.text

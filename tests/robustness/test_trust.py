@@ -10,8 +10,8 @@ import torch
 import mase_lite as ml
 from mase_lite import MaseGraph, UserError
 from mase_lite.cli import main
-from mase_lite import trust
-from mase_lite.trust import register_factory, trusting
+from mase_lite.infra import trust
+from mase_lite.infra.trust import register_factory, trusting
 from tests.robustness.nets import tiny
 
 X = torch.randn(2, 4)
@@ -266,7 +266,7 @@ def test_a_search_over_a_report_runs_with_the_plugin_named(tmp_path, capsys):
 
 
 def test_a_tokenizer_naming_custom_code_is_not_run(tmp_path, marker, capsys):
-    from mase_lite.train.tokenizer import load_tokenizer, train_wordpiece
+    from mase_lite.workloads.tokenizer import load_tokenizer, train_wordpiece
 
     directory = tmp_path / "ckpt" / "tokenizer"
     train_wordpiece(["the movie was great", "the plot was dull"], vocab_size=60).save_pretrained(str(directory))

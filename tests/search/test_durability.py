@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 
 import mase_lite as ml
 from mase_lite.cli import main
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.passes.manager import PassContext
 from mase_lite.pipeline.runner import run_pipeline
 from mase_lite.pipeline.spec import load_spec
@@ -203,7 +203,7 @@ def _restate(path: Path, **fields) -> None:
 def _planted(entry: Path, change) -> None:
     """``change`` made by this user, the entry signed again with its key: caught by the checks after the signature."""
     from mase_lite.search.cache import seal
-    from mase_lite.signing import user_key
+    from mase_lite.infra.signing import user_key
 
     change()
     seal(entry, entry.name, user_key())
@@ -239,7 +239,7 @@ def _rescaled(entry: Path, secret: bytes) -> None:
 
 
 def test_an_entry_signed_with_another_key_is_discarded_and_the_trial_reports_the_true_metrics(tmp_path, caplog):
-    from mase_lite.signing import user_key
+    from mase_lite.infra.signing import user_key
 
     true = run_pipeline(TINY_PIPELINE, tmp_path / "true", cache=PrefixCache(tmp_path / "cache", 1)).report["metrics"]
     (entry,) = (tmp_path / "cache").iterdir()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mase_lite.train import DataSpec, ModelSpec
+from mase_lite.workloads import DataSpec, ModelSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_BERT = {

@@ -15,8 +15,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, T5Config, T5ForCondition
 
 import mase_lite as ml
 from mase_lite import UserError
-from mase_lite.train.generation import generate, generate_seq2seq, stop_at
-from mase_lite.train.tokenizer import train_wordpiece
+from mase_lite.runtime.generation import generate, generate_seq2seq, stop_at
+from mase_lite.workloads.tokenizer import train_wordpiece
 
 TEXTS = ["the cat sat on the mat .", "a dog ran to the big tree .", "the small bird sang a song ."]
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
@@ -172,7 +172,8 @@ def test_a_gguf_import_keeps_the_chat_template_its_control_tokens_and_its_end_id
     from transformers import AutoModelForCausalLM
 
     pytest.importorskip("gguf")
-    from mase_lite.deploy import export, hub
+    from mase_lite.deploy import export
+    from mase_lite.importers import hub
 
     model = scripted_llama(successors(chatty, "<|assistant|>", "a", "dog", "<|end|>", "the", "cat"),
                            eos=chatty.eos_token_id)

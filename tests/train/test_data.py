@@ -7,10 +7,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from mase_lite.errors import UserError
-from mase_lite.train.data import BatchLoader, DataModule, DataSpec, build_data
-from mase_lite.train.sources import TextSplit
-from mase_lite.train.tokenizer import train_wordpiece
+from mase_lite.infra.errors import UserError
+from mase_lite.workloads.data import BatchLoader, DataModule, DataSpec, build_data
+from mase_lite.workloads.sources import TextSplit
+from mase_lite.workloads.tokenizer import train_wordpiece
 
 TRAIN_ROWS = [
     {"text": "the movie was great", "label": 1},
@@ -244,7 +244,7 @@ def _tamper(path, change):
     """Change an entry as a planter would, its digest written anew: what the content checks must catch."""
     from safetensors.torch import load_file, save_file
 
-    from mase_lite.train.splits import _tensors_digest
+    from mase_lite.workloads.splits import _tensors_digest
 
     flat = load_file(str(path))
     change(flat)

@@ -10,7 +10,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 import mase_lite as ml
 from mase_lite import UserError
 from mase_lite.kernels import mxint8, packed4
-from mase_lite.nn.decoder import Decoder
+from mase_lite.runtime.decoder import Decoder
 
 SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)
@@ -100,7 +100,7 @@ def test_a_hooked_layer_is_called_as_a_module():
 def test_a_busy_machine_decodes_on_the_cores_other_processes_leave(monkeypatch, elsewhere, during):
     """Two cores that two threads elsewhere keep busy: torch's ops of a token run on one thread (their joins made
     two threads 2.9x slower than one for a float32 token there), and torch's count is restored after."""
-    from mase_lite import cores
+    from mase_lite.infra import cores
     from mase_lite.numerics.native import threads
 
     monkeypatch.setattr(threads, "ADAPTIVE", True)

@@ -5,11 +5,11 @@ import torch
 import torch.nn as nn
 from transformers.modeling_outputs import SequenceClassifierOutput
 
-from mase_lite.errors import UserError
-from mase_lite.train import evaluate_model
-from mase_lite.train.data import DataModule
-from mase_lite.train.sources import TextSplit
-from mase_lite.train.tokenizer import train_wordpiece
+from mase_lite.infra.errors import UserError
+from mase_lite.workloads import evaluate_model
+from mase_lite.workloads.data import DataModule
+from mase_lite.workloads.sources import TextSplit
+from mase_lite.workloads.tokenizer import train_wordpiece
 
 L = math.log(3.0)
 

@@ -8,8 +8,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import mase_lite as ml
 from mase_lite import UserError
-from mase_lite.train.generation import Sampling, generate
-from mase_lite.train.tokenizer import train_wordpiece
+from mase_lite.runtime.generation import Sampling, generate
+from mase_lite.workloads.tokenizer import train_wordpiece
 
 TEXTS = ["the cat sat on the mat .", "a dog ran to the big tree .", "the small bird sang a song ."]
 

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from mase_lite.train.grammar import Arc, Grammar, default_grammar
+from mase_lite.workloads.grammar import Arc, Grammar, default_grammar
 
 
 def tiny() -> Grammar:

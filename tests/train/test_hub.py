@@ -5,7 +5,7 @@ import datasets.config
 import huggingface_hub.constants
 import pytest
 
-from mase_lite.train import hub
+from mase_lite.workloads import hub
 
 
 @pytest.fixture

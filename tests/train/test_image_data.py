@@ -6,10 +6,10 @@ import pytest
 import torch
 from PIL import Image
 
-from mase_lite.errors import UserError
-from mase_lite.train.data import build_data
-from mase_lite.train.images import resize_stack, to_chw
-from mase_lite.train.shapes import CLASSES, draw_shapes
+from mase_lite.infra.errors import UserError
+from mase_lite.workloads.data import build_data
+from mase_lite.workloads.images import resize_stack, to_chw
+from mase_lite.workloads.shapes import CLASSES, draw_shapes
 
 
 def make_folder(root, classes=("cat", "dog"), per_class=3, size=(10, 6)):
@@ -123,14 +123,14 @@ def test_synthetic_shapes_are_seeded_balanced_and_distinct():
 @pytest.fixture
 def own_registry(monkeypatch):
     """Datasets registered by a test are forgotten after it."""
-    from mase_lite.train import datasets
+    from mase_lite.workloads import datasets
 
     datasets.get_dataset("")  # the built-ins first
     monkeypatch.setattr(datasets, "_REGISTRY", dict(datasets._REGISTRY))
 
 
 def test_labels_as_class_names_and_bad_labels(own_registry):
-    from mase_lite.train.datasets import register_dataset
+    from mase_lite.workloads.datasets import register_dataset
 
     rows = {"image": [np.zeros((4, 4), np.uint8)] * 4, "label": ["cat", "dog", "cat", "dog"]}
 

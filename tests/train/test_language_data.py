@@ -6,12 +6,12 @@ import math
 import pytest
 import torch
 
-from mase_lite.errors import UserError
-from mase_lite.train.data import DataSpec, build_data
-from mase_lite.train.evaluator import evaluate_model
-from mase_lite.train.language import token_stream, window_count, windows
-from mase_lite.train.tasks import TASKS
-from mase_lite.train.tokenizer import train_wordpiece
+from mase_lite.infra.errors import UserError
+from mase_lite.workloads.data import DataSpec, build_data
+from mase_lite.workloads.evaluator import evaluate_model
+from mase_lite.workloads.language import token_stream, window_count, windows
+from mase_lite.workloads.tasks import TASKS
+from mase_lite.workloads.tokenizer import train_wordpiece
 
 
 @pytest.mark.parametrize("tokens,block,stride", [(10, 4, 2), (10, 4, 4), (17, 5, 3), (4, 4, 4), (5, 4, 1), (2, 8, 8)])

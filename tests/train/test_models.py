@@ -2,8 +2,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from mase_lite.errors import UserError
-from mase_lite.train.models import ModelSpec, build_model
+from mase_lite.infra.errors import UserError
+from mase_lite.workloads.models import ModelSpec, build_model
 
 
 def test_default_is_bert_tiny_shaped_sdpa_sequence_classifier_in_eval_mode():

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from mase_lite.train.perplexity import chunks, sliding
+from mase_lite.workloads.perplexity import chunks, sliding
 
 V, L = 10, 3.0
 Q = math.exp(L) / (math.exp(L) + V - 1)  # the peaked probability of the true next token

@@ -3,8 +3,8 @@ import json
 import pytest
 import torch
 
-from mase_lite.errors import UserError
-from mase_lite.train import prepare
+from mase_lite.infra.errors import UserError
+from mase_lite.workloads import prepare
 
 
 def test_trained_tokenizer_sets_the_vocabulary_and_is_saved_with_the_run(tmp_path, tiny_model_spec, tiny_data_spec):

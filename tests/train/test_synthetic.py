@@ -1,6 +1,6 @@
 import random
 
-from mase_lite.train.synthetic import NEGATED_VERBS, NEGATIVE, POSITIVE, VERBS, _clause, generate_sentiment
+from mase_lite.workloads.synthetic import NEGATED_VERBS, NEGATIVE, POSITIVE, VERBS, _clause, generate_sentiment
 
 
 def test_same_seed_same_sentences_other_seed_others():

@@ -1,7 +1,7 @@
 import pytest
 
-from mase_lite.errors import UserError
-from mase_lite.train.tokenizer import build_vocabulary, load_tokenizer, same_vocabulary, train_wordpiece
+from mase_lite.infra.errors import UserError
+from mase_lite.workloads.tokenizer import build_vocabulary, load_tokenizer, same_vocabulary, train_wordpiece
 
 
 def test_vocabulary_exact_specials_then_characters_then_words_by_frequency():

@@ -5,9 +5,9 @@ import torch
 import torch.nn as nn
 from transformers.modeling_outputs import SequenceClassifierOutput
 
-from mase_lite.errors import UserError
-from mase_lite.train import evaluate_model, fit, prepare
-from mase_lite.train.trainer import _Optimiser, split_trainable
+from mase_lite.infra.errors import UserError
+from mase_lite.workloads import evaluate_model, fit, prepare
+from mase_lite.workloads.trainer import _Optimiser, split_trainable
 
 
 def learning_rates(schedule: str, total: int = 10, warmup: int = 2) -> list[float]:
@@ -36,7 +36,7 @@ def test_seed_everything_repeats_python_numpy_and_torch():
 
     import numpy as np
 
-    from mase_lite.train import seed_everything
+    from mase_lite.workloads import seed_everything
 
     draws = []
     for _ in range(2):

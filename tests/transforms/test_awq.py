@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import mase_lite as ml
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from tests.transforms.llms import TokenBatches, tiny_llama
 
 W3 = {"name": "scaled_integer", "width": 3, "granularity": "group", "group_size": 32}

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 import mase_lite.passes as passes
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.ir.graph import MaseGraph
 
 

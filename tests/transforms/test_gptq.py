@@ -10,10 +10,10 @@ import torch.nn as nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import mase_lite as ml
-from mase_lite.nn.gptq import gptq
+from mase_lite.algorithms.gptq import gptq
 from mase_lite.numerics import get_format, parse_format, quantize
 from mase_lite.numerics.codes import decode, encode
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.passes.registry import PassError
 from tests.transforms.llms import TokenBatches
 
@@ -301,9 +301,9 @@ def test_data_may_name_a_dataset_built_with_the_models_own_tokenizer(tmp_path):
     the same batches as building that data by hand."""
     from transformers import AutoModelForCausalLM
 
-    from mase_lite.train.data import build_data
-    from mase_lite.train.grammar import default_grammar
-    from mase_lite.train.tokenizer import train_wordpiece
+    from mase_lite.workloads.data import build_data
+    from mase_lite.workloads.grammar import default_grammar
+    from mase_lite.workloads.tokenizer import train_wordpiece
 
     tokenizer = train_wordpiece([" ".join(default_grammar().sample(40, random.Random(i))) for i in range(50)], 120)
     config = LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
@@ -333,7 +333,7 @@ def test_data_may_name_a_dataset_built_with_the_models_own_tokenizer(tmp_path):
 @pytest.mark.parametrize("n", [1, 2, 127, 128, 129, 301, 1000])
 def test_the_inverse_factor_is_made_in_the_hessians_memory(n):
     """U (upper) with UᵀU = (H + λI)⁻¹, built by halves in the reversed Hessian's own buffer."""
-    from mase_lite.nn.gptq import _inverse_factor
+    from mase_lite.algorithms.gptq import _inverse_factor
     x = torch.randn(n, n + 3, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
     h = x @ x.t()
     flipped = h.flip(0, 1).contiguous()
@@ -348,7 +348,7 @@ def test_the_inverse_factor_is_made_in_the_hessians_memory(n):
 
 @pytest.mark.parametrize("act_order", [False, True])
 def test_a_handed_over_hessian_is_permuted_in_its_own_memory_with_the_same_result(act_order):
-    from mase_lite.nn.gptq import _permute_symmetric
+    from mase_lite.algorithms.gptq import _permute_symmetric
     for n, seed in [(1, 0), (5, 1), (64, 2), (300, 3)]:
         m = torch.randn(n, n, generator=torch.Generator().manual_seed(seed))
         order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))

@@ -16,8 +16,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import mase_lite as ml
 from mase_lite import UserError
-from mase_lite.nn.disk_weights import DiskWeights
-from mase_lite.train.tokenizer import train_wordpiece
+from mase_lite.runtime.disk_weights import DiskWeights
+from mase_lite.workloads.tokenizer import train_wordpiece
 from tests.conftest import PATIENCE
 
 W4 = {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "full_range": True}
@@ -201,7 +201,7 @@ def test_a_tied_tensor_stored_twice_with_other_values_is_untied_as_transformers_
 def test_a_full_disk_while_writing_a_block_is_named(runs, tmp_path, monkeypatch):
     import errno
 
-    import mase_lite.nn.disk_weights as disk_weights
+    import mase_lite.runtime.disk_weights as disk_weights
 
     def full(tensors, path, metadata=None):
         open(path, "wb").write(b"half")

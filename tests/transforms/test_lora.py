@@ -7,8 +7,8 @@ import torch
 import torch.nn as nn
 
 import mase_lite.passes as passes
-from mase_lite.errors import UserError
-from mase_lite.nn.lora import LoRALinear
+from mase_lite.infra.errors import UserError
+from mase_lite.layers.lora import LoRALinear
 from mase_lite.passes.replay import load_graph
 
 QV = {"by": "regex", "targets": [r".*attention_self_(query|value)"]}

@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mase_lite.errors import UserError
-from mase_lite.nn.lora import LoRALinear
-from mase_lite.nn.pruning import attach_weight_mask, weight_mask_of
+from mase_lite.infra.errors import UserError
+from mase_lite.layers.lora import LoRALinear
+from mase_lite.layers.pruning import attach_weight_mask, weight_mask_of
 
 
 def make(rank=4, alpha=8.0, dropout=0.0, bias=True, dtype=torch.float32):

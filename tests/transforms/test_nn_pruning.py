@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mase_lite.errors import UserError
-from mase_lite.nn.pruning import (
+from mase_lite.infra.errors import UserError
+from mase_lite.layers.pruning import (
     ActivationPruner,
     WeightMask,
     activation_pruner_of,

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mase_lite.errors import UserError
-from mase_lite.nn.replacements import build_replacement, register_replacement, replacement_names
+from mase_lite.infra.errors import UserError
+from mase_lite.layers.replacements import build_replacement, register_replacement, replacement_names
 
 
 def test_builtins_are_registered():

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import mase_lite as ml
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from tests.transforms.llms import tiny_llama
 
 

@@ -8,8 +8,8 @@ import torch
 from torch.nn.utils import parametrize
 
 import mase_lite.passes as passes
-from mase_lite.errors import UserError
-from mase_lite.nn.pruning import activation_pruner_of, weight_mask_of
+from mase_lite.infra.errors import UserError
+from mase_lite.layers.pruning import activation_pruner_of, weight_mask_of
 
 COURSE_CONFIG = {
     "weight": {"sparsity": 0.5, "method": "l1-norm", "scope": "local"},

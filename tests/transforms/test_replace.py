@@ -7,8 +7,8 @@ import torch
 import torch.nn as nn
 
 import mase_lite.passes as passes
-from mase_lite.errors import UserError
-from mase_lite.nn.replacements import register_replacement
+from mase_lite.infra.errors import UserError
+from mase_lite.layers.replacements import register_replacement
 
 
 def test_linear_to_identity_on_bert(bert, bert_inputs):

@@ -7,8 +7,8 @@ import torch
 import mase_lite.passes as passes
 import mase_lite as ml
 from mase_lite.ir.graph import MaseGraph
-from mase_lite.nn.lora import LoRALinear
-from mase_lite.nn.pruning import activation_pruner_of, weight_mask_of
+from mase_lite.layers.lora import LoRALinear
+from mase_lite.layers.pruning import activation_pruner_of, weight_mask_of
 
 
 def assert_same_state(a, b):

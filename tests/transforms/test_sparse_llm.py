@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import mase_lite as ml
-from mase_lite.errors import UserError
-from mase_lite.nn.gptq import gptq
-from mase_lite.nn.pruning import Sparsity, lowest_mask, wanda_mask
+from mase_lite.infra.errors import UserError
+from mase_lite.algorithms.gptq import gptq
+from mase_lite.layers.pruning import Sparsity, lowest_mask, wanda_mask
 from mase_lite.numerics.codes import decode, encode
 from mase_lite.pipeline.spec import check_pipeline, load_spec
 from tests.transforms.llms import TokenBatches, tiny_llama

@@ -18,7 +18,7 @@ import functools
 import os
 from pathlib import Path
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.numerics.native import library as build
 
 LEVELS = ("c", "avx2", "avx512")

@@ -8,7 +8,7 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.kernels.int8_activations.cpu_kernel import MAX_LAYERS
 
 ACTIVATIONS = ("float", "int8")

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 import mase_lite.kernels.int8_activations.cpu_kernel as int8_kernel
 from mase_lite.kernels.int8_activations.layers import Int8Weights, check_activations, check_input, fused
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.kernels.mxint8.codec import DEFAULT_BLOCK_SIZE, quantize
 from mase_lite.kernels.mxint8.ops import dequantize, mxint8_linear
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 import mase_lite.kernels.mxint8.cpu_kernel as cpu_kernel
 from mase_lite.kernels.mxint8.codec import DEFAULT_BLOCK_SIZE, dequantize_reference
 from mase_lite.kernels.mxint8.cuda_build import cuda_extension

@@ -4,7 +4,7 @@ before the next is packed; then hand the freed memory back to the operating syst
 Resident memory after packing is then about the packed layers plus the rest of the model, and the
 peak while packing is the model plus one layer's packed copy. (A float weight something else still
 holds — a tied embedding, an optimizer — stays, of course.) The freed memory goes back to the system
-(:func:`mase_lite.heap.return_free_memory`).
+(:func:`mase_lite.infra.heap.return_free_memory`).
 
 Example::
 
@@ -22,7 +22,7 @@ from torch import nn
 
 from mase_lite.kernels.mxint8.codec import DEFAULT_BLOCK_SIZE
 from mase_lite.kernels.mxint8.module import MXInt8Linear
-from mase_lite.heap import return_free_memory
+from mase_lite.infra.heap import return_free_memory
 
 
 def pack_linears(model: nn.Module, skip: tuple[str, ...] = (), block_size: int = DEFAULT_BLOCK_SIZE,

@@ -18,7 +18,7 @@ multiplies Q4_0 weights) the input is quantized to int8 per block of 32 and the 
 Example::
 
     >>> import torch
-    >>> from mase_lite.nn.quantized import quantize_module
+    >>> from mase_lite.layers.quantized import quantize_module
     >>> fake = quantize_module(torch.nn.Linear(64, 8), {"weight": {"name": "mxfp", "element_format": "e2m1"}})
     >>> packed = Packed4Linear.from_quantized(fake)
     >>> sorted(packed.state_dict()), packed(torch.randn(3, 64)).shape
@@ -36,7 +36,7 @@ from torch import Tensor, nn
 import mase_lite.kernels.int8_activations.cpu_kernel as int8_kernel
 from mase_lite.kernels.int8_activations.layers import Int8Weights, check_activations, check_input, fused
 import mase_lite.kernels.packed4.cpu_kernel as cpu_kernel
-from mase_lite.errors import UserError
+from mase_lite.infra.errors import UserError
 from mase_lite.numerics.codes import decode as decode_codes
 from mase_lite.numerics.codes import encode
 from mase_lite.numerics.registry import target_mapping
@@ -142,7 +142,7 @@ class Packed4Linear(nn.Module):
 
         >>> linear = torch.nn.Linear(64, 8)
         >>> fmt = {"name": "mxfp", "element_format": "e2m1"}
-        >>> from mase_lite.nn.quantized import quantize_module
+        >>> from mase_lite.layers.quantized import quantize_module
         >>> torch.equal(Packed4Linear.from_linear(linear, fmt).nibbles,
         ...             Packed4Linear.from_quantized(quantize_module(linear, {"weight": fmt})).nibbles)
         True

@@ -17,8 +17,8 @@ from typing import Any
 
 from torch import nn
 
-from mase_lite.errors import UserError
-from mase_lite.heap import return_free_memory
+from mase_lite.infra.errors import UserError
+from mase_lite.infra.heap import return_free_memory
 from mase_lite.kernels.packed4.module import Packed4Linear, packable
 
 FORMATS = {

@@ -30,7 +30,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from mase_lite.files import private
+from mase_lite.infra.files import private
 
 logger = logging.getLogger(__name__)
 

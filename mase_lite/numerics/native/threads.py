@@ -5,7 +5,7 @@ per kind of call.
 scheduler preempted makes more threads slower than one (measured: a 4096 x 4096 MXINT8 layer at batch 1 took 2.9x
 longer on two threads than on one beside two busy processes on two cores, and 2x faster on a quiet machine). So a
 call first takes no more threads than the cores this process may use less the threads running elsewhere
-(:func:`mase_lite.cores.running_elsewhere`, looked at every :data:`LOOK_EVERY` seconds, the median of the latest
+(:func:`mase_lite.infra.cores.running_elsewhere`, looked at every :data:`LOOK_EVERY` seconds, the median of the latest
 :data:`LOOKS`): what the CLI chooses at its start, kept up to date as the load changes. Where that leaves more than
 one, each kind of call (its ``key``: the kernel and the sizes that set its cost) is timed on the most threads, then on
 one, on its first :data:`PROBE_CALLS` calls and again on that many in every :data:`PROBE_EVERY`, and runs on
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mase_lite import cores
+from mase_lite.infra import cores
 
 LOOK_EVERY = 0.1
 """Seconds between looks at the threads running elsewhere (at least)."""
