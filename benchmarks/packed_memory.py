@@ -3,7 +3,8 @@ and in Q4_0 (4-bit groups of 32, float16 scales) by three routes: ``pack_linears
 the modules, and the quantize pass on a captured graph (what a pipeline runs). Each case runs in a fresh process and
 reads its resident memory (``/proc/self/statm``) before the model is built and after packing; "the imports" include
 the capture machinery (torch.export and what it loads on first use, ~110 MB), which a small warm-up capture brings
-in before the first reading, so that the figures are the model's own.
+in before the first reading, so that the figures are the model's own. The export cache is off in the cases: a warm-up
+found in it is loaded, not exported, and torch.export's first-use memory (~22 MB) would fall on the measured capture.
 
     python benchmarks/packed_memory.py
     python benchmarks/packed_memory.py --layers 12 --width 1024    # a quick look
@@ -63,19 +64,18 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=2048)
     add_record_flag(parser)
     args = parser.parse_args()
-    print(f"command: python benchmarks/packed_memory.py {' '.join(sys.argv[1:])}; load average "
-          f"{os.getloadavg()[0]:.2f}\n")
     print("| format | route | float weights | the format's bits / float | resident after packing / float |")
     print("|---|---|---|---|---|")
     for fmt in ("mxint8", "q4_0"):
         for route in ROUTES:
             script = CASE.format(fmt=fmt, route=route, layers=args.layers, width=args.width)
-            run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+            run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                                 env={**os.environ, "MASE_LITE_EXPORT_CACHE": "0"})
             m = json.loads(run.stdout.strip().splitlines()[-1])
             print(f"| {fmt} | {route} | {m['floats'] / 1e6:.0f} MB | {m['packed'] / m['floats']:.3f} | "
                   f"{m['after'] / m['floats']:.3f} |")
 
 
 if __name__ == "__main__":
-    with recording("packed_memory"):
+    with recording("packed_memory", threads=1):  # each case sets one thread
         main()
