@@ -42,9 +42,11 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import Tensor
 
+from mase_lite.infra.cores import steady_threads
 from mase_lite.infra.errors import UserError
 from mase_lite.layers.pruning import Sparsity, lowest_mask
 from mase_lite.numerics import NumberFormat, apply_format, parse_format
+from mase_lite.numerics.native.threads import torch_threads
 
 SUB_BLOCK = 16  # columns whose errors reach the rest of their block one at a time (rank-1 updates)
 ROWS_AT_ONCE = 1024  # rows of the weight whose error is summed at a time once the sweep is done
@@ -91,15 +93,17 @@ def _inverse_factor(hessians: list[Tensor], damp: float) -> tuple[Tensor, float]
     >>> torch.allclose(u.T @ u, torch.linalg.inv(h)), bool((u.tril(-1) == 0).all()), lam
     (True, True, 0.0)
     """
-    factor = hessians.pop()
-    lam = damp * float(factor.diagonal().mean())
-    factor.diagonal().add_(lam)
-    info = torch.empty((), dtype=torch.int32)
-    torch.linalg.cholesky_ex(factor, out=(factor, info))  # in place
-    if int(info):
-        raise UserError(f"gptq: the damped Hessian is not positive definite (damp {damp}); raise damp or the calibration data")
-    _invert_lower(factor)
-    _permute_symmetric(factor, torch.arange(factor.shape[0] - 1, -1, -1))  # the reversal P · P
+    with torch_threads(steady_threads()):  # LAPACK's bits follow its thread count; the load must not
+        factor = hessians.pop()
+        lam = damp * float(factor.diagonal().mean())
+        factor.diagonal().add_(lam)
+        info = torch.empty((), dtype=torch.int32)
+        torch.linalg.cholesky_ex(factor, out=(factor, info))  # in place
+        if int(info):
+            raise UserError(f"gptq: the damped Hessian is not positive definite (damp {damp}); raise damp or the "
+                            "calibration data")
+        _invert_lower(factor)
+        _permute_symmetric(factor, torch.arange(factor.shape[0] - 1, -1, -1))  # the reversal P · P
     return factor, lam
 
 

@@ -21,6 +21,7 @@ import time
 
 REASON = "torch's default"
 """What chose the thread count: ``--threads``, an environment variable, the load, or torch's default."""
+_ASKED: list[int | None] = [None]  # the count --threads or MASE_LITE_THREADS asked for
 
 
 def usable_cores() -> int:
@@ -67,6 +68,7 @@ def running_others(looks: int = 5, interval: float = 0.01) -> int | None:
 def choose_threads(requested: int | None, source: str) -> int | None:
     """The thread count to set (None: leave torch's), and :data:`REASON` set to why."""
     global REASON
+    _ASKED[0] = requested
     if requested is not None:
         REASON = source
         return requested
@@ -80,3 +82,18 @@ def choose_threads(requested: int | None, source: str) -> int | None:
     cores = usable_cores()
     REASON = f"the load: {others} other running process{'es' * (others != 1)} on {cores} cores"
     return spare_cores(cores, others)
+
+
+def steady_threads() -> int:
+    """The thread count a result may depend on, whatever the load: the one asked for (``--threads``,
+    ``MASE_LITE_THREADS``, ``OMP_NUM_THREADS``), else the usable cores. LAPACK's factorisations give other bits on
+    other thread counts, so the calibration passes run theirs on this count, not on the count the load leaves
+    (GPTQ on a 576-wide Llama: other weights at one thread than at two before, the same bits after).
+
+    >>> steady_threads() >= 1
+    True
+    """
+    if _ASKED[0] is not None:
+        return _ASKED[0]
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    return int(omp) if omp.isdigit() and int(omp) > 0 else usable_cores()

@@ -30,7 +30,9 @@ import torch
 import torch.nn as nn
 from pydantic import Field
 
+from mase_lite.infra.cores import steady_threads
 from mase_lite.numerics import parse_format, quantize
+from mase_lite.numerics.native.threads import torch_threads
 from mase_lite.passes.folding import fold_target, input_groups, linear_weight
 from mase_lite.passes.layerwise import Enough, calibration_batches, each_block
 from mase_lite.passes.registry import PassError, PassResult, register_pass
@@ -149,8 +151,10 @@ def _squared_norms(diff: torch.Tensor, gram: torch.Tensor, factor: torch.Tensor 
 
 
 def _factor(gram: torch.Tensor) -> torch.Tensor | None:
-    """The lower Cholesky factor of ``XᵀX``; None where it is singular (an input that never fires)."""
-    factor, singular = torch.linalg.cholesky_ex(gram)
+    """The lower Cholesky factor of ``XᵀX``; None where it is singular (an input that never fires). On the steady
+    thread count (:func:`~mase_lite.infra.cores.steady_threads`): LAPACK's bits follow its thread count."""
+    with torch_threads(steady_threads()):
+        factor, singular = torch.linalg.cholesky_ex(gram)
     return None if int(singular) else factor
 
 

@@ -43,3 +43,43 @@ def test_each_block_takes_the_cores_left(monkeypatch):
         assert counts_seen(monkeypatch, others=0) == [2, 2, 2, 2]  # a quiet machine: all of torch's threads
     finally:
         torch.set_num_threads(previous)
+
+
+def test_the_factorisations_keep_the_steady_count_on_a_busy_machine(monkeypatch):
+    """GPTQ's and AWQ's Cholesky factorisations (whose bits follow LAPACK's thread count) run on the steady count,
+    two usable cores here, while their blocks run on the one core two busy processes leave: the bits of a quiet run."""
+    import mase_lite as ml
+    from mase_lite.infra import cores
+    from tests.transforms.llms import TokenBatches, tiny_llama
+
+    monkeypatch.setattr(threads.cores, "running_elsewhere", lambda *a, **k: 2)
+    monkeypatch.setattr(threads.cores, "usable_cores", lambda: 2)
+    monkeypatch.setattr(threads, "ADAPTIVE", True)
+    monkeypatch.setattr(cores, "_ASKED", [None])
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    seen = []
+    cholesky = torch.linalg.cholesky_ex
+
+    def counted(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return cholesky(*args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "cholesky_ex", counted)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    threads.forget()
+    try:
+        rules = {"by": "type", "rules": {"head": None, "linear": {"weight": {"name": "integer", "width": 4, "frac_width": 2}}}}
+        for method in ("gptq", "awq"):
+            mg = ml.MaseGraph(tiny_llama(), hf_input_names=["input_ids", "attention_mask"])
+            mg, _ = ml.passes.quantize(mg, rules)
+            getattr(ml.passes, method)(mg, {"num_batches": 1}, data=TokenBatches(labels=False))
+            assert seen and set(seen) == {2}, (method, seen)
+            seen.clear()
+        monkeypatch.setattr(cores, "_ASKED", [1])  # --threads 1: the count asked for
+        mg, _ = ml.passes.quantize(ml.MaseGraph(tiny_llama(), hf_input_names=["input_ids", "attention_mask"]), rules)
+        ml.passes.gptq(mg, {"num_batches": 1}, data=TokenBatches(labels=False))
+        assert seen and set(seen) == {1}
+    finally:
+        threads.forget()
+        torch.set_num_threads(previous)
