@@ -85,9 +85,9 @@ def other_quantized_layers(model: nn.Module) -> list[str]:
 def packed_mxint8(module: MXInt8Linear) -> Encoded:
     """A packed MXINT8 layer's int8 codes and E8M0 scales as stored codes of the ``mxint`` format."""
     fmt = {"name": "mxint", "element_width": 8, "block_size": module.block_size, "scale_rule": module.scale_rule}
-    codes = offset_codes(module.codes.to(torch.int64), 8)
-    return Encoded(fmt, 8, pack_bits(codes, 8), {"scale": module.scales}, tuple(module.codes.shape), torch.float32,
-                   codes)
+    rows, scales = module.rows()
+    codes = offset_codes(rows.to(torch.int64), 8)
+    return Encoded(fmt, 8, pack_bits(codes, 8), {"scale": scales}, tuple(rows.shape), torch.float32, codes)
 
 
 def _detached(t: Tensor | None) -> Tensor | None:

@@ -26,7 +26,7 @@ MAX_HEAD_DIM = 512
 
 
 class _Group(ctypes.Structure):
-    _fields_ = [("nibbles", _int), ("half", _int), ("count", _int), ("itable", _ptr), ("unit", _float), ("k", _i64),
+    _fields_ = [("nibbles", _int), ("half", _int), ("count", _int), ("tiled", _int), ("itable", _ptr), ("unit", _float), ("k", _i64),
                 ("n", _i64 * GROUP_LAYERS), ("q", _ptr * GROUP_LAYERS), ("scales", _ptr * GROUP_LAYERS),
                 ("bias", _ptr * GROUP_LAYERS)]
 
@@ -140,13 +140,13 @@ def _group(modules: list[nn.Module], tensors: list[Tensor]) -> _Group | None:
     if any(w is None for w in weights) or len({m.in_features for m in modules}) != 1:
         return None
     if any(w.nibbles != first.nibbles or w.unit != first.unit or w.scales.dtype != first.scales.dtype
-           or (w.nibbles and not torch.equal(w.itable, first.itable)) for w in weights):
+           or w.tiled != first.tiled or (w.nibbles and not torch.equal(w.itable, first.itable)) for w in weights):
         return None
     if not all(w.data.is_contiguous() and w.scales.is_contiguous() and (w.bias is None or _float32(w.bias.data))
                for w in weights):
         return None
     group = _Group(nibbles=int(first.nibbles), half=int(first.scales.dtype == torch.float16), count=len(modules),
-                   unit=first.unit, k=modules[0].in_features)
+                   tiled=int(first.tiled), unit=first.unit, k=modules[0].in_features)
     if first.nibbles:
         group.itable = first.itable.data_ptr()
         tensors.append(first.itable)

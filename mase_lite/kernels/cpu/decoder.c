@@ -20,6 +20,7 @@ enum { GROUP_LAYERS = 3, MAX_HEAD_DIM = 512 };
 /* Linears that share an input and a weight kind: count 1..3 (q/k/v, gate/up, one), or 0 for none. */
 struct group {
     int nibbles, half, count; /* half: nibbles' scales are float16 */
+    int tiled;            /* the weights and scales tiled (int8_dot.h's struct weights) */
     const int8_t *itable; /* nibbles: the table's 16 integers */
     float unit;           /* the power of two they stand for (MXINT8: 2**-6) */
     int64_t k;            /* inputs */
@@ -82,7 +83,7 @@ size_t int8_decoder_scratch(const struct model *m) { return layout(m, NULL, NULL
 static void prepare(struct linear_args *a, const struct group *g, float *const *out, const float *x,
                     const struct buffers *b, int level) {
     struct linear_args args = {.nibbles = g->nibbles, .affine = g->nibbles && affine_table(g->itable),
-                               .half = g->half, .itable = g->itable, .unit = g->unit, .count = g->count, .q = g->q,
+                               .half = g->half, .tiled = g->tiled, .itable = g->itable, .unit = g->unit, .count = g->count, .q = g->q,
                                .scales = g->scales, .bias = g->bias, .out = out, .n = g->n, .m = 1, .k = g->k,
                                .level = level};
     *a = args;
@@ -136,9 +137,9 @@ static void add(float *x, const float *y, int64_t n) {
 
 /* This thread's share of a's rows. */
 static void share(const struct linear_args *a, int thread, int threads) {
-    int64_t first, last;
-    part_of(total_rows(a), thread, threads, &first, &last);
-    rows_range(a, first, last);
+    int64_t first, last, align = row_align(a), rows = total_rows(a);
+    part_of((rows + align - 1) / align, thread, threads, &first, &last);
+    rows_range(a, min64(rows, first * align), min64(rows, last * align));
 }
 
 #ifdef _OPENMP

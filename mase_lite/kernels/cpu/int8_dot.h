@@ -55,16 +55,34 @@ static inline float e8m0(uint8_t e) {
     return v.value;
 }
 
+/* Weights by rows (a row: k / 2 bytes of nibbles or k bytes of codes, then the next row; scales k / 32 a row) or tiled:
+ * the rows in tiles of 8 (their count a multiple of 8), a tile's blocks in order, each block of the 8 rows as the
+ * tiles of a prompt form them, transposed: vector t (32 bytes) holds bytes 4t..4t+3 of each of the 8 rows' block
+ * (4 vectors of nibbles, 8 of codes), and a tile's scales 8 a block, block after block. A tile is then read in one
+ * stream, and its rows' sums of a block come out one per lane: no sum across lanes. */
 struct weights {
-    const uint8_t *q; /* a row: k / 2 bytes of nibbles or k bytes of codes */
-    const void *scales; /* float32 or float16 (nibbles) or uint8 E8M0 (codes), k / 32 a row */
+    const uint8_t *q;
+    const void *scales; /* float32 or float16 (nibbles) or uint8 E8M0 (codes) */
     const int8_t *itable; /* nibbles: the 16 integers */
-    int nibbles, affine, half; /* half: the nibbles' scales are float16 */
+    int nibbles, affine, half, tiled; /* half: the nibbles' scales are float16 */
 };
 
+/* Where row j's scale of block b is. */
+static inline int64_t scale_at(const struct weights *w, int64_t j, int64_t nb, int64_t b) {
+    return w->tiled ? ((j / TILE_ROWS) * nb + b) * TILE_ROWS + j % TILE_ROWS : j * nb + b;
+}
+
+/* Byte e of row j's block b (k inputs). */
+static inline uint8_t weight_byte(const struct weights *w, int64_t j, int64_t k, int64_t b, int e) {
+    int64_t nb = k / BLOCK, bytes = w->nibbles ? NIBBLE_BYTES : BLOCK;
+    if (!w->tiled) return w->q[(j * nb + b) * bytes + e];
+    return w->q[((j / TILE_ROWS) * nb + b) * TILE_ROWS * bytes + (e / 4) * 32 + (j % TILE_ROWS) * 4 + e % 4];
+}
+
 static inline float block_scale(const struct weights *w, const int64_t j, int64_t nb, int64_t b) {
-    if (!w->nibbles) return e8m0(((const uint8_t *)w->scales)[j * nb + b]);
-    return w->half ? half_to_float(((const uint16_t *)w->scales)[j * nb + b]) : ((const float *)w->scales)[j * nb + b];
+    int64_t at = scale_at(w, j, nb, b);
+    if (!w->nibbles) return e8m0(((const uint8_t *)w->scales)[at]);
+    return w->half ? half_to_float(((const uint16_t *)w->scales)[at]) : ((const float *)w->scales)[at];
 }
 
 /* Whether the int8 products of `level` take VNNI (its unsigned-by-signed bytes): the kernels chosen and the correction
@@ -78,12 +96,12 @@ static float dot_c(const struct weights *w, int64_t j, const int8_t *xq, const f
     int64_t nb = k / BLOCK;
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *p = w->q + j * (w->nibbles ? k / 2 : k) + b * (w->nibbles ? NIBBLE_BYTES : BLOCK);
         const int8_t *x = xq + b * BLOCK;
         int32_t sum = 0;
         for (int e = 0; e < BLOCK; e++) {
-            int weight = !w->nibbles ? (int8_t)p[e] : e < NIBBLE_BYTES ? w->itable[p[e] & 15]
-                                                                    : w->itable[p[e - NIBBLE_BYTES] >> 4];
+            int weight = !w->nibbles          ? (int8_t)weight_byte(w, j, k, b, e)
+                         : e < NIBBLE_BYTES ? w->itable[weight_byte(w, j, k, b, e) & 15]
+                                            : w->itable[weight_byte(w, j, k, b, e - NIBBLE_BYTES) >> 4];
             sum += weight * x[e];
         }
         acc = fmaf((float)sum, xs[b] * block_scale(w, j, nb, b), acc);
@@ -101,6 +119,8 @@ static float dot_c(const struct weights *w, int64_t j, const int8_t *xq, const f
 struct tile {
     const uint8_t *q[TILE_ROWS]; /* each row's first block */
     const float *scales;        /* the rows' block scales as float32, block-major: [blocks][8] */
+    const void *tiled_scales;   /* tiled weights: the tile's own scales from its first block, 8 a block */
+    int scale_kind;             /* theirs: 0 float32, 1 float16, 2 E8M0 */
     const int8_t *xq;           /* the first row of x's codes; rows k bytes apart */
     const float *xs;            /* its block scales; rows nb apart */
     const int32_t *corr;        /* its corrections; rows nb apart */
@@ -266,6 +286,72 @@ KIND(affine_vnni, VNNI, W_AFFINE, 1, madd_vnni, NIBBLE_BYTES)
 KIND(table_vnni, VNNI, W_TABLE, 1, madd_vnni, NIBBLE_BYTES)
 KIND(codes_vnni, VNNI, W_FLIPPED, 1, madd_vnni, BLOCK)
 
+/* The 8 float32 scales of block b of a tile of tiled weights, exactly. */
+AVX2 INLINE __m256 tiled_scale8(const struct tile *t, int64_t b) {
+    if (t->scale_kind == 1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)t->tiled_scales + 8 * b)));
+    if (t->scale_kind == 2) return e8m0_avx2(_mm_loadl_epi64((const __m128i *)((const uint8_t *)t->tiled_scales + 8 * b)));
+    return _mm256_loadu_ps((const float *)t->tiled_scales + 8 * b);
+}
+
+/* Tiled weights (struct weights): a tile's block read as the 8 vectors the transposed tiles hold, formed in
+ * registers, then the tiles' sums against C rows of x (one: a decoding step); the same integers and float
+ * operations as the tiles of rows. */
+#define FORM_NIBBLES(tw, p, MAP)                                                                                    \
+    UNROLL for (int i_ = 0; i_ < 4; i_++) {                                                                         \
+        __m256i v_ = _mm256_loadu_si256((const __m256i *)(p) + i_);                                                 \
+        tw[i_] = MAP(_mm256_and_si256(v_, low4));                                                                   \
+        tw[i_ + 4] = MAP(_mm256_and_si256(_mm256_srli_epi16(v_, 4), low4));                                         \
+    }
+#define AS_IS(v) (v)
+#define LOOKED_UP(v) _mm256_shuffle_epi8(lut, v)
+#define FORM_AFFINE(tw, p) FORM_NIBBLES(tw, p, AS_IS)
+#define FORM_TABLE(tw, p) FORM_NIBBLES(tw, p, LOOKED_UP)
+#define FORM_CODES(tw, p) UNROLL for (int i_ = 0; i_ < 8; i_++) tw[i_] = _mm256_loadu_si256((const __m256i *)(p) + i_);
+#define FORM_FLIPPED(tw, p)                                                                                         \
+    UNROLL for (int i_ = 0; i_ < 8; i_++) tw[i_] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p) + i_), flip);
+#define TILED(NAME, TARGET, FORM, UNSIGNED, MADD, BYTES, C)                                                         \
+    TARGET static void NAME(const struct tile *t) {                                                                 \
+        WEIGHT_CONSTANTS(UNSIGNED)                                                                                  \
+        __m256 acc[C];                                                                                              \
+        UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_loadu_ps(t->acc + 8 * c);                                \
+        const uint8_t *p = t->q[0];                                                                                 \
+        for (int64_t b = 0; b < t->blocks; b++, p += TILE_ROWS * (BYTES)) {                                         \
+            /* no prefetch: one stream, which the hardware follows */                                               \
+            __m256i tw[TILE_ROWS];                                                                                  \
+            FORM(tw, p)                                                                                             \
+            __m256 ws = tiled_scale8(t, b);                                                                         \
+            UNROLL for (int c = 0; c < C; c++) {                                                                    \
+                __m256 d = _mm256_mul_ps(_mm256_set1_ps(t->xs[c * t->nb + b]), ws);                                 \
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ROW_SUMS(UNSIGNED, MADD, tw, c, b)), d, acc[c]);        \
+            }                                                                                                       \
+        }                                                                                                           \
+        UNROLL for (int c = 0; c < C; c++) _mm256_storeu_ps(t->acc + 8 * c, acc[c]);                                \
+    }
+/* NAME(t): blocks [0, t->blocks) of a tile of tiled weights formed into t->packed, and their scales as float32 into
+ * t->scales: what the tiles of rows give (many rows of x then meet them there). */
+#define TILED_PACK(NAME, TARGET, FORM, UNSIGNED, BYTES)                                                             \
+    TARGET static void NAME(const struct tile *t) {                                                                 \
+        WEIGHT_CONSTANTS(UNSIGNED)                                                                                  \
+        __m256i *packed = (__m256i *)t->packed;                                                                     \
+        const uint8_t *p = t->q[0];                                                                                 \
+        for (int64_t b = 0; b < t->blocks; b++, p += TILE_ROWS * (BYTES)) {                                         \
+            __m256i tw[TILE_ROWS];                                                                                  \
+            FORM(tw, p)                                                                                             \
+            UNROLL for (int i = 0; i < TILE_ROWS; i++) _mm256_store_si256(packed + TILE_ROWS * b + i, tw[i]);        \
+            _mm256_storeu_ps((float *)t->scales + 8 * b, tiled_scale8(t, b));                                       \
+        }                                                                                                           \
+    }
+#define TILEDS(NAME, TARGET, FORM, UNSIGNED, MADD, BYTES) \
+    TILED(NAME##_1, TARGET, FORM, UNSIGNED, MADD, BYTES, 1) \
+    TILED_PACK(NAME##_pack, TARGET, FORM, UNSIGNED, BYTES)
+TILEDS(tiled_affine_avx2, AVX2, FORM_AFFINE, 1, madd_avx2, NIBBLE_BYTES)
+TILEDS(tiled_table_avx2, AVX2, FORM_TABLE, 0, madd_avx2, NIBBLE_BYTES)
+TILEDS(tiled_codes_avx2, AVX2, FORM_CODES, 0, madd_avx2, BLOCK)
+TILEDS(tiled_affine_vnni, VNNI, FORM_AFFINE, 1, madd_vnni, NIBBLE_BYTES)
+TILEDS(tiled_table_vnni, VNNI, FORM_TABLE, 1, madd_vnni, NIBBLE_BYTES)
+TILEDS(tiled_codes_vnni, VNNI, FORM_FLIPPED, 1, madd_vnni, BLOCK)
+
+
 /* Blocks [b0, b0 + blocks) of the 8 rows' scales as float32, exactly, block-major ([blocks][8]): eight blocks of each
  * row converted at once and transposed, the rest one at a time. */
 AVX2 static void lay_out_scales(const struct weights *w, const int64_t rows[8], int64_t nb, int64_t b0, int64_t blocks,
@@ -298,12 +384,18 @@ struct kernels {
 
 static const struct kernels *vector_kernels(const struct weights *w, int level) {
 #define KERNELS(NAME, TILES, WIDEST) {NAME##_row, NAME##_pack, {TILES##_1, TILES##_2, TILES##_3, TILES##_4}, WIDEST}
-    static const struct kernels kernels[2][3] = {
-        {KERNELS(affine_avx2, unsigned_avx2, 2), KERNELS(table_avx2, signed_avx2, 2), KERNELS(codes_avx2, signed_avx2, 2)},
-        {KERNELS(affine_vnni, unsigned_vnni, 4), KERNELS(table_vnni, unsigned_vnni, 4),
-         KERNELS(codes_vnni, unsigned_vnni, 4)}};
+#define TILED_KERNELS(NAME, TILES, WIDEST) {NAME##_1, NAME##_pack, {TILES##_1, TILES##_2, TILES##_3, TILES##_4}, WIDEST}
+    static const struct kernels kernels[2][2][3] = {
+        {{KERNELS(affine_avx2, unsigned_avx2, 2), KERNELS(table_avx2, signed_avx2, 2), KERNELS(codes_avx2, signed_avx2, 2)},
+         {KERNELS(affine_vnni, unsigned_vnni, 4), KERNELS(table_vnni, unsigned_vnni, 4),
+          KERNELS(codes_vnni, unsigned_vnni, 4)}},
+        {{TILED_KERNELS(tiled_affine_avx2, unsigned_avx2, 2), TILED_KERNELS(tiled_table_avx2, signed_avx2, 2),
+          TILED_KERNELS(tiled_codes_avx2, signed_avx2, 2)},
+         {TILED_KERNELS(tiled_affine_vnni, unsigned_vnni, 4), TILED_KERNELS(tiled_table_vnni, unsigned_vnni, 4),
+          TILED_KERNELS(tiled_codes_vnni, unsigned_vnni, 4)}}};
 #undef KERNELS
-    return &kernels[vnni_at(level)][!w->nibbles ? 2 : w->affine ? 0 : 1];
+#undef TILED_KERNELS
+    return &kernels[w->tiled][vnni_at(level)][!w->nibbles ? 2 : w->affine ? 0 : 1];
 }
 #endif
 
@@ -314,7 +406,7 @@ enum { MAX_LAYERS = 8 };
 /* Layers that share an input (a block's query, key and value projections): x is quantized once, their rows form
  * one range split over the threads. */
 struct linear_args {
-    int nibbles, affine, half;
+    int nibbles, affine, half, tiled; /* tiled: every layer's weights (struct weights) */
     const int8_t *itable;
     float unit;
     int count;
@@ -343,8 +435,9 @@ static void linear_tiles(const struct linear_args *a, const struct weights *w, i
     float *out = a->out[l], scales[BLOCK_RUN * TILE_ROWS], acc[MAX_X_ROWS * TILE_ROWS];
     _Alignas(32) uint8_t packed[BLOCK_RUN * TILE_ROWS * 32];
     int64_t rows[TILE_ROWS];
-    struct tile t = {.scales = scales, .itable = w->itable, .k = k, .nb = nb, .ahead = TILE_ROWS * row_bytes,
-                     .packed = packed};
+    struct tile t = {.scales = scales, .scale_kind = !w->nibbles ? 2 : w->half ? 1 : 0, .itable = w->itable, .k = k,
+                     .nb = nb,
+                     .ahead = w->tiled ? 16 * TILE_ROWS * (row_bytes / nb) : TILE_ROWS * row_bytes, .packed = packed};
     for (int64_t i0 = 0; i0 < a->m; i0 += rows_x) {
         int64_t i_end = min64(a->m, i0 + rows_x);
         for (int64_t j = first; j < last; j += TILE_ROWS) {
@@ -352,9 +445,18 @@ static void linear_tiles(const struct linear_args *a, const struct weights *w, i
             memset(acc, 0, (size_t)(i_end - i0) * TILE_ROWS * sizeof(float));
             for (int64_t b0 = 0; b0 < nb; b0 += BLOCK_RUN) {
                 t.blocks = min64(BLOCK_RUN, nb - b0);
-                lay_out_scales(w, rows, nb, b0, t.blocks, scales);
-                for (int r = 0; r < TILE_ROWS; r++) t.q[r] = w->q + rows[r] * row_bytes + b0 * (row_bytes / nb);
-                if (a->m > 1) kernels->pack(&t);
+                if (w->tiled) { /* the tile's blocks from b0, one stream */
+                    int64_t at = ((j / TILE_ROWS) * nb + b0) * TILE_ROWS;
+                    t.tiled_scales = !w->nibbles ? (const void *)((const uint8_t *)w->scales + at)
+                                     : w->half   ? (const void *)((const uint16_t *)w->scales + at)
+                                                 : (const void *)((const float *)w->scales + at);
+                    t.q[0] = w->q + at * (row_bytes / nb);
+                    if (a->m > 1) kernels->pack(&t);
+                } else {
+                    lay_out_scales(w, rows, nb, b0, t.blocks, scales);
+                    for (int r = 0; r < TILE_ROWS; r++) t.q[r] = w->q + rows[r] * row_bytes + b0 * (row_bytes / nb);
+                    if (a->m > 1) kernels->pack(&t);
+                }
                 for (int64_t i = i0; i < i_end; i += kernels->widest) {
                     int cx = (int)min64(kernels->widest, i_end - i);
                     t.xq = a->xq + i * k + b0 * BLOCK, t.xs = a->xs + i * nb + b0, t.corr = a->corr + i * nb + b0;
@@ -374,7 +476,7 @@ static void linear_tiles(const struct linear_args *a, const struct weights *w, i
 
 static void linear_range(const struct linear_args *a, int l, int64_t first, int64_t last) {
     int64_t k = a->k, nb = k / BLOCK, n = a->n[l];
-    struct weights w = {a->q[l], a->scales[l], a->itable, a->nibbles, a->affine, a->half};
+    struct weights w = {a->q[l], a->scales[l], a->itable, a->nibbles, a->affine, a->half, a->tiled};
 #ifdef CPU_X86
     if (a->level >= LEVEL_AVX2) {
         linear_tiles(a, &w, l, first, last);
@@ -417,6 +519,9 @@ static void rows_range(const struct linear_args *a, int64_t first, int64_t last)
         if (lo < hi) linear_range(a, l, lo - start, hi - start);
     }
 }
+
+/* The rows a split keeps together: a tile of tiled weights. */
+static int64_t row_align(const struct linear_args *a) { return a->tiled ? TILE_ROWS : 1; }
 
 static int64_t total_rows(const struct linear_args *a) {
     int64_t rows = 0;

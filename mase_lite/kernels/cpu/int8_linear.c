@@ -18,10 +18,12 @@
  * weights of at most 15 unsigned or 127 signed never overflow). An affine table (itable[n] = n + c: Q4_0's -8..7)
  * multiplies the nibbles themselves and starts from c times the sum of x's block (computed once per x block); under
  * VNNI looked-up values and MXINT8 codes are made unsigned by flipping their sign bit (+128) and start from -128 times
- * that sum; otherwise (AVX2) |x| meets the weight carrying x's sign. One row of x (decoding) meets each row's whole
- * block and sums its eight lanes across the tile's rows; more rows of x (a prompt) meet the tile's blocks transposed
- * once (vector t: bytes 4t..4t+3 of the 8 rows) against x's 4 bytes t broadcast, so that each row of x costs 8
- * products a block for 8 rows of W.
+ * that sum; otherwise (AVX2) |x| meets the weight carrying x's sign. The tile's blocks are met transposed (vector
+ * t: bytes 4t..4t+3 of the 8 rows) against x's 4 bytes t broadcast, so that each row of x costs 8 products a block
+ * for 8 rows of W and each row's sum stays in its lane. Weights held tiled (the layers with int8 activations tile
+ * theirs in place: int8_dot.h's struct weights) are read so, one stream a tile, by one row of x (a decoding step) as
+ * by many; weights in rows are formed and transposed once per run of rows of x, and one row of x meets each row's
+ * whole block instead, its eight lanes summed across the tile's rows.
  *
  * Three levels, chosen by the caller from cpu_kernels_levels(): plain C, AVX2 and AVX-512 (VNNI on 256-bit vectors
  * where the CPU has it, else AVX2's instructions). Compiled without -ffast-math and with C11 (no contraction).
@@ -49,13 +51,20 @@ static void quantize_part(const void *p, int part, int64_t first, int64_t last) 
     quantize_rows(q->a, q->x, first, last, q->xq, q->xs, q->corr);
 }
 
+/* Whether tiled layers' rows make whole tiles. */
+static int whole_tiles(const int64_t *n, int count, int tiled) {
+    for (int l = 0; tiled && l < count; l++)
+        if (n[l] % TILE_ROWS) return 0;
+    return 1;
+}
+
 static void run(struct linear_args *a, const float *x, int threads, void *scratch) {
     int64_t mk = a->m * a->k;
     float *xs = (float *)((char *)scratch + mk);
     struct quantize_args q = {a, x, scratch, xs, (int32_t *)(xs + mk / BLOCK)};
     split_rows(quantize_part, &q, a->m, 1, mk >= QUANTIZE_PARALLEL ? threads : 1);
     a->xq = q.xq, a->xs = q.xs, a->corr = q.corr;
-    split_rows(rows_part, a, total_rows(a), 1, threads);
+    split_rows(rows_part, a, total_rows(a), row_align(a), threads);
 }
 
 /* out[l][i * n[l] + j] = sum_t x[i * k + t] * W_l[j, t] (+ bias[l][j]) for the `count` layers (at most 8) that
@@ -63,25 +72,27 @@ static void run(struct linear_args *a, const float *x, int threads, void *scratc
  * threads (OpenMP builds). scratch: m * k + m * k / 4 bytes (x's codes, then a float32 scale and an int32
  * correction per block), 4-byte aligned. Nibbles: q[l] n[l] rows of
  * k / 2 bytes, scales[l] n[l] rows of k / 32 float32 (float16 where `half`), itable the 16 integers of every
- * layer, unit the power of two they are multiplied by. Returns -1 (nothing done) for more than 8 layers. */
+ * layer, unit the power of two they are multiplied by; `tiled`: every layer's weights and scales tiled (int8_dot.h's
+ * struct weights; n[l] multiples of 8). Returns -1 (nothing done) for more than 8 layers or tiles of fewer rows. */
 int int8_linear_nibbles(const float *x, int64_t m, int64_t k, int count, const uint8_t *const *q,
                         const void *const *scales, int half, const float *const *bias, float *const *out,
-                        const int64_t *n, const int8_t *itable, float unit, int level, int threads, void *scratch) {
-    if (count < 1 || count > MAX_LAYERS) return -1;
-    struct linear_args a = {.nibbles = 1, .affine = affine_table(itable), .half = half, .itable = itable, .unit = unit,
-                            .count = count, .q = q, .scales = scales, .bias = bias, .out = out, .n = n, .m = m, .k = k,
-                            .level = level};
+                        const int64_t *n, const int8_t *itable, float unit, int tiled, int level, int threads,
+                        void *scratch) {
+    if (count < 1 || count > MAX_LAYERS || !whole_tiles(n, count, tiled)) return -1;
+    struct linear_args a = {.nibbles = 1, .affine = affine_table(itable), .half = half, .tiled = tiled,
+                            .itable = itable, .unit = unit, .count = count, .q = q, .scales = scales, .bias = bias,
+                            .out = out, .n = n, .m = m, .k = k, .level = level};
     run(&a, x, threads, scratch);
     return 0;
 }
 
-/* The same for MXINT8: codes[l] n[l] rows of k int8 (-127..127), scales[l] n[l] rows of k / 32 E8M0 exponents; a
- * weight is code * 2**-6 * 2**(scale - 127). */
+/* The same for MXINT8: codes[l] n[l] rows of k int8 (-127..127), scales[l] n[l] rows of k / 32 E8M0 exponents (or
+ * both tiled); a weight is code * 2**-6 * 2**(scale - 127). */
 int int8_linear_codes(const float *x, int64_t m, int64_t k, int count, const int8_t *const *codes,
                       const uint8_t *const *scales, const float *const *bias, float *const *out, const int64_t *n,
-                      int level, int threads, void *scratch) {
-    if (count < 1 || count > MAX_LAYERS) return -1;
-    struct linear_args a = {.unit = 1.0f / 64.0f, .count = count, .q = (const uint8_t *const *)codes,
+                      int tiled, int level, int threads, void *scratch) {
+    if (count < 1 || count > MAX_LAYERS || !whole_tiles(n, count, tiled)) return -1;
+    struct linear_args a = {.unit = 1.0f / 64.0f, .tiled = tiled, .count = count, .q = (const uint8_t *const *)codes,
                             .scales = (const void *const *)scales, .bias = bias, .out = out, .n = n, .m = m, .k = k,
                             .level = level};
     run(&a, x, threads, scratch);

@@ -94,23 +94,23 @@ def _many(kind: str, x: Tensor, in_features: int, layers: list[tuple[Tensor, Ten
     for i, ((w, s, _), b, o) in enumerate(zip(layers, biases, outs)):
         weights[i], scale_ptrs[i], out_ptrs[i], counts[i] = w.data_ptr(), s.data_ptr(), o.data_ptr(), o.shape[1]
         bias_ptrs[i] = None if b is None else b.data_ptr()
-    launch(lib, x32.data_ptr(), rows, len(layers), weights, scale_ptrs, bias_ptrs, out_ptrs, counts, lvl,
-           workers if lib.openmp else 1, scratch(rows * in_features + rows * in_features // 4).data_ptr())
+    status = launch(lib, x32.data_ptr(), rows, len(layers), weights, scale_ptrs, bias_ptrs, out_ptrs, counts, lvl,
+                    workers if lib.openmp else 1, scratch(rows * in_features + rows * in_features // 4).data_ptr())
     threads.end(probe)
-    return [_out(o, x) for o in outs]
+    return None if status else [_out(o, x) for o in outs]
 
 
 def linear_nibbles(x: Tensor, nibbles: Tensor, scales: Tensor, itable: Tensor, unit: float,
-                   bias: Tensor | None) -> Tensor | None:
+                   bias: Tensor | None, tiled: bool = False) -> Tensor | None:
     """``x @ W.T + bias`` for packed 4-bit W (``nibbles`` ``[out, in / 2]``, float32 or float16 ``scales``
     ``[out, in / 32]``, ``itable`` the 16 integers a nibble stands for, times ``unit``), ``x`` quantized to int8; in
-    ``x``'s dtype. None where the kernel does not apply."""
-    out = linear_nibbles_many(x, [(nibbles, scales, bias)], itable, unit)
+    ``x``'s dtype. ``tiled``: the nibbles and scales in :func:`tile`'s order. None where the kernel does not apply."""
+    out = linear_nibbles_many(x, [(nibbles, scales, bias)], itable, unit, tiled)
     return None if out is None else out[0]
 
 
 def linear_nibbles_many(x: Tensor, layers: list[tuple[Tensor, Tensor, Tensor | None]], itable: Tensor,
-                        unit: float) -> list[Tensor] | None:
+                        unit: float, tiled: bool = False) -> list[Tensor] | None:
     """:func:`linear_nibbles` of layers that share ``x`` and their table, in one call (``layers``: nibbles, scales,
     bias; at most 8)."""
     in_features = layers[0][0].shape[1] * 2
@@ -119,23 +119,58 @@ def linear_nibbles_many(x: Tensor, layers: list[tuple[Tensor, Tensor, Tensor | N
         return None
 
     def launch(lib, x, rows, count, q, scales, bias, out, n, lvl, workers, scratch):
-        lib.int8_linear_nibbles(x, rows, in_features, count, q, scales, int(half), bias, out, n, itable.data_ptr(),
-                                unit, lvl, workers, scratch)
+        return lib.int8_linear_nibbles(x, rows, in_features, count, q, scales, int(half), bias, out, n,
+                                       itable.data_ptr(), unit, int(tiled), lvl, workers, scratch)
     return _many("int8_nibbles", x, in_features, layers, launch)
 
 
-def linear_codes(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor | None:
+def linear_codes(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, tiled: bool = False) -> Tensor | None:
     """``x @ W.T + bias`` for MXINT8 W (int8 ``codes`` ``[out, in]`` in -127..127, E8M0 ``scales``
-    ``[out, in / 32]``), ``x`` quantized to int8; in ``x``'s dtype. None where the kernel does not apply."""
-    out = linear_codes_many(x, [(codes, scales, bias)])
+    ``[out, in / 32]``; ``tiled``: in :func:`tile`'s order), ``x`` quantized to int8; in ``x``'s dtype. None where
+    the kernel does not apply."""
+    out = linear_codes_many(x, [(codes, scales, bias)], tiled)
     return None if out is None else out[0]
 
 
-def linear_codes_many(x: Tensor, layers: list[tuple[Tensor, Tensor, Tensor | None]]) -> list[Tensor] | None:
+def linear_codes_many(x: Tensor, layers: list[tuple[Tensor, Tensor, Tensor | None]],
+                      tiled: bool = False) -> list[Tensor] | None:
     """:func:`linear_codes` of layers that share ``x``, in one call (``layers``: codes, scales, bias; at most 8)."""
     def launch(lib, x, rows, count, q, scales, bias, out, n, lvl, workers, scratch):
-        lib.int8_linear_codes(x, rows, layers[0][0].shape[1], count, q, scales, bias, out, n, lvl, workers, scratch)
+        return lib.int8_linear_codes(x, rows, layers[0][0].shape[1], count, q, scales, bias, out, n, int(tiled), lvl,
+                                     workers, scratch)
     return _many("int8_codes", x, layers[0][0].shape[1], layers, launch)
+
+
+TILE_ROWS = 8
+
+
+def tile(data: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
+    """Weights (nibbles ``[out, in / 2]`` or codes ``[out, in]``) and their block scales (``[out, in / 32]``) in the
+    kernel's tiled order, the same shapes: tiles of 8 rows (``out`` a multiple of 8), a tile's blocks in turn, each
+    block's bytes as vectors of 32 (vector t: bytes 4t..4t+3 of each of the 8 rows' block), its 8 scales together. A
+    decoding step then reads a tile in one stream and sums no vector across its lanes; :func:`untile` undoes it.
+
+    >>> codes, scales = torch.arange(8 * 32, dtype=torch.int32).to(torch.int8).view(8, 32), torch.arange(8).view(8, 1)
+    >>> tiled, tiled_scales = tile(codes, scales)
+    >>> tiled[0, :8].tolist(), tiled_scales.flatten().tolist()
+    ([0, 1, 2, 3, 32, 33, 34, 35], [0, 1, 2, 3, 4, 5, 6, 7])
+    >>> all(torch.equal(a, b) for a, b in zip(untile(tiled, tiled_scales), (codes, scales)))
+    True
+    """
+    rows, row_bytes = data.shape
+    blocks = scales.shape[1]
+    grouped = data.reshape(rows // TILE_ROWS, TILE_ROWS, blocks, row_bytes // blocks // 4, 4).permute(0, 2, 3, 1, 4)
+    return (grouped.contiguous().view(rows, row_bytes),
+            scales.reshape(rows // TILE_ROWS, TILE_ROWS, blocks).permute(0, 2, 1).contiguous().view(rows, blocks))
+
+
+def untile(data: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
+    """The weights and scales of :func:`tile`'s order back in rows."""
+    rows, row_bytes = data.shape
+    blocks = scales.shape[1]
+    grouped = data.reshape(rows // TILE_ROWS, blocks, row_bytes // blocks // 4, TILE_ROWS, 4).permute(0, 3, 1, 2, 4)
+    return (grouped.contiguous().view(rows, row_bytes),
+            scales.reshape(rows // TILE_ROWS, blocks, TILE_ROWS).permute(0, 2, 1).contiguous().view(rows, blocks))
 
 
 def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor]:

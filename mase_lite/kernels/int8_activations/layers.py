@@ -9,7 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from mase_lite.infra.errors import UserError
-from mase_lite.kernels.int8_activations.cpu_kernel import MAX_LAYERS
+from mase_lite.kernels.cpu import level_index
+from mase_lite.kernels.int8_activations.cpu_kernel import MAX_LAYERS, TILE_ROWS, tile, untile
 
 ACTIVATIONS = ("float", "int8")
 
@@ -48,8 +49,8 @@ def fused(layers: list[nn.Module], cls: type, run: Callable[[Tensor], list[Tenso
 
 class Int8Weights(NamedTuple):
     """What the int8 kernels read of a layer: ``data`` (4-bit ``nibbles`` ``[out, in / 2]`` with float32 or float16
-    ``scales``, or MXINT8 codes ``[out, in]`` with E8M0 ``scales``), the bias, and for nibbles the table's 16
-    integers and the power of two ``unit`` they stand for (MXINT8: 2**-6)."""
+    ``scales``, or MXINT8 codes ``[out, in]`` with E8M0 ``scales``; ``tiled``: both in the kernel's tiled order), the
+    bias, and for nibbles the table's 16 integers and the power of two ``unit`` they stand for (MXINT8: 2**-6)."""
 
     nibbles: bool
     data: Tensor
@@ -57,3 +58,54 @@ class Int8Weights(NamedTuple):
     bias: Tensor | None
     itable: Tensor | None
     unit: float
+    tiled: bool = False
+
+
+class TiledWeights:
+    """The weights of a layer with int8 activations held in the kernel's tiled order (:func:`cpu_kernel.tile`: a
+    decoding step reads each tile of 8 rows in one stream, and no sum crosses a vector's lanes) from its first int8
+    call that the native kernel runs, where its rows make whole tiles; the same tensors, their bytes reordered in
+    place. Everything else sees rows: :meth:`rows`, the state dict, a load (which tiles again what was tiled)."""
+
+    _data_name: str  # the weights' buffer: "nibbles" or "codes"
+    _tiled = False
+
+    def _tile(self) -> bool:
+        """Tile the weights where the native kernel will run them; whether they are tiled."""
+        if self._tiled:
+            return True
+        data, scales = getattr(self, self._data_name), self.scales
+        if (self.activations != "int8" or data.device.type != "cpu" or data.shape[0] % TILE_ROWS or data.is_meta
+                or level_index() is None):
+            return False
+        tiled, tiled_scales = tile(data, scales)
+        with torch.no_grad():
+            data.copy_(tiled)
+            scales.copy_(tiled_scales)
+        self._tiled = True
+        return True
+
+    def _untile(self) -> None:
+        if self._tiled:
+            data, scales = self.rows()
+            with torch.no_grad():
+                getattr(self, self._data_name).copy_(data)
+                self.scales.copy_(scales)
+            self._tiled = False
+
+    def rows(self) -> tuple[Tensor, Tensor]:
+        """The weights and their scales in rows (a copy where they are tiled)."""
+        data, scales = getattr(self, self._data_name), self.scales
+        return untile(data, scales) if self._tiled else (data, scales)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self._tiled:
+            destination[prefix + self._data_name], destination[prefix + "scales"] = self.rows()
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        was = self._tiled
+        self._untile()
+        super()._load_from_state_dict(*args, **kwargs)
+        if was:  # a decoding step may hold these tensors, tiled
+            self._tile()

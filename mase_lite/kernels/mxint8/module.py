@@ -18,13 +18,14 @@ import torch
 from torch import Tensor, nn
 
 import mase_lite.kernels.int8_activations.cpu_kernel as int8_kernel
-from mase_lite.kernels.int8_activations.layers import Int8Weights, check_activations, check_input, fused
+from mase_lite.kernels.int8_activations.layers import (Int8Weights, TiledWeights, check_activations, check_input,
+                                                       fused)
 from mase_lite.infra.errors import UserError
 from mase_lite.kernels.mxint8.codec import DEFAULT_BLOCK_SIZE, quantize
 from mase_lite.kernels.mxint8.ops import dequantize, mxint8_linear
 
 
-class MXInt8Linear(nn.Module):
+class MXInt8Linear(TiledWeights, nn.Module):
     """``y = x @ W.T + b`` with W held as int8 ``codes`` and uint8 E8M0 ``scales`` buffers.
 
     The bias stays a float parameter. 1 + 1/32 bytes per weight instead of 4: 74.2 % less. ``activations``:
@@ -34,6 +35,8 @@ class MXInt8Linear(nn.Module):
     The state dict holds only tensors (``codes``, ``scales``, ``bias``), so it saves as safetensors.
     In a graph its op is ``linear``; its metadata shows the packed weight in the MXINT8 format.
     """
+
+    _data_name = "codes"
 
     mase_op = "linear"
 
@@ -77,7 +80,13 @@ class MXInt8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.activations == "int8":
-            return _linear_int8(x, self.codes, self.scales, self.bias)
+            if self._tile():
+                check_input(x, self.in_features, self.bias, "MXInt8Linear", "an MXInt8Linear")
+                native = int8_kernel.linear_codes(x, self.codes, self.scales, self.bias, tiled=True)
+                if native is not None:
+                    return native
+            return _linear_int8(x, *self.rows(), self.bias)
+        self._untile()  # activations set to float after int8 calls
         return mxint8_linear(x, self.codes, self.scales, self.bias, self.block_size)
 
     @staticmethod
@@ -86,16 +95,23 @@ class MXInt8Linear(nn.Module):
         where they are MXInt8Linears with int8 activations over the same inputs (at most 8): the input is quantized
         once and their rows split over the threads together, each output the same bits as the layer's own. None
         where they cannot be fused."""
-        return fused(layers, MXInt8Linear,
-                     lambda x: int8_kernel.linear_codes_many(x, [(m.codes, m.scales, m.bias) for m in layers]))
+        def run(x: Tensor) -> list[Tensor] | None:
+            tiled = {m._tile() for m in layers}
+            return None if len(tiled) > 1 else int8_kernel.linear_codes_many(
+                x, [(m.codes, m.scales, m.bias) for m in layers], tiled.pop())
+
+        return fused(layers, MXInt8Linear, run)
 
     def int8_weights(self) -> Int8Weights | None:
         """The weights as the int8 kernels read them (None with float activations)."""
-        return None if self.activations != "int8" else Int8Weights(False, self.codes, self.scales, self.bias, None, 2.0**-6)
+        if self.activations != "int8":
+            return None
+        tiled = self._tile()
+        return Int8Weights(False, self.codes, self.scales, self.bias, None, 2.0**-6, tiled)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
         """The weight these codes stand for, ``[out_features, in_features]`` in ``dtype``."""
-        return dequantize(self.codes, self.scales, self.block_size, dtype)
+        return dequantize(*self.rows(), self.block_size, dtype)
 
     def mase_weight_meta(self) -> dict:
         """The packed weight as graph metadata: its logical shape and its MXINT8 format."""

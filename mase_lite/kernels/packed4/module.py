@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import mase_lite.kernels.int8_activations.cpu_kernel as int8_kernel
-from mase_lite.kernels.int8_activations.layers import Int8Weights, check_activations, check_input, fused
+from mase_lite.kernels.int8_activations.layers import (Int8Weights, TiledWeights, check_activations, check_input,
+                                                       fused)
 import mase_lite.kernels.packed4.cpu_kernel as cpu_kernel
 from mase_lite.infra.errors import UserError
 from mase_lite.numerics.codes import decode as decode_codes
@@ -99,13 +100,15 @@ def packed4_linear_int8(x: Tensor, nibbles: Tensor, scales: Tensor, integer: tup
     return native if native is not None else int8_kernel.reference_nibbles(x, nibbles, scales, *integer, bias)
 
 
-class Packed4Linear(nn.Module):
+class Packed4Linear(TiledWeights, nn.Module):
     """``y = x @ W.T + b`` with W held as ``nibbles`` (uint8, ``[out, in / 2]``), ``scales`` (``[out, in / 32]``:
     float16 where the format's scales are float16, as GGUF's Q4_0 holds them; else float32) and ``table`` (16
     float32 values); the bias stays a float parameter. ``fmt``: the weight's format, for graph metadata and
-    reports."""
+    reports. With int8 activations the nibbles and scales are tiled in place for the kernel (:class:`TiledWeights`:
+    :meth:`rows` gives them in rows)."""
 
     mase_op = "linear"
+    _data_name = "nibbles"
 
     def __init__(self, in_features: int, out_features: int, fmt: dict[str, Any], bias: bool = True,
                  dtype: torch.dtype = torch.float32, activations: str = "float") -> None:
@@ -174,7 +177,14 @@ class Packed4Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.activations == "int8":
-            return packed4_linear_int8(x, self.nibbles, self.scales, self.integer_table(), self.bias)
+            if self._tile():
+                check_input(x, self.in_features, self.bias, "packed4_linear", "a Packed4Linear")
+                native = int8_kernel.linear_nibbles(x, self.nibbles, self.scales, *self.integer_table(), self.bias,
+                                                    tiled=True)
+                if native is not None:
+                    return native
+            return packed4_linear_int8(x, *self.rows(), self.integer_table(), self.bias)
+        self._untile()  # activations set to float after int8 calls
         return packed4_linear(x, self.nibbles, self.scales, self.table, self.bias)
 
     @staticmethod
@@ -183,15 +193,20 @@ class Packed4Linear(nn.Module):
         where they are Packed4Linears with int8 activations over the same inputs and with the same table (at most
         8): the input is quantized once and their rows split over the threads together, each output the same bits
         as the layer's own. None where they cannot be fused."""
-        together = fused(layers, Packed4Linear, lambda x: int8_kernel.linear_nibbles_many(
-            x, [(m.nibbles, m.scales, m.bias) for m in layers], *layers[0].integer_table()))
+        def run(x: Tensor) -> list[Tensor] | None:
+            tiled = {m._tile() for m in layers}
+            return None if len(tiled) > 1 else int8_kernel.linear_nibbles_many(
+                x, [(m.nibbles, m.scales, m.bias) for m in layers], *layers[0].integer_table(), tiled.pop())
+
+        together = fused(layers, Packed4Linear, run)
         return together if together is not None and all(torch.equal(m.table, layers[0].table) for m in layers) else None
 
     def int8_weights(self) -> Int8Weights | None:
         """The weights as the int8 kernels read them (None with float activations)."""
         if self.activations != "int8":
             return None
-        return Int8Weights(True, self.nibbles, self.scales, self.bias, *self.integer_table())
+        tiled = self._tile()
+        return Int8Weights(True, self.nibbles, self.scales, self.bias, *self.integer_table(), tiled)
 
     def integer_table(self) -> tuple[Tensor, float]:
         """The table as int8 integers and their power-of-two unit (computed once per table)."""
@@ -207,15 +222,16 @@ class Packed4Linear(nn.Module):
         """The weight as stored codes of its own format (an ``Encoded``, as the fake-quantized layer it was packed
         from stores it): what an export writes. A ``UserError`` where its scales have no stored form."""
         values = self.dequantized_weight()
-        side = target_mapping(self.fmt["name"], "packed").side(self.scales, self.fmt)  # the inverse of _table_and_scales
+        side = target_mapping(self.fmt["name"], "packed").side(self.rows()[1], self.fmt)  # the inverse of _table_and_scales
         encoded = encode(values, self.fmt, side=side, values=values)
         if encoded is None:
             raise UserError(f"this packed {self.fmt['name']} weight has no stored codes of its format")
         return encoded
 
     def dequantized_weight(self) -> Tensor:
-        native = cpu_kernel.dequantize(self.nibbles, self.scales, self.table)
-        return decode(self.nibbles, self.scales, self.table) if native is None else native
+        nibbles, scales = self.rows()
+        native = cpu_kernel.dequantize(nibbles, scales, self.table)
+        return decode(nibbles, scales, self.table) if native is None else native
 
     def mase_weight_meta(self) -> dict:
         return {"shape": [self.out_features, self.in_features], "dtype": "uint8", "format": dict(self.fmt),
