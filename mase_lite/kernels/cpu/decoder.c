@@ -131,6 +131,13 @@ static void attend(const struct model *m, const struct layer *L, const struct bu
     }
 }
 
+/* This thread's share of gate = silu(gate) * up. */
+static void silu_times(float *gate, const float *up, int64_t n, int thread, int threads) {
+    int64_t first, last;
+    part_of(n, thread, threads, &first, &last);
+    for (int64_t i = first; i < last; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
 static void add(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
 }
@@ -208,8 +215,9 @@ int int8_decoder_step(const struct model *m, const float *embedded, int64_t posi
             }
             share(&a, thread, count);
             BARRIER
+            silu_times(b.gate, b.up, L->gate_up.n[0], thread, count); /* each thread its share: expf is costly */
+            BARRIER
             SINGLE {
-                for (int64_t i = 0; i < L->gate_up.n[0]; i++) b.gate[i] = b.gate[i] / (1.0f + expf(-b.gate[i])) * b.up[i];
                 prepare(&a, &L->down, down_out, b.gate, &b, m->level);
             }
             share(&a, thread, count);
