@@ -77,10 +77,19 @@ def record(name: str, body: str, *, command: str, threads: int | str, load: tupl
 
 
 def command_line() -> str:
-    """This process's command as one would type it from the repository root."""
+    """This process's command as one would type it from the repository root; a file outside the repository shows as
+    ``.../name`` (where it lies is this machine's business): ``--model /home/me/small.gguf`` as ``--model
+    .../small.gguf``."""
     script = Path(sys.argv[0]).resolve()
     shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
-    return shlex.join(["python", str(shown), *sys.argv[1:]])
+    return shlex.join(["python", str(shown), *map(_shown, sys.argv[1:])])
+
+
+def _shown(arg: str) -> str:
+    path = Path(arg)
+    if not path.is_absolute():
+        return arg
+    return str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else f".../{path.name}"
 
 
 class _Tee:

@@ -123,3 +123,9 @@ def test_recording_keeps_printing_and_records_only_with_the_flag_and_only_a_run_
     section = sections(results.read_text())["draw"]
     assert section.split("\n")[2].startswith("Command: `python benchmarks/draw.py --record`. CPU: ")
     assert "; threads: 3; " in section and section.endswith("\n\n| view |\n|---|\n| full |\n\n")
+
+
+def test_the_recorded_command_hides_where_outside_files_lie(monkeypatch):
+    monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / "decode.py"), "--model", "/home/me/models/small.gguf",
+                                      "--out", str(BENCHMARKS / "runs"), "--rounds", "3"])
+    assert record.command_line() == "python benchmarks/decode.py --model .../small.gguf --out benchmarks/runs --rounds 3"
