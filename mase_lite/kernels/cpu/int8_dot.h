@@ -276,15 +276,6 @@ AVX2 INLINE __m256i lane_sums8(const __m256i v[8]) {
         }                                                                                                           \
         _mm256_storeu_ps(t->acc, acc);                                                                              \
     }
-#define KIND(NAME, TARGET, WEIGHT, UNSIGNED, MADD, BYTES)                                                          \
-    TILE1(NAME##_row, TARGET, WEIGHT, UNSIGNED, MADD, BYTES)                                                        \
-    PACK(NAME##_pack, TARGET, WEIGHT, UNSIGNED, BYTES)
-KIND(affine_avx2, AVX2, W_AFFINE, 1, madd_avx2, NIBBLE_BYTES)
-KIND(table_avx2, AVX2, W_TABLE, 0, madd_avx2, NIBBLE_BYTES)
-KIND(codes_avx2, AVX2, W_CODES, 0, madd_avx2, BLOCK)
-KIND(affine_vnni, VNNI, W_AFFINE, 1, madd_vnni, NIBBLE_BYTES)
-KIND(table_vnni, VNNI, W_TABLE, 1, madd_vnni, NIBBLE_BYTES)
-KIND(codes_vnni, VNNI, W_FLIPPED, 1, madd_vnni, BLOCK)
 
 /* The 8 float32 scales of block b of a tile of tiled weights, exactly. */
 AVX2 INLINE __m256 tiled_scale8(const struct tile *t, int64_t b) {
@@ -341,15 +332,19 @@ AVX2 INLINE __m256 tiled_scale8(const struct tile *t, int64_t b) {
             _mm256_storeu_ps((float *)t->scales + 8 * b, tiled_scale8(t, b));                                       \
         }                                                                                                           \
     }
-#define TILEDS(NAME, TARGET, FORM, UNSIGNED, MADD, BYTES) \
-    TILED(NAME##_1, TARGET, FORM, UNSIGNED, MADD, BYTES, 1) \
-    TILED_PACK(NAME##_pack, TARGET, FORM, UNSIGNED, BYTES)
-TILEDS(tiled_affine_avx2, AVX2, FORM_AFFINE, 1, madd_avx2, NIBBLE_BYTES)
-TILEDS(tiled_table_avx2, AVX2, FORM_TABLE, 0, madd_avx2, NIBBLE_BYTES)
-TILEDS(tiled_codes_avx2, AVX2, FORM_CODES, 0, madd_avx2, BLOCK)
-TILEDS(tiled_affine_vnni, VNNI, FORM_AFFINE, 1, madd_vnni, NIBBLE_BYTES)
-TILEDS(tiled_table_vnni, VNNI, FORM_TABLE, 1, madd_vnni, NIBBLE_BYTES)
-TILEDS(tiled_codes_vnni, VNNI, FORM_FLIPPED, 1, madd_vnni, BLOCK)
+/* A kind's kernels at a level: for weights in rows, one row of x and the forming of a run of blocks; for tiled ones,
+ * the same two. */
+#define KIND(NAME, TARGET, WEIGHT, FORM, UNSIGNED, MADD, BYTES)                                                    \
+    TILE1(NAME##_row, TARGET, WEIGHT, UNSIGNED, MADD, BYTES)                                                        \
+    PACK(NAME##_pack, TARGET, WEIGHT, UNSIGNED, BYTES)                                                              \
+    TILED(tiled_##NAME##_1, TARGET, FORM, UNSIGNED, MADD, BYTES, 1)                                                 \
+    TILED_PACK(tiled_##NAME##_pack, TARGET, FORM, UNSIGNED, BYTES)
+KIND(affine_avx2, AVX2, W_AFFINE, FORM_AFFINE, 1, madd_avx2, NIBBLE_BYTES)
+KIND(table_avx2, AVX2, W_TABLE, FORM_TABLE, 0, madd_avx2, NIBBLE_BYTES)
+KIND(codes_avx2, AVX2, W_CODES, FORM_CODES, 0, madd_avx2, BLOCK)
+KIND(affine_vnni, VNNI, W_AFFINE, FORM_AFFINE, 1, madd_vnni, NIBBLE_BYTES)
+KIND(table_vnni, VNNI, W_TABLE, FORM_TABLE, 1, madd_vnni, NIBBLE_BYTES)
+KIND(codes_vnni, VNNI, W_FLIPPED, FORM_FLIPPED, 1, madd_vnni, BLOCK)
 
 
 /* Blocks [b0, b0 + blocks) of the 8 rows' scales as float32, exactly, block-major ([blocks][8]): eight blocks of each
