@@ -219,22 +219,28 @@ AVX2 INLINE __m256i bytes4(const int8_t *p) {
         }                                                                                                           \
     }
 
+/* The body of a tile's kernel: blocks [0, t->blocks) of its 8 rows against C rows of x, into t->acc; FORM(tw, AT)
+ * puts block b's 8 transposed vectors in tw from AT, SCALES is its 8 scales as float32. */
+#define TILE_SUMS(UNSIGNED, MADD, C, FORM, AT, SCALES)                                                              \
+    __m256 acc[C];                                                                                                  \
+    UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_loadu_ps(t->acc + 8 * c);                                    \
+    for (int64_t b = 0; b < t->blocks; b++) {                                                                       \
+        __m256i tw[TILE_ROWS];                                                                                      \
+        FORM(tw, AT)                                                                                                \
+        __m256 ws = SCALES;                                                                                         \
+        UNROLL for (int c = 0; c < C; c++) {                                                                        \
+            __m256 d = _mm256_mul_ps(_mm256_set1_ps(t->xs[c * t->nb + b]), ws);                                     \
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ROW_SUMS(UNSIGNED, MADD, tw, c, b)), d, acc[c]);            \
+        }                                                                                                           \
+    }                                                                                                               \
+    UNROLL for (int c = 0; c < C; c++) _mm256_storeu_ps(t->acc + 8 * c, acc[c]);
+#define FORM_PACKED(tw, p) UNROLL for (int i_ = 0; i_ < TILE_ROWS; i_++) tw[i_] = _mm256_load_si256((p) + i_);
+
 /* NAME(t): blocks [0, t->blocks) of the packed 8 rows against C rows of x, into t->acc. */
 #define TILE(NAME, TARGET, UNSIGNED, MADD, C)                                                                       \
     TARGET static void NAME(const struct tile *t) {                                                                 \
-        const __m256i *packed = (const __m256i *)t->packed;                                                         \
-        __m256 acc[C];                                                                                              \
-        UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_loadu_ps(t->acc + 8 * c);                                \
-        for (int64_t b = 0; b < t->blocks; b++) {                                                                   \
-            __m256i tw[TILE_ROWS];                                                                                  \
-            UNROLL for (int i = 0; i < TILE_ROWS; i++) tw[i] = _mm256_load_si256(packed + TILE_ROWS * b + i);       \
-            __m256 ws = _mm256_loadu_ps(t->scales + 8 * b);                                                         \
-            UNROLL for (int c = 0; c < C; c++) {                                                                    \
-                __m256 d = _mm256_mul_ps(_mm256_set1_ps(t->xs[c * t->nb + b]), ws);                                 \
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ROW_SUMS(UNSIGNED, MADD, tw, c, b)), d, acc[c]);        \
-            }                                                                                                       \
-        }                                                                                                           \
-        UNROLL for (int c = 0; c < C; c++) _mm256_storeu_ps(t->acc + 8 * c, acc[c]);                                \
+        TILE_SUMS(UNSIGNED, MADD, C, FORM_PACKED, (const __m256i *)t->packed + TILE_ROWS * b,                      \
+                  _mm256_loadu_ps(t->scales + 8 * b))                                                               \
     }
 #define TILES(NAME, TARGET, UNSIGNED, MADD)                    \
     TILE(NAME##_1, TARGET, UNSIGNED, MADD, 1)                   \
@@ -285,8 +291,8 @@ AVX2 INLINE __m256 tiled_scale8(const struct tile *t, int64_t b) {
 }
 
 /* Tiled weights (struct weights): a tile's block read as the 8 vectors the transposed tiles hold, formed in
- * registers, then the tiles' sums against C rows of x (one: a decoding step); the same integers and float
- * operations as the tiles of rows. */
+ * registers, then its sums against one row of x (a decoding step; more rows take TILED_PACK's blocks): the same
+ * integers and float operations as the tiles of rows. */
 #define FORM_NIBBLES(tw, p, MAP)                                                                                    \
     UNROLL for (int i_ = 0; i_ < 4; i_++) {                                                                         \
         __m256i v_ = _mm256_loadu_si256((const __m256i *)(p) + i_);                                                 \
@@ -300,23 +306,10 @@ AVX2 INLINE __m256 tiled_scale8(const struct tile *t, int64_t b) {
 #define FORM_CODES(tw, p) UNROLL for (int i_ = 0; i_ < 8; i_++) tw[i_] = _mm256_loadu_si256((const __m256i *)(p) + i_);
 #define FORM_FLIPPED(tw, p)                                                                                         \
     UNROLL for (int i_ = 0; i_ < 8; i_++) tw[i_] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p) + i_), flip);
-#define TILED(NAME, TARGET, FORM, UNSIGNED, MADD, BYTES, C)                                                         \
-    TARGET static void NAME(const struct tile *t) {                                                                 \
+#define TILED(NAME, TARGET, FORM, UNSIGNED, MADD, BYTES)                                                            \
+    TARGET static void NAME(const struct tile *t) { /* one stream, which the hardware follows: no prefetch */       \
         WEIGHT_CONSTANTS(UNSIGNED)                                                                                  \
-        __m256 acc[C];                                                                                              \
-        UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_loadu_ps(t->acc + 8 * c);                                \
-        const uint8_t *p = t->q[0];                                                                                 \
-        for (int64_t b = 0; b < t->blocks; b++, p += TILE_ROWS * (BYTES)) {                                         \
-            /* no prefetch: one stream, which the hardware follows */                                               \
-            __m256i tw[TILE_ROWS];                                                                                  \
-            FORM(tw, p)                                                                                             \
-            __m256 ws = tiled_scale8(t, b);                                                                         \
-            UNROLL for (int c = 0; c < C; c++) {                                                                    \
-                __m256 d = _mm256_mul_ps(_mm256_set1_ps(t->xs[c * t->nb + b]), ws);                                 \
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ROW_SUMS(UNSIGNED, MADD, tw, c, b)), d, acc[c]);        \
-            }                                                                                                       \
-        }                                                                                                           \
-        UNROLL for (int c = 0; c < C; c++) _mm256_storeu_ps(t->acc + 8 * c, acc[c]);                                \
+        TILE_SUMS(UNSIGNED, MADD, 1, FORM, t->q[0] + b * TILE_ROWS * (BYTES), tiled_scale8(t, b))                  \
     }
 /* NAME(t): blocks [0, t->blocks) of a tile of tiled weights formed into t->packed, and their scales as float32 into
  * t->scales: what the tiles of rows give (many rows of x then meet them there). */
@@ -337,7 +330,7 @@ AVX2 INLINE __m256 tiled_scale8(const struct tile *t, int64_t b) {
 #define KIND(NAME, TARGET, WEIGHT, FORM, UNSIGNED, MADD, BYTES)                                                    \
     TILE1(NAME##_row, TARGET, WEIGHT, UNSIGNED, MADD, BYTES)                                                        \
     PACK(NAME##_pack, TARGET, WEIGHT, UNSIGNED, BYTES)                                                              \
-    TILED(tiled_##NAME##_1, TARGET, FORM, UNSIGNED, MADD, BYTES, 1)                                                 \
+    TILED(tiled_##NAME##_1, TARGET, FORM, UNSIGNED, MADD, BYTES)                                                    \
     TILED_PACK(tiled_##NAME##_pack, TARGET, FORM, UNSIGNED, BYTES)
 KIND(affine_avx2, AVX2, W_AFFINE, FORM_AFFINE, 1, madd_avx2, NIBBLE_BYTES)
 KIND(table_avx2, AVX2, W_TABLE, FORM_TABLE, 0, madd_avx2, NIBBLE_BYTES)

@@ -32,17 +32,18 @@ def check_input(x: Tensor, in_features: int, bias: Tensor | None, what: str, lay
                         "use activations='float' to train through it")
 
 
-def fused(layers: list[nn.Module], cls: type, run: Callable[[Tensor], list[Tensor] | None]
+def fused(layers: list[nn.Module], cls: type, run: Callable[[Tensor, bool], list[Tensor] | None]
           ) -> Callable[[Tensor], list[Tensor]] | None:
-    """``x -> run(x)`` for ``layers`` that are all ``cls`` with int8 activations over the same inputs (at most
-    :data:`MAX_LAYERS`); each layer called in turn where ``run`` does not apply (autograd, no kernel). None where
-    they are not such layers."""
+    """``x -> run(x, tiled)`` for ``layers`` that are all ``cls`` with int8 activations over the same inputs (at most
+    :data:`MAX_LAYERS`), ``tiled`` whether their weights are (:class:`TiledWeights`); each layer called in turn where
+    ``run`` does not apply (autograd, no kernel, some tiled and some not). None where they are not such layers."""
     if (not 1 <= len(layers) <= MAX_LAYERS or len({getattr(m, "in_features", None) for m in layers}) != 1
             or any(type(m) is not cls or m.activations != "int8" for m in layers)):
         return None
 
     def forward(x: Tensor) -> list[Tensor]:
-        out = None if torch.is_grad_enabled() else run(x)
+        tiled = None if torch.is_grad_enabled() else {m._tile() for m in layers}
+        out = run(x, tiled.pop()) if tiled is not None and len(tiled) == 1 else None
         return out if out is not None else [m(x) for m in layers]
     return forward
 

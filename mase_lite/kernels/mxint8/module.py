@@ -95,12 +95,8 @@ class MXInt8Linear(TiledWeights, nn.Module):
         where they are MXInt8Linears with int8 activations over the same inputs (at most 8): the input is quantized
         once and their rows split over the threads together, each output the same bits as the layer's own. None
         where they cannot be fused."""
-        def run(x: Tensor) -> list[Tensor] | None:
-            tiled = {m._tile() for m in layers}
-            return None if len(tiled) > 1 else int8_kernel.linear_codes_many(
-                x, [(m.codes, m.scales, m.bias) for m in layers], tiled.pop())
-
-        return fused(layers, MXInt8Linear, run)
+        return fused(layers, MXInt8Linear, lambda x, tiled: int8_kernel.linear_codes_many(
+            x, [(m.codes, m.scales, m.bias) for m in layers], tiled))
 
     def int8_weights(self) -> Int8Weights | None:
         """The weights as the int8 kernels read them (None with float activations)."""

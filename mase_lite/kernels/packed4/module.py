@@ -193,12 +193,8 @@ class Packed4Linear(TiledWeights, nn.Module):
         where they are Packed4Linears with int8 activations over the same inputs and with the same table (at most
         8): the input is quantized once and their rows split over the threads together, each output the same bits
         as the layer's own. None where they cannot be fused."""
-        def run(x: Tensor) -> list[Tensor] | None:
-            tiled = {m._tile() for m in layers}
-            return None if len(tiled) > 1 else int8_kernel.linear_nibbles_many(
-                x, [(m.nibbles, m.scales, m.bias) for m in layers], *layers[0].integer_table(), tiled.pop())
-
-        together = fused(layers, Packed4Linear, run)
+        together = fused(layers, Packed4Linear, lambda x, tiled: int8_kernel.linear_nibbles_many(
+            x, [(m.nibbles, m.scales, m.bias) for m in layers], *layers[0].integer_table(), tiled))
         return together if together is not None and all(torch.equal(m.table, layers[0].table) for m in layers) else None
 
     def int8_weights(self) -> Int8Weights | None:
