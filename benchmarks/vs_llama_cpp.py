@@ -2,7 +2,9 @@
 8 layers, 16/4 heads, FFN 2816, vocabulary 32000; random weights, seed 0) quantized by the tool, exported to GGUF, and
 run both by the tool's decoder (every Linear packed with int8 activations; mase_lite.runtime.decoder) and by llama.cpp's
 ``llama-bench`` on that very file. The types: Q4_0 (the tool's 4-bit groups of 32 with float16 scales, which GGUF's
-Q4_0 holds exactly) and Q8_0 (the tool's MXINT8, which GGUF's Q8_0 holds exactly).
+Q4_0 holds exactly), Q8_0 (the tool's MXINT8, which GGUF's Q8_0 holds exactly) and Q4_K_M (the tool's preset of that
+name: Q4_K, with Q6_K for the head and some value and down projections, as llama-quantize chooses; the decoder holds
+them as K-quant records, mase_lite.kernels.kquants).
 
 Each round times every (type, threads) pair once per tool, the tools in turn, so drifting load hits them alike:
 prefill is tokens per second over a 512-token prompt (llama-bench's pp512; its n_batch 512), decode is tokens per second
@@ -42,6 +44,7 @@ TYPES = {  # GGUF's type: the tool's format that it holds exactly, and how the t
     "Q4_0": ({"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "scale_dtype": "float16",
               "full_range": True}, "q4_0"),
     "Q8_0": ({"name": "mxint", "element_width": 8}, "mxint8"),
+    "Q4_K_M": ("Q4_K_M", "Q4_K_M"),  # llama-quantize's mixture, Q4_K and Q6_K: the same preset for both
 }
 
 
@@ -54,7 +57,7 @@ def build_model(layers: int) -> torch.nn.Module:
     return LlamaForCausalLM(config).eval()
 
 
-def gguf_file(model: torch.nn.Module, fmt: dict, path: Path) -> None:
+def gguf_file(model: torch.nn.Module, fmt: dict | str, path: Path) -> None:
     """``model`` with every Linear quantized to ``fmt``, written as GGUF (with a tokenizer: llama.cpp needs one)."""
     import mase_lite as ml
     from mase_lite.deploy import export
@@ -62,17 +65,21 @@ def gguf_file(model: torch.nn.Module, fmt: dict, path: Path) -> None:
     from mase_lite.workloads.tokenizer import train_wordpiece
 
     tokenizer = train_wordpiece(default_grammar().sample(500, random.Random(0)), vocab_size=1000)
-    quantized, _ = ml.passes.quantize(copy.deepcopy(model), {"by": "type", "rules": {"linear": {"weight": fmt}}})
+    params = {"preset": fmt} if isinstance(fmt, str) else {"by": "type", "rules": {"linear": {"weight": fmt}}}
+    quantized, _ = ml.passes.quantize(copy.deepcopy(model), params)
     export(quantized, "gguf", path, tokenizer=tokenizer)
 
 
 def packed_decoder(model: torch.nn.Module, packing: str, max_length: int):
-    from mase_lite.kernels import mxint8, packed4
+    from mase_lite.kernels import kquants, mxint8, packed4
+    from mase_lite.layers.presets import mixed_types
     from mase_lite.runtime.decoder import Decoder
 
     packed = copy.deepcopy(model)
     if packing == "mxint8":
         mxint8.pack_linears(packed, activations="int8")
+    elif packing == "Q4_K_M":
+        kquants.pack_linears(packed, mixed_types(packed, packing), activations="int8")
     else:
         packed4.pack_linears(packed, packing, activations="int8")
     decoder = Decoder.of(packed, max_length)

@@ -77,3 +77,23 @@ def mixed_rules(preset: str, columns: dict[str, int], head: str | None, tied: bo
             kind = K_FALLBACK[kind]
         rules[path] = None if width % 32 else {"weight": {"name": kind}}
     return rules
+
+
+def mixed_types(model, preset: str) -> dict[str, str]:
+    """The type :func:`mixed_rules` gives each Linear of ``model`` (a transformers causal LM: its head ``lm_head``)
+    under ``preset``, for the Linears it quantizes (module path -> format name).
+
+    >>> import torch
+    >>> model = torch.nn.Module()
+    >>> model.layers = torch.nn.ModuleList([torch.nn.Linear(256, 8)])
+    >>> model.lm_head = torch.nn.Linear(512, 10)
+    >>> mixed_types(model, "Q4_K_M")
+    {'layers.0': 'q4_k', 'lm_head': 'q6_k'}
+    """
+    from torch import nn
+
+    columns = {name: m.in_features for name, m in model.named_modules() if type(m) is nn.Linear}
+    head = "lm_head" if "lm_head" in columns else None
+    embeddings = getattr(model, "get_input_embeddings", lambda: None)()
+    tied = head is not None and embeddings is not None and model.get_submodule(head).weight is embeddings.weight
+    return {name: rule["weight"]["name"] for name, rule in mixed_rules(preset, columns, head, tied).items() if rule}

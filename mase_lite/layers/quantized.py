@@ -372,11 +372,14 @@ def quantize_module(module: nn.Module, config: Mapping[str, Any] | QuantConfig) 
         weight = parsed.get("weight")
         from mase_lite.kernels.packed4.module import packed_kind
 
-        if packed_kind(weight.format.as_dict(weight.params)) == "packed4":  # a 4-bit weight: packed from its codes
+        kind = packed_kind(weight.format.as_dict(weight.params))
+        if kind in ("packed4", "kquant"):  # a 4-bit weight or a K-quant: packed from its codes
+            from mase_lite.kernels.kquants import KQuantLinear
             from mase_lite.kernels.packed4 import Packed4Linear
 
-            return Packed4Linear.from_quantized(QuantizedLinear.from_float(module, parse_quant_config(
-                {"weight": weight.format.as_dict(weight.params)}, LAYER_OPERANDS)), activations=parsed.activations)
+            return (Packed4Linear if kind == "packed4" else KQuantLinear).from_quantized(QuantizedLinear.from_float(
+                module, parse_quant_config({"weight": weight.format.as_dict(weight.params)}, LAYER_OPERANDS)),
+                activations=parsed.activations)
         from mase_lite.kernels.mxint8 import MXInt8Linear
 
         return MXInt8Linear.from_linear(module, block_size=weight.params.block_size, scale_rule=weight.params.scale_rule,

@@ -1,11 +1,10 @@
 """A Llama-family model's decoding step in one native call (``decoder.c`` of the CPU kernel library) where every
-Linear of its layers takes int8 activations (packed MXINT8 or 4-bit layers with ``activations="int8"``): norms,
-projections, rotary
-embedding, the key/value cache and attention run in one parallel region, the threads meeting at barriers instead of
-returning to Python between layers. :class:`mase_lite.runtime.decoder.Decoder` uses it for one token at a time; a
-prompt runs through the layers as before. Each projection's outputs are the bits of the layer's own call; the
-norms, attention and SiLU are float32 in the kernel's fixed order (the same bits at every thread count, within
-float32 rounding of torch's).
+Linear of its layers takes int8 activations (packed MXINT8, 4-bit or K-quant layers with ``activations="int8"``):
+norms, projections, rotary embedding, the key/value cache and attention run in one parallel region, the threads
+meeting at barriers instead of returning to Python between layers. :class:`mase_lite.runtime.decoder.Decoder` uses it
+for one token at a time; a prompt runs through the layers as before. Each projection's outputs are the bits of the
+layer's own call; the norms, attention and SiLU are float32 in the kernel's fixed order (the same bits at every thread
+count, within float32 rounding of torch's).
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from torch import Tensor, nn
 
 from mase_lite.kernels.cpu import level_index as _level
 from mase_lite.kernels.cpu import library as _library
+from mase_lite.kernels.int8_activations.cpu_kernel import KQUANT_KINDS
 from mase_lite.kernels.int8_activations.layers import Int8Weights
 from mase_lite.numerics.native import threads
 
@@ -26,7 +26,8 @@ MAX_HEAD_DIM = 512
 
 
 class _Group(ctypes.Structure):
-    _fields_ = [("nibbles", _int), ("half", _int), ("count", _int), ("tiled", _int), ("itable", _ptr), ("unit", _float), ("k", _i64),
+    _fields_ = [("nibbles", _int), ("half", _int), ("count", _int), ("tiled", _int), ("kquant", _int),
+                ("kinds", _int * GROUP_LAYERS), ("itable", _ptr), ("unit", _float), ("k", _i64),
                 ("n", _i64 * GROUP_LAYERS), ("q", _ptr * GROUP_LAYERS), ("scales", _ptr * GROUP_LAYERS),
                 ("bias", _ptr * GROUP_LAYERS)]
 
@@ -140,18 +141,21 @@ def _group(modules: list[nn.Module], tensors: list[Tensor]) -> _Group | None:
     if any(w is None for w in weights) or len({m.in_features for m in modules}) != 1:
         return None
     if any(w.nibbles != first.nibbles or w.unit != first.unit or w.scales.dtype != first.scales.dtype
-           or w.tiled != first.tiled or (w.nibbles and not torch.equal(w.itable, first.itable)) for w in weights):
+           or w.tiled != first.tiled or (w.kind is None) != (first.kind is None)
+           or (w.nibbles and not torch.equal(w.itable, first.itable)) for w in weights):
         return None
     if not all(w.data.is_contiguous() and w.scales.is_contiguous() and (w.bias is None or _float32(w.bias.data))
                for w in weights):
         return None
     group = _Group(nibbles=int(first.nibbles), half=int(first.scales.dtype == torch.float16), count=len(modules),
-                   tiled=int(first.tiled), unit=first.unit, k=modules[0].in_features)
+                   tiled=int(first.tiled), kquant=int(first.kind is not None), unit=first.unit,
+                   k=modules[0].in_features)
     if first.nibbles:
         group.itable = first.itable.data_ptr()
         tensors.append(first.itable)
     for i, w in enumerate(weights):
-        group.n[i], group.q[i], group.scales[i] = w.scales.shape[0], w.data.data_ptr(), w.scales.data_ptr()
+        group.n[i], group.q[i], group.scales[i] = w.data.shape[0], w.data.data_ptr(), w.scales.data_ptr()
+        group.kinds[i] = 0 if w.kind is None else KQUANT_KINDS[w.kind][0]
         group.bias[i] = None if w.bias is None else w.bias.data_ptr()
         tensors += [w.data, w.scales] + ([] if w.bias is None else [w.bias])
     return group

@@ -18,6 +18,7 @@ FORMATS = {
              "scale_dtype": "float16"},
     "mxint4": {"name": "mxint", "element_width": 4},
     "mxfp4": {"name": "mxfp", "element_format": "e2m1"},
+    "iq4_nl": {"name": "iq4_nl"},  # GGML's non-uniform table (int8 values: a looked-up kind)
 }
 LEVELS = cpu.available_levels()
 
@@ -89,7 +90,7 @@ def lane_bound(x, packed):
     weights, block_scales, order = integers_and_scales(packed)
     products = codes.reshape(codes.shape[0], 1, -1, 32).long() * weights.reshape(1, weights.shape[0], -1, 32).long()
     lanes = products[..., order].reshape(*products.shape[:3], 8, 4).sum(-1).abs().sum(-1).double()
-    terms = (lanes * xs.double()[:, None] * block_scales[None]).sum(-1)
+    terms = (lanes * xs.double()[:, None] * block_scales[None].abs()).sum(-1)  # IQ4_NL's d may be negative
     return (x.shape[-1] // 32 + 8) * 2.0**-24 * terms.reshape(*x.shape[:-1], -1)
 
 

@@ -1,4 +1,4 @@
-"""The packed 4-bit Linear (Q4_0-style integers, MXINT4, MXFP4): weights bit for bit the formats' decoders at every
+"""The packed 4-bit Linear (Q4_0-style integers, MXINT4, MXFP4, GGML's IQ4_NL and Q4_0): weights bit for bit the formats' decoders at every
 vector level, outputs within float32 accumulation error of the float64 reference and the same bits at any thread
 count, the edges of each format, and the layer through the quantize pass and capture."""
 
@@ -19,6 +19,8 @@ FORMATS = {
     "w4_float32_scale": {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32},
     "mxint4": {"name": "mxint", "element_width": 4},
     "mxfp4": {"name": "mxfp", "element_format": "e2m1"},
+    "iq4_nl": {"name": "iq4_nl"},  # GGML's: its 16 non-uniform int8 values times a float16 d per 32
+    "ggml_q4_0": {"name": "q4_0"},
 }
 LEVELS = [*cpu.available_levels(), "torch"]
 

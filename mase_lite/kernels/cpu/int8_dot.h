@@ -395,6 +395,7 @@ enum { MAX_LAYERS = 8 };
  * one range split over the threads. */
 struct linear_args {
     int nibbles, affine, half, tiled; /* tiled: every layer's weights (struct weights) */
+    const int *kinds; /* K-quants (kquant_dot.h): each layer's kind; NULL: nibbles or codes */
     const int8_t *itable;
     float unit;
     int count;
@@ -409,6 +410,8 @@ struct linear_args {
     int64_t m, k;
     int level;
 };
+
+#include "kquant_dot.h"
 
 #ifdef CPU_X86
 /* Rows [first, last) of layer l by tiles of 8 rows of W (rows past the range repeat its last; their outputs are not
@@ -463,6 +466,10 @@ static void linear_tiles(const struct linear_args *a, const struct weights *w, i
 #endif
 
 static void linear_range(const struct linear_args *a, int l, int64_t first, int64_t last) {
+    if (a->kinds) {
+        kquant_range(a, l, first, last);
+        return;
+    }
     int64_t k = a->k, nb = k / BLOCK, n = a->n[l];
     struct weights w = {a->q[l], a->scales[l], a->itable, a->nibbles, a->affine, a->half, a->tiled};
 #ifdef CPU_X86
@@ -488,8 +495,9 @@ static int affine_table(const int8_t *itable) {
 }
 
 /* The correction x's codes carry for a's kind at its level: the affine table's offset, or -128 for looked-up values
- * and MXINT8 codes flipped unsigned under VNNI; 0 for none. */
+ * and MXINT8 codes flipped unsigned under VNNI; 0 for none; K-quants: 1, the block's sum of codes. */
 static int correction(const struct linear_args *a) {
+    if (a->kinds) return 1;
     return a->nibbles && a->affine && a->level >= LEVEL_AVX2 ? a->itable[0] : vnni_at(a->level) ? -128 : 0;
 }
 
@@ -497,6 +505,7 @@ static int correction(const struct linear_args *a) {
 static void quantize_rows(const struct linear_args *a, const float *x, int64_t first, int64_t last, int8_t *xq,
                           float *xs, int32_t *corr) {
     quantize_x(x, a->k, first, last, a->nibbles, correction(a), xq, xs, corr);
+    if (a->kinds) transpose_x(xq, a->k, first, last);
 }
 
 /* The rows [first, last) of all the layers' rows in order. */

@@ -74,14 +74,14 @@ _local = threading.local()  # this thread's argument arrays
 
 def _many(kind: str, x: Tensor, in_features: int, layers: list[tuple[Tensor, Tensor, Tensor | None]],
           launch) -> list[Tensor] | None:
-    """Each layer's ``x @ W.T + bias`` (``layers``: weights, scales, bias; at most 8, all of ``in_features``
-    inputs) from one call: x quantized once, the layers' rows split over the threads together."""
+    """Each layer's ``x @ W.T + bias`` (``layers``: weights (a row each), scales, bias; at most 8, all of
+    ``in_features`` inputs) from one call: x quantized once, the layers' rows split over the threads together."""
     prepared = _prepared(x, in_features)
     if prepared is None or len(layers) > MAX_LAYERS:
         return None
     lvl, rows, x32 = prepared
     lib = _library()
-    sizes = [scales.shape[0] for _, scales, _ in layers]
+    sizes = [data.shape[0] for data, _, _ in layers]
     outs = [torch.empty(rows, n) for n in sizes]
     biases = [None if bias is None else bias.to(torch.float32).contiguous() for _, _, bias in layers]
     total = sum(sizes)
@@ -139,6 +139,28 @@ def linear_codes_many(x: Tensor, layers: list[tuple[Tensor, Tensor, Tensor | Non
         return lib.int8_linear_codes(x, rows, layers[0][0].shape[1], count, q, scales, bias, out, n, int(tiled), lvl,
                                      workers, scratch)
     return _many("int8_codes", x, layers[0][0].shape[1], layers, launch)
+
+
+KQUANT_KINDS = {"q4_k": (1, 148), "q6_k": (2, 210)}
+"""The K-quants the kernels take (``kquant_dot.h``): their kind number there and the bytes of a record (256 weights)."""
+SUPER = 256
+_Kinds = ctypes.c_int * MAX_LAYERS
+
+
+def linear_kquants_many(x: Tensor, layers: list[tuple[Tensor, str, Tensor | None]]) -> list[Tensor] | None:
+    """Each layer's ``x @ W.T + bias`` for K-quant W (``layers``: records ``[out, in / 256 * bytes]`` in
+    ``kquant_dot.h``'s layout, the format's name in :data:`KQUANT_KINDS`, bias; at most 8, ``in`` a multiple of 256),
+    ``x`` quantized to int8 per block of 32 (:func:`quantize_activations`), from one call; in ``x``'s dtype. None
+    where the kernel does not apply."""
+    if len(layers) > MAX_LAYERS:
+        return None
+    first, name = layers[0][0], layers[0][1]
+    k = first.shape[1] // KQUANT_KINDS[name][1] * SUPER
+    kinds = _Kinds(*(KQUANT_KINDS[name][0] for _, name, _ in layers))
+
+    def launch(lib, x, rows, count, q, scales, bias, out, n, lvl, workers, scratch):
+        return lib.int8_linear_kquants(x, rows, k, count, q, kinds, bias, out, n, lvl, workers, scratch)
+    return _many("int8_kquants", x, k, [(data, data, bias) for data, _, bias in layers], launch)
 
 
 TILE_ROWS = 8

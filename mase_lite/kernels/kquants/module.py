@@ -1,0 +1,148 @@
+"""``KQuantLinear``: a Linear layer whose weight is held as GGML's Q4_K or Q6_K at the format's own bits (its records,
+:mod:`mase_lite.kernels.kquants.records`: 4.625 and 6.5625 bits a weight instead of 32), bit for bit the weight of
+the fake-quantized layer it packs; the bias stays a float parameter.
+
+With ``activations="int8"`` (inference, as llama.cpp multiplies its K-quants) the input is quantized to int8 per
+block of 32 and each block's products are exact integer sums, on the CPU kernel library (``kquant_dot.h``: the same
+bits at every vector level and thread count); the weight then never exists in float. With ``"float"`` the weight is
+decoded and multiplied in ``x``'s dtype.
+
+>>> import torch
+>>> packed = KQuantLinear.from_linear(torch.nn.Linear(256, 8), {"name": "q4_k"}, activations="int8")
+>>> with torch.no_grad():
+...     y = packed(torch.randn(3, 256))
+>>> sorted(packed.state_dict()), packed.blocks.shape, y.shape
+(['bias', 'blocks'], torch.Size([8, 148]), torch.Size([3, 8]))
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mase_lite.infra.errors import UserError
+from mase_lite.kernels.int8_activations import cpu_kernel as int8_kernel
+from mase_lite.kernels.int8_activations.cpu_kernel import KQUANT_KINDS, SUPER
+from mase_lite.kernels.int8_activations.layers import Int8Weights, check_activations, check_input, fused
+from mase_lite.kernels.kquants.records import from_records, record_bytes, to_records
+from mase_lite.numerics.codes import encode
+from mase_lite.numerics.ggml import ggml_values
+
+
+def reference_int8(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """The product with int8 activations in torch, within float32 accumulation of the kernel: ``x``'s int8 codes
+    times their block scales against the decoded ``weight``, summed in float64; in ``x``'s dtype."""
+    rows = x.numel() // weight.shape[1]
+    codes, xs = int8_kernel.quantize_activations(x.reshape(rows, weight.shape[1]).to(torch.float32))
+    x_hat = (codes.double().reshape(rows, -1, 32) * xs.double().unsqueeze(-1)).reshape(rows, -1)
+    out = x_hat @ weight.double().T + (0 if bias is None else bias.double())
+    return out.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
+
+
+class KQuantLinear(nn.Module):
+    """``y = x @ W.T + b`` with W held as ``blocks`` (uint8 ``[out, in / 256 * bytes]``: the records of
+    ``fmt`` (``q4_k`` or ``q6_k``), each row's super-blocks in order). ``in`` is a multiple of 256."""
+
+    mase_op = "linear"
+
+    def __init__(self, in_features: int, out_features: int, fmt: dict[str, Any], bias: bool = True,
+                 dtype: torch.dtype = torch.float32, activations: str = "float") -> None:
+        super().__init__()
+        check_activations("KQuantLinear", activations)
+        if fmt.get("name") not in KQUANT_KINDS:
+            raise UserError(f"KQuantLinear holds {' or '.join(KQUANT_KINDS)}, not {fmt.get('name')!r}")
+        if in_features < 1 or out_features < 1 or in_features % SUPER:
+            raise UserError(f"KQuantLinear needs in_features a positive multiple of {SUPER} and out_features >= 1, "
+                            f"got in_features={in_features}, out_features={out_features}")
+        self.in_features, self.out_features, self.fmt = in_features, out_features, dict(fmt)
+        self.activations = activations
+        self.register_buffer("blocks", torch.zeros(out_features, in_features // SUPER * record_bytes(fmt["name"]),
+                                                   dtype=torch.uint8))
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+
+    @classmethod
+    def from_quantized(cls, layer: nn.Module, activations: str = "float") -> KQuantLinear:
+        """Pack a Linear fake-quantized to ``q4_k`` or ``q6_k`` (its weight alone), bit for bit its quantized weight."""
+        formats = layer.quant_formats()
+        _check(formats.get("weight"), set(formats) != {"weight"}, layer.in_features)
+        bias = None if layer.bias is None else layer._operand("bias", layer.bias).detach().clone()
+        return cls._from_encoded(formats["weight"], layer.encode_parameters()["weight"],
+                                 layer._operand("weight", layer.weight).detach(), bias, activations)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, fmt: dict[str, Any], activations: str = "float") -> KQuantLinear:
+        """Pack a float Linear's weight in ``fmt`` (``q4_k`` or ``q6_k``): what :meth:`from_quantized` gives for the
+        Linear fake-quantized in ``fmt``."""
+        _check(fmt, False, linear.in_features)
+        encoded = encode(linear.weight.detach(), fmt)
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls._from_encoded(fmt, encoded, None, bias, activations)
+
+    @classmethod
+    def _from_encoded(cls, fmt: dict[str, Any], encoded, expected: Tensor | None, bias: Tensor | None,
+                      activations: str) -> KQuantLinear:
+        out_features, in_features = encoded.shape
+        module = cls(in_features, out_features, fmt, bias=bias is not None,
+                     dtype=torch.float32 if bias is None else bias.dtype, activations=activations)
+        codes = encoded.unpacked().reshape(out_features, in_features)
+        module.blocks = to_records(fmt["name"], codes, encoded.side)
+        if expected is not None and not torch.equal(module.dequantized_weight(), expected.float()):
+            raise UserError(f"packing this {fmt['name']} weight would change it; it stays fake-quantized")
+        if bias is not None:
+            module.bias = nn.Parameter(bias)
+        return module
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.activations == "int8":
+            check_input(x, self.in_features, self.bias, "kquant_linear", "a KQuantLinear")
+            native = int8_kernel.linear_kquants_many(x, [(self.blocks, self.fmt["name"], self.bias)])
+            return native[0] if native is not None else reference_int8(x, self.dequantized_weight(), self.bias)
+        return F.linear(x, self.dequantized_weight().to(x.dtype), self.bias)
+
+    def _tile(self) -> bool:
+        return False  # records are read one row at a time: one stream already
+
+    @staticmethod
+    def fused(layers: list[nn.Module]) -> Callable[[Tensor], list[Tensor]] | None:
+        """One call computing each of ``layers`` on the same input (Q4_K and Q6_K alike, int8 activations, at most 8):
+        the input quantized once, their rows split over the threads together. None where they cannot be fused."""
+        return fused(layers, KQuantLinear, lambda x, tiled: int8_kernel.linear_kquants_many(
+            x, [(m.blocks, m.fmt["name"], m.bias) for m in layers]))
+
+    def int8_weights(self) -> Int8Weights | None:
+        """The weights as the int8 kernels read them (None with float activations)."""
+        if self.activations != "int8":
+            return None
+        return Int8Weights(False, self.blocks, self.blocks, self.bias, None, 1.0, kind=self.fmt["name"])
+
+    def codes(self) -> tuple[Tensor, dict[str, Tensor]]:
+        """The weight's GGML codes and side (:mod:`mase_lite.numerics.ggml`)."""
+        return from_records(self.fmt["name"], self.blocks)
+
+    def encoded(self):
+        """The weight as stored codes of its format: what an export writes."""
+        values = self.dequantized_weight()
+        return encode(values, self.fmt, side=self.codes()[1], values=values)
+
+    def dequantized_weight(self) -> Tensor:
+        return ggml_values(*self.codes(), self.fmt["name"])
+
+    def mase_weight_meta(self) -> dict:
+        return {"shape": [self.out_features, self.in_features], "dtype": "uint8", "format": dict(self.fmt),
+                "trainable": False}
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt['name']}"
+                + (f", activations={self.activations}" if self.activations != "float" else ""))
+
+
+def _check(fmt: dict[str, Any] | None, others: bool, in_features: int) -> None:
+    if fmt is None or fmt.get("name") not in KQUANT_KINDS or others or in_features % SUPER:
+        raise UserError(f"a packed K-quant weight takes {' or '.join(KQUANT_KINDS)} over inputs a multiple of {SUPER}, "
+                        f"on the weight alone; this layer has {fmt} over {in_features} inputs"[:400])

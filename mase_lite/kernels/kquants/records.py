@@ -1,0 +1,108 @@
+"""GGML's Q4_K and Q6_K weights as the CPU kernels read them (``kquant_dot.h``): each row its super-blocks of 256
+weights, one record each, holding exactly the format's stored values (:mod:`mase_lite.numerics.ggml`'s codes and side:
+``d``, ``dmin``, ``scales``, ``mins``), so a record costs the format's own bits (4.625 bits a weight for Q4_K: GGUF's
+144 bytes with the blocks' 6-bit scales and mins unpacked to bytes; 6.5625 for Q6_K, GGUF's 210 bytes).
+
+A super-block's 8 blocks of 32 codes lie across each vector of 32 bytes: byte-vector t (0..7) holds, in its lane i
+(bytes 4i..4i+3), codes 4t..4t+3 of block i; a vector of nibbles holds byte-vector v in its low nibbles and v + 4 in
+its high ones.
+
+- Q4_K (148 bytes): ``d``, ``dmin`` (float16), the 8 blocks' scales, their 8 mins (uint8), 4 vectors of nibbles;
+- Q6_K (210 bytes): ``d`` (float16), the scales of the 8 blocks' first 16 codes, then of their last 16 (int8), 4 vectors
+  of the codes' low 4 bits, 2 vectors of their high 2 bits (byte-vector t's in vector t % 2 from bit 2(t / 2) up).
+
+>>> import torch
+>>> from mase_lite.numerics.ggml import ggml_quantize
+>>> codes, side = ggml_quantize(torch.randn(2, 512), "q6_k")
+>>> data = to_records("q6_k", codes, side)
+>>> data.shape
+torch.Size([2, 420])
+>>> back, back_side = from_records("q6_k", data)
+>>> torch.equal(back, codes) and all(torch.equal(back_side[k], side[k]) for k in side)
+True
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from mase_lite.kernels.int8_activations.cpu_kernel import KQUANT_KINDS, SUPER
+
+BLOCK = 32
+
+
+def record_bytes(name: str) -> int:
+    """The bytes of one record of format ``name`` (``q4_k``, ``q6_k``)."""
+    return KQUANT_KINDS[name][1]
+
+
+def in_features(name: str, row_bytes: int) -> int:
+    """The weights in a row of ``row_bytes`` bytes of records."""
+    return row_bytes // record_bytes(name) * SUPER
+
+
+def _half_bytes(h: Tensor) -> Tensor:
+    return h.contiguous().view(torch.uint8).reshape(*h.shape, 2)
+
+
+def _byte_vectors(codes: Tensor) -> Tensor:
+    """``[rows, nsb, 256]`` codes as the 8 byte-vectors of each super-block, ``[rows, nsb, 8, 32]``."""
+    rows, nsb = codes.shape[:2]
+    return codes.reshape(rows, nsb, 8, 8, 4).transpose(2, 3).reshape(rows, nsb, 8, BLOCK)
+
+
+def _codes(vectors: Tensor) -> Tensor:
+    """The inverse of :func:`_byte_vectors`."""
+    rows, nsb = vectors.shape[:2]
+    return vectors.reshape(rows, nsb, 8, 8, 4).transpose(2, 3).reshape(rows, nsb, SUPER)
+
+
+def _nibbles(vectors: Tensor) -> Tensor:
+    """Byte-vectors of values 0..15 as 4 vectors of nibbles (v low, v + 4 high), ``[rows, nsb, 128]``."""
+    return (vectors[:, :, :4] | (vectors[:, :, 4:] << 4)).flatten(2)
+
+
+def _unnibbled(nibbles: Tensor) -> Tensor:
+    rows, nsb = nibbles.shape[:2]
+    v = nibbles.reshape(rows, nsb, 4, BLOCK)
+    return torch.cat([v & 15, v >> 4], 2)
+
+
+def to_records(name: str, codes: Tensor, side: dict[str, Tensor]) -> Tensor:
+    """The records (uint8 ``[rows, in / 256 * bytes]``) of a ``[rows, in]`` weight's GGML codes and side."""
+    rows, k = codes.shape
+    nsb = k // SUPER
+    vectors = _byte_vectors(codes.to(torch.uint8).reshape(rows, nsb, SUPER))
+    if name == "q4_k":
+        parts = [_half_bytes(side["d"]), _half_bytes(side["dmin"]), side["scales"].reshape(rows, nsb, 8),
+                 side["mins"].reshape(rows, nsb, 8), _nibbles(vectors)]
+    else:
+        scales = side["scales"].contiguous().view(torch.uint8).reshape(rows, nsb, 8, 2).transpose(2, 3)
+        high = (vectors >> 4).reshape(rows, nsb, 4, 2, BLOCK)
+        crumbs = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
+        parts = [_half_bytes(side["d"]), scales.reshape(rows, nsb, 16), _nibbles(vectors & 15),
+                 crumbs.reshape(rows, nsb, 64)]
+    return torch.cat(parts, -1).reshape(rows, nsb * record_bytes(name)).contiguous()
+
+
+def from_records(name: str, data: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    """The GGML codes (int64 ``[rows, in]``) and side that :func:`to_records` took."""
+    rows = data.shape[0]
+    r = data.reshape(rows, -1, record_bytes(name))
+    nsb = r.shape[1]
+
+    def half(at: int) -> Tensor:
+        return r[..., at:at + 2].contiguous().view(torch.float16).reshape(rows, nsb)
+
+    if name == "q4_k":
+        vectors = _unnibbled(r[..., 20:])
+        side = {"d": half(0), "dmin": half(2), "scales": r[..., 4:12].reshape(rows, nsb * 8).clone(),
+                "mins": r[..., 12:20].reshape(rows, nsb * 8).clone()}
+    else:
+        crumbs = r[..., 146:].reshape(rows, nsb, 1, 2, BLOCK)
+        high = torch.cat([(crumbs >> shift) & 3 for shift in (0, 2, 4, 6)], 2).reshape(rows, nsb, 8, BLOCK)
+        vectors = _unnibbled(r[..., 18:146]) | (high << 4)
+        scales = r[..., 2:18].reshape(rows, nsb, 2, 8).transpose(2, 3).contiguous().view(torch.int8)
+        side = {"d": half(0), "scales": scales.reshape(rows, nsb * 16)}
+    return _codes(vectors).reshape(rows, nsb * SUPER).to(torch.int64), side
