@@ -495,9 +495,8 @@ static int affine_table(const int8_t *itable) {
 }
 
 /* The correction x's codes carry for a's kind at its level: the affine table's offset, or -128 for looked-up values
- * and MXINT8 codes flipped unsigned under VNNI; 0 for none; K-quants: 1, the block's sum of codes. */
+ * and MXINT8 codes flipped unsigned under VNNI; 0 for none (K-quants: kquant_x sets their own). */
 static int correction(const struct linear_args *a) {
-    if (a->kinds) return 1;
     return a->nibbles && a->affine && a->level >= LEVEL_AVX2 ? a->itable[0] : vnni_at(a->level) ? -128 : 0;
 }
 
@@ -505,7 +504,7 @@ static int correction(const struct linear_args *a) {
 static void quantize_rows(const struct linear_args *a, const float *x, int64_t first, int64_t last, int8_t *xq,
                           float *xs, int32_t *corr) {
     quantize_x(x, a->k, first, last, a->nibbles, correction(a), xq, xs, corr);
-    if (a->kinds) transpose_x(xq, a->k, first, last);
+    if (a->kinds) kquant_x(xq, corr, a->k, first, last);
 }
 
 /* The rows [first, last) of all the layers' rows in order. */

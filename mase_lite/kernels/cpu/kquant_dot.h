@@ -1,8 +1,8 @@
-/* GGML's K-quants Q4_K and Q6_K against int8 activations (x quantized per block of 32: int8_dot.h's quantize_x, with
- * correction 1 so that corr holds each block's sum of codes, then each super-block of 256 codes transposed as the
- * weights are). A row of W is its super-blocks of 256 weights, one record each: GGUF's values at its bits (the layer
- * converts, kernels/kquants/records.py), the 8 blocks of 32 of a super-block laid across each vector of 32 bytes:
- * byte-vector t (t = 0..7) holds, in its lane i, codes 4t..4t+3 of block i. A record:
+/* GGML's K-quants Q4_K and Q6_K against int8 activations (x quantized per block of 32: int8_dot.h's quantize_x, then
+ * each super-block of 256 codes transposed as the weights are, and corr holding per block the sums of its first and
+ * last 16 codes as two int16 halves, low and high). A row of W is its super-blocks of 256 weights, one record each:
+ * GGUF's values at its bits (the layer converts, kernels/kquants/records.py), the 8 blocks of 32 of a super-block laid
+ * across each vector of 32 bytes: byte-vector t (t = 0..7) holds, in its lane i, codes 4t..4t+3 of block i. A record:
  *
  *   - Q4_K, 148 bytes: d, dmin (float16), the 8 blocks' scales sc, then their mins m (uint8, 0..63), then 4 vectors
  *     of 32 bytes of 4-bit codes q (0..15): vector v's low nibbles byte-vector v, its high ones byte-vector v + 4; a
@@ -16,10 +16,9 @@
  * fmaf(-X, xs * (dmin * m), lane) with X the sum of the block's codes of x; the lanes are summed (sum8) at the end of
  * the row. Every level computes these integers and float operations in this order: the same bits at every level and
  * thread count. The vector levels take a byte-vector of W against the same byte-vector of x: each lane's products
- * are block i's, so each block's sum builds in its own lane, with no sum across lanes (Q4_K: VNNI's vpdpbusd of the
- * unsigned codes where the CPU has it, else AVX2's vpmaddubsw; Q6_K: vpmaddubsw of |x| and the signed codes carrying
- * x's sign, the halves' sums then times their scales); a run of rows of x meets each super-block's codes formed
- * once. */
+ * are block i's, so each block's sum builds in its own lane, with no sum across lanes: the unsigned codes meet x by
+ * VNNI's vpdpbusd where the CPU has it, else AVX2's vpmaddubsw (Q6_K's u - 32 as u less 32 times the half's sum of
+ * x, then times the half's scale); a run of rows of x meets each super-block's codes formed once. */
 #ifndef KQUANT_DOT_H
 #define KQUANT_DOT_H
 
@@ -46,15 +45,25 @@ static inline int code_at(int kind, const uint8_t *r, int i, int e) {
     return low | high << 4;
 }
 
-/* x's codes of each super-block of rows [first, last) (k a multiple of 256) in the weights' transposed order. */
-static void transpose_x(int8_t *xq, int64_t k, int64_t first, int64_t last) {
+/* x's codes of each super-block of rows [first, last) (k a multiple of 256) in the weights' transposed order, and each
+ * block's corr its halves' sums (int16, the first in the low half). */
+static void kquant_x(int8_t *xq, int32_t *corr, int64_t k, int64_t first, int64_t last) {
     for (int64_t at = first * k; at < last * k; at += SUPER) {
         int8_t copy[SUPER];
         memcpy(copy, xq + at, SUPER);
-        for (int i = 0; i < 8; i++)
-            for (int e = 0; e < BLOCK; e++) xq[at + transposed(i, e)] = copy[BLOCK * i + e];
+        for (int i = 0; i < 8; i++) {
+            int32_t half[2] = {0, 0};
+            for (int e = 0; e < BLOCK; e++) {
+                xq[at + transposed(i, e)] = copy[BLOCK * i + e];
+                half[e / 16] += copy[BLOCK * i + e];
+            }
+            corr[at / BLOCK + i] = (int32_t)((uint32_t)(uint16_t)half[0] | (uint32_t)(uint16_t)half[1] << 16);
+        }
     }
 }
+
+/* The sum of a block's codes of x from its corr. */
+static inline int32_t block_sum(int32_t corr) { return (int16_t)(corr & 0xFFFF) + (int16_t)((uint32_t)corr >> 16); }
 
 /* One output in plain C: row (nsb records) against one row of x (its codes transposed). */
 static float kquant_dot_c(int kind, const uint8_t *row, const int8_t *xq, const float *xs, const int32_t *xsum,
@@ -71,7 +80,7 @@ static float kquant_dot_c(int kind, const uint8_t *row, const int8_t *xq, const 
                 half[e / 16] += (code_at(kind, r, i, e) - 32 * (kind == KIND_Q6_K)) * x[transposed(i, e)];
             if (kind == KIND_Q4_K) {
                 lanes[i] = fmaf((float)(half[0] + half[1]), xs[b] * (d * (float)r[4 + i]), lanes[i]);
-                lanes[i] = fmaf(-(float)xsum[b], xs[b] * (half_at(r + 2) * (float)r[12 + i]), lanes[i]);
+                lanes[i] = fmaf(-(float)block_sum(xsum[b]), xs[b] * (half_at(r + 2) * (float)r[12 + i]), lanes[i]);
             } else {
                 const int8_t *sc = (const int8_t *)r + 2;
                 lanes[i] = fmaf((float)(sc[i] * half[0] + sc[8 + i] * half[1]), xs[b] * d, lanes[i]);
@@ -102,7 +111,7 @@ AVX2 INLINE float half_f16c(const uint8_t *p) {
 /* NAME(t, out): Q4_K against C rows of x, each super-block's codes formed once for them all. */
 #define Q4_K_ROWS(NAME, TARGET, MADD, C)                                                                            \
     TARGET static void NAME(const struct kquant_rows *t, float *out) {                                              \
-        const __m256i low4 = _mm256_set1_epi8(15);                                                                  \
+        const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);                                     \
         __m256 acc[C];                                                                                              \
         UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();                                            \
         for (int64_t s = 0; s < t->nsb; s++) {                                                                      \
@@ -123,7 +132,8 @@ AVX2 INLINE float half_f16c(const uint8_t *p) {
             __m256 dm = _mm256_mul_ps(_mm256_set1_ps(half_f16c(r + 2)), m);                                         \
             UNROLL for (int c = 0; c < C; c++) {                                                                    \
                 __m256 x8 = _mm256_loadu_ps(t->xs + c * t->nb + 8 * s);                                             \
-                __m256 xsum8 = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(t->xsum + c * t->nb + 8 * s))); \
+                __m256i halves = _mm256_loadu_si256((const __m256i *)(t->xsum + c * t->nb + 8 * s));                \
+                __m256 xsum8 = _mm256_cvtepi32_ps(_mm256_madd_epi16(halves, ones)); /* the two halves added */      \
                 __m256 total = _mm256_cvtepi32_ps(_mm256_add_epi32(sums[c][0], sums[c][1]));                        \
                 acc[c] = _mm256_fmadd_ps(total, _mm256_mul_ps(x8, dsc), acc[c]);                                    \
                 acc[c] = _mm256_fnmadd_ps(xsum8, _mm256_mul_ps(x8, dm), acc[c]);                                    \
@@ -132,40 +142,40 @@ AVX2 INLINE float half_f16c(const uint8_t *p) {
         UNROLL for (int c = 0; c < C; c++) out[c] = sum8_avx2(acc[c]);                                              \
     }
 
-/* NAME(t, out): Q6_K against C rows of x, each super-block's codes formed once for them all; |x| meets the signed
- * codes carrying x's sign, byte-vectors 0-3 summing the blocks' first halves and 4-7 their second. */
-#define Q6_K_ROWS(NAME, TARGET, C)                                                                                  \
+/* NAME(t, out): Q6_K against C rows of x, each super-block's codes formed once for them all: the unsigned codes u
+ * meet x (VNNI's vpdpbusd, or AVX2's vpmaddubsw), byte-vectors 0-3 summing the blocks' first halves and 4-7 their
+ * second, and 32 times the halves' sums of x taken off before their scales multiply them. */
+#define Q6_K_ROWS(NAME, TARGET, MADD, C)                                                                            \
     TARGET static void NAME(const struct kquant_rows *t, float *out) {                                              \
-        const __m256i low4 = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3), offset = _mm256_set1_epi8(32);      \
-        const __m256i ones = _mm256_set1_epi16(1);                                                                  \
+        const __m256i low4 = _mm256_set1_epi8(15), crumb = _mm256_set1_epi8(0x30);                                  \
         __m256 acc[C];                                                                                              \
         UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();                                            \
         for (int64_t s = 0; s < t->nsb; s++) {                                                                      \
             const uint8_t *r = t->row + s * Q6_K_BYTES;                                                             \
-            __m256i halves[C][2];                                                                                   \
-            UNROLL for (int c = 0; c < C; c++) halves[c][0] = halves[c][1] = _mm256_setzero_si256();                \
+            __m256i sums[C][2];                                                                                     \
+            UNROLL for (int c = 0; c < C; c++) sums[c][0] = sums[c][1] = _mm256_setzero_si256();                    \
             __m256i crumbs[2] = {_mm256_loadu_si256((const __m256i *)(r + 146)),                                    \
                                  _mm256_loadu_si256((const __m256i *)(r + 146) + 1)};                               \
             UNROLL for (int v = 0; v < 4; v++) {                                                                    \
                 __m256i nibbles = _mm256_loadu_si256((const __m256i *)(r + 18) + v);                                \
                 UNROLL for (int part = 0; part < 2; part++) {                                                       \
-                    int b = v + 4 * part; /* the byte-vector */                                                     \
+                    int b = v + 4 * part, at = 2 * (b / 2); /* the byte-vector; its crumbs' bit, moved to bit 4 */  \
+                    __m256i h = crumbs[b % 2];                                                                      \
+                    h = at < 4 ? _mm256_slli_epi16(h, 4 - at) : at > 4 ? _mm256_srli_epi16(h, at - 4) : h;          \
                     __m256i low = _mm256_and_si256(part ? _mm256_srli_epi16(nibbles, 4) : nibbles, low4);           \
-                    __m256i high = _mm256_and_si256(_mm256_srli_epi16(crumbs[b % 2], 2 * (b / 2)), three);          \
-                    __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), offset);          \
-                    UNROLL for (int c = 0; c < C; c++) {                                                            \
-                        __m256i x = X_VECTOR(c, s, b);                                                              \
-                        __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(q, x));       \
-                        halves[c][part] = _mm256_add_epi32(halves[c][part], _mm256_madd_epi16(pairs, ones));        \
-                    }                                                                                               \
+                    __m256i u = _mm256_or_si256(low, _mm256_and_si256(h, crumb));                                   \
+                    UNROLL for (int c = 0; c < C; c++) sums[c][part] = MADD(sums[c][part], u, X_VECTOR(c, s, b));   \
                 }                                                                                                   \
             }                                                                                                       \
             __m256i first = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(r + 2)));                        \
             __m256i second = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(r + 10)));                      \
             __m256 d = _mm256_set1_ps(half_f16c(r));                                                                \
             UNROLL for (int c = 0; c < C; c++) {                                                                    \
-                __m256i total = _mm256_add_epi32(_mm256_mullo_epi32(halves[c][0], first),                           \
-                                                 _mm256_mullo_epi32(halves[c][1], second));                         \
+                __m256i halves = _mm256_loadu_si256((const __m256i *)(t->xsum + c * t->nb + 8 * s));                \
+                __m256i xa = _mm256_srai_epi32(_mm256_slli_epi32(halves, 16), 16), xb = _mm256_srai_epi32(halves, 16); \
+                __m256i total = _mm256_add_epi32(                                                                   \
+                    _mm256_mullo_epi32(_mm256_sub_epi32(sums[c][0], _mm256_slli_epi32(xa, 5)), first),              \
+                    _mm256_mullo_epi32(_mm256_sub_epi32(sums[c][1], _mm256_slli_epi32(xb, 5)), second));            \
                 __m256 x8 = _mm256_loadu_ps(t->xs + c * t->nb + 8 * s);                                             \
                 acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(x8, d), acc[c]);                  \
             }                                                                                                       \
@@ -182,20 +192,20 @@ Q4_K_ROWS(q4_k_vnni_1, VNNI, madd_vnni, 1)
 Q4_K_ROWS(q4_k_vnni_2, VNNI, madd_vnni, 2)
 Q4_K_ROWS(q4_k_vnni_3, VNNI, madd_vnni, 3)
 Q4_K_ROWS(q4_k_vnni_4, VNNI, madd_vnni, 4)
-Q6_K_ROWS(q6_k_avx2_1, AVX2, 1)
-Q6_K_ROWS(q6_k_avx2_2, AVX2, 2)
-Q6_K_ROWS(q6_k_avx2_3, AVX2, 3)
-Q6_K_ROWS(q6_k_avx2_4, AVX2, 4)
-Q6_K_ROWS(q6_k_wide_1, VNNI, 1) /* AVX-512's 32 registers, the same instructions */
-Q6_K_ROWS(q6_k_wide_2, VNNI, 2)
-Q6_K_ROWS(q6_k_wide_3, VNNI, 3)
-Q6_K_ROWS(q6_k_wide_4, VNNI, 4)
+Q6_K_ROWS(q6_k_avx2_1, AVX2, madd_avx2, 1)
+Q6_K_ROWS(q6_k_avx2_2, AVX2, madd_avx2, 2)
+Q6_K_ROWS(q6_k_avx2_3, AVX2, madd_avx2, 3)
+Q6_K_ROWS(q6_k_avx2_4, AVX2, madd_avx2, 4)
+Q6_K_ROWS(q6_k_vnni_1, VNNI, madd_vnni, 1)
+Q6_K_ROWS(q6_k_vnni_2, VNNI, madd_vnni, 2)
+Q6_K_ROWS(q6_k_vnni_3, VNNI, madd_vnni, 3)
+Q6_K_ROWS(q6_k_vnni_4, VNNI, madd_vnni, 4)
 
 /* The kernels of a kind at a level, for 1..4 rows of x. */
 static const kquant_fn *kquant_kernels(int kind, int level) {
     static const kquant_fn kernels[2][2][4] = {
         {{q4_k_avx2_1, q4_k_avx2_2, q4_k_avx2_3, q4_k_avx2_4}, {q4_k_vnni_1, q4_k_vnni_2, q4_k_vnni_3, q4_k_vnni_4}},
-        {{q6_k_avx2_1, q6_k_avx2_2, q6_k_avx2_3, q6_k_avx2_4}, {q6_k_wide_1, q6_k_wide_2, q6_k_wide_3, q6_k_wide_4}}};
+        {{q6_k_avx2_1, q6_k_avx2_2, q6_k_avx2_3, q6_k_avx2_4}, {q6_k_vnni_1, q6_k_vnni_2, q6_k_vnni_3, q6_k_vnni_4}}};
     return kernels[kind == KIND_Q6_K][vnni_at(level)];
 }
 #endif
