@@ -69,40 +69,55 @@ def _unnibbled(nibbles: Tensor) -> Tensor:
     return torch.cat([v & 15, v >> 4], 2)
 
 
+def _q4_k_parts(vectors: Tensor, side: dict[str, Tensor]) -> list[Tensor]:
+    rows, nsb = vectors.shape[:2]
+    return [_half_bytes(side["d"]), _half_bytes(side["dmin"]), side["scales"].reshape(rows, nsb, 8),
+            side["mins"].reshape(rows, nsb, 8), _nibbles(vectors)]
+
+
+def _q4_k_side(r: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    rows, nsb = r.shape[:2]
+    side = {"d": _half(r, 0), "dmin": _half(r, 2), "scales": r[..., 4:12].reshape(rows, nsb * 8).clone(),
+            "mins": r[..., 12:20].reshape(rows, nsb * 8).clone()}
+    return _unnibbled(r[..., 20:]), side
+
+
+def _q6_k_parts(vectors: Tensor, side: dict[str, Tensor]) -> list[Tensor]:
+    rows, nsb = vectors.shape[:2]
+    scales = side["scales"].contiguous().view(torch.uint8).reshape(rows, nsb, 8, 2).transpose(2, 3)
+    high = (vectors >> 4).reshape(rows, nsb, 4, 2, BLOCK)
+    crumbs = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
+    return [_half_bytes(side["d"]), scales.reshape(rows, nsb, 16), _nibbles(vectors & 15),
+            crumbs.reshape(rows, nsb, 64)]
+
+
+def _q6_k_side(r: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    rows, nsb = r.shape[:2]
+    crumbs = r[..., 146:].reshape(rows, nsb, 1, 2, BLOCK)
+    high = torch.cat([(crumbs >> shift) & 3 for shift in (0, 2, 4, 6)], 2).reshape(rows, nsb, 8, BLOCK)
+    scales = r[..., 2:18].reshape(rows, nsb, 2, 8).transpose(2, 3).contiguous().view(torch.int8)
+    return _unnibbled(r[..., 18:146]) | (high << 4), {"d": _half(r, 0), "scales": scales.reshape(rows, nsb * 16)}
+
+
+def _half(r: Tensor, at: int) -> Tensor:
+    """The float16 at bytes ``at``, ``at + 1`` of each record."""
+    return r[..., at:at + 2].contiguous().view(torch.float16).reshape(r.shape[:2])
+
+
+LAYOUTS = {"q4_k": (_q4_k_parts, _q4_k_side), "q6_k": (_q6_k_parts, _q6_k_side)}
+"""Each K-quant's record: its parts from the byte-vectors and the side, and the byte-vectors and side from it."""
+
+
 def to_records(name: str, codes: Tensor, side: dict[str, Tensor]) -> Tensor:
     """The records (uint8 ``[rows, in / 256 * bytes]``) of a ``[rows, in]`` weight's GGML codes and side."""
     rows, k = codes.shape
     nsb = k // SUPER
     vectors = _byte_vectors(codes.to(torch.uint8).reshape(rows, nsb, SUPER))
-    if name == "q4_k":
-        parts = [_half_bytes(side["d"]), _half_bytes(side["dmin"]), side["scales"].reshape(rows, nsb, 8),
-                 side["mins"].reshape(rows, nsb, 8), _nibbles(vectors)]
-    else:
-        scales = side["scales"].contiguous().view(torch.uint8).reshape(rows, nsb, 8, 2).transpose(2, 3)
-        high = (vectors >> 4).reshape(rows, nsb, 4, 2, BLOCK)
-        crumbs = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
-        parts = [_half_bytes(side["d"]), scales.reshape(rows, nsb, 16), _nibbles(vectors & 15),
-                 crumbs.reshape(rows, nsb, 64)]
-    return torch.cat(parts, -1).reshape(rows, nsb * record_bytes(name)).contiguous()
+    return torch.cat(LAYOUTS[name][0](vectors, side), -1).reshape(rows, nsb * record_bytes(name)).contiguous()
 
 
 def from_records(name: str, data: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
     """The GGML codes (int64 ``[rows, in]``) and side that :func:`to_records` took."""
     rows = data.shape[0]
-    r = data.reshape(rows, -1, record_bytes(name))
-    nsb = r.shape[1]
-
-    def half(at: int) -> Tensor:
-        return r[..., at:at + 2].contiguous().view(torch.float16).reshape(rows, nsb)
-
-    if name == "q4_k":
-        vectors = _unnibbled(r[..., 20:])
-        side = {"d": half(0), "dmin": half(2), "scales": r[..., 4:12].reshape(rows, nsb * 8).clone(),
-                "mins": r[..., 12:20].reshape(rows, nsb * 8).clone()}
-    else:
-        crumbs = r[..., 146:].reshape(rows, nsb, 1, 2, BLOCK)
-        high = torch.cat([(crumbs >> shift) & 3 for shift in (0, 2, 4, 6)], 2).reshape(rows, nsb, 8, BLOCK)
-        vectors = _unnibbled(r[..., 18:146]) | (high << 4)
-        scales = r[..., 2:18].reshape(rows, nsb, 2, 8).transpose(2, 3).contiguous().view(torch.int8)
-        side = {"d": half(0), "scales": scales.reshape(rows, nsb * 16)}
-    return _codes(vectors).reshape(rows, nsb * SUPER).to(torch.int64), side
+    vectors, side = LAYOUTS[name][1](data.reshape(rows, -1, record_bytes(name)))
+    return _codes(vectors).reshape(rows, -1).to(torch.int64), side
