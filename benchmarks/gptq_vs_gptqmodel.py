@@ -36,6 +36,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+PEER_ENV = dict(os.environ)  # the peers run in the environment as given: the tool's import sets GOMP_SPINCOUNT
+
 from busy import busy_processes  # beside this script
 from figures import cpu_model, spread  # beside this script
 from ptq import MODELS, gptq_steps, held_out_error, spec  # beside this script
@@ -99,11 +101,11 @@ def tool_child(config: dict, batches: int, out: str) -> None:
     print(json.dumps({"seconds": seconds, "held_out": held_out_error(float_model, result.mg.model, test)}))
 
 
-def timed(command: list[str], cwd: Path) -> tuple[dict, float]:
+def timed(command: list[str], cwd: Path, env: dict | None = None) -> tuple[dict, float]:
     """The command's last line as JSON, and its CPU seconds (user + system); run in ``cwd`` (gptqmodel writes logs
-    into its working directory)."""
+    into its working directory), in ``env`` (default: this process's)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    run = subprocess.run(command, capture_output=True, text=True, cwd=cwd)
+    run = subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if run.returncode != 0:
         raise SystemExit(f"{command[0]} failed:\n{run.stderr[-3000:]}")
@@ -152,7 +154,7 @@ def main() -> None:
             with busy_processes(busy) if busy else contextlib.nullcontext():
                 for _ in range(args.rounds):
                     for name, command in tools.items():
-                        runs[name].append(timed(command, directory))
+                        runs[name].append(timed(command, directory, None if name == "tool" else PEER_ENV))
             rows.append((busy, load, os.getloadavg()[0], runs))
     versions = [f"{name} {version(python, name.replace('-', ''))}" for name, (python, _) in peers.items() if python]
     print(f"command: {command_line()}")

@@ -34,11 +34,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
+PEER_ENV = dict(os.environ)  # llama-bench runs in the environment as given
+import mase_lite  # noqa: E402,F401  before torch, as the tool's command line does (it sets GOMP_SPINCOUNT)
+import torch  # noqa: E402
 
-from busy import busy_processes  # beside this script
-from figures import cpu_model, spread  # beside this script
-from record import add_record_flag, command_line, recording  # beside this script
+from busy import busy_processes  # noqa: E402  beside this script
+from figures import cpu_model, spread  # noqa: E402  beside this script
+from record import add_record_flag, command_line, recording  # noqa: E402  beside this script
 
 TYPES = {  # GGUF's type: the tool's format that it holds exactly, and how the tool packs it
     "Q4_0": ({"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "scale_dtype": "float16",
@@ -105,7 +107,7 @@ def tool_rates(decoder, prompt: torch.Tensor, start: torch.Tensor, tokens: int) 
 def llama_rates(binary: str, path: Path, threads: int, prompt: int, tokens: int) -> tuple[float, float]:
     """llama-bench's pp<prompt> and tg<tokens> tokens per second (one repetition each, after its warm-up)."""
     result = subprocess.run([binary, "-m", str(path), "-p", str(prompt), "-n", str(tokens), "-t", str(threads),
-                             "-r", "1", "-o", "json"], capture_output=True, text=True, check=True)
+                             "-r", "1", "-o", "json"], capture_output=True, text=True, check=True, env=PEER_ENV)
     tests = json.loads(result.stdout)
     rate = {(t["n_prompt"], t["n_gen"]): t["avg_ts"] for t in tests}
     return rate[(prompt, 0)], rate[(0, tokens)]

@@ -9,8 +9,14 @@ Example::
     result = ml.run_pipeline("pipelines/quickstart.json")
 """
 
-from mase_lite.infra import moved
-from mase_lite.infra.errors import UserError
+import os
+
+from mase_lite.infra.spinning import calm
+
+calm(os.environ)  # before torch loads OpenMP: idle threads sleep soon on a busy machine (see the module)
+
+from mase_lite.infra import moved  # noqa: E402
+from mase_lite.infra.errors import UserError  # noqa: E402
 
 moved.install()  # the modules' names before the layout of 2026-11 keep working (with a warning)
 

@@ -112,3 +112,15 @@ class TiledWeights:
         super()._load_from_state_dict(*args, **kwargs)
         if was:  # a decoding step may hold these tensors, tiled
             self._tile()
+
+
+class FormatLayer:
+    """The graph metadata and the repr of a packed Linear whose weight is bytes of its format ``fmt``."""
+
+    def mase_weight_meta(self) -> dict:
+        return {"shape": [self.out_features, self.in_features], "dtype": "uint8", "format": dict(self.fmt),
+                "trainable": False}
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt['name']}"
+                + (f", activations={self.activations}" if self.activations != "float" else ""))

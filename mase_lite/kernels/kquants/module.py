@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from mase_lite.infra.errors import UserError
 from mase_lite.kernels.int8_activations import cpu_kernel as int8_kernel
 from mase_lite.kernels.int8_activations.cpu_kernel import KQUANT_KINDS, SUPER
-from mase_lite.kernels.int8_activations.layers import Int8Weights, check_activations, check_input, fused
+from mase_lite.kernels.int8_activations.layers import FormatLayer, Int8Weights, check_activations, check_input, fused
 from mase_lite.kernels.kquants.records import from_records, record_bytes, to_records
 from mase_lite.numerics.codes import encode
 from mase_lite.numerics.ggml import ggml_values
@@ -42,7 +42,7 @@ def reference_int8(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return out.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
 
 
-class KQuantLinear(nn.Module):
+class KQuantLinear(FormatLayer, nn.Module):
     """``y = x @ W.T + b`` with W held as ``blocks`` (uint8 ``[out, in / 256 * bytes]``: the records of
     ``fmt`` (``q4_k`` or ``q6_k``), each row's super-blocks in order). ``in`` is a multiple of 256."""
 
@@ -132,14 +132,6 @@ class KQuantLinear(nn.Module):
 
     def dequantized_weight(self) -> Tensor:
         return ggml_values(*self.codes(), self.fmt["name"])
-
-    def mase_weight_meta(self) -> dict:
-        return {"shape": [self.out_features, self.in_features], "dtype": "uint8", "format": dict(self.fmt),
-                "trainable": False}
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt['name']}"
-                + (f", activations={self.activations}" if self.activations != "float" else ""))
 
 
 def _check(fmt: dict[str, Any] | None, others: bool, in_features: int) -> None:

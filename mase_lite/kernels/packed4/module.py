@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import mase_lite.kernels.int8_activations.cpu_kernel as int8_kernel
-from mase_lite.kernels.int8_activations.layers import (Int8Weights, TiledWeights, check_activations, check_input,
-                                                       fused)
+from mase_lite.kernels.int8_activations.layers import (FormatLayer, Int8Weights, TiledWeights, check_activations,
+                                                       check_input, fused)
 import mase_lite.kernels.packed4.cpu_kernel as cpu_kernel
 from mase_lite.infra.errors import UserError
 from mase_lite.numerics.codes import decode as decode_codes
@@ -100,7 +100,7 @@ def packed4_linear_int8(x: Tensor, nibbles: Tensor, scales: Tensor, integer: tup
     return native if native is not None else int8_kernel.reference_nibbles(x, nibbles, scales, *integer, bias)
 
 
-class Packed4Linear(TiledWeights, nn.Module):
+class Packed4Linear(TiledWeights, FormatLayer, nn.Module):
     """``y = x @ W.T + b`` with W held as ``nibbles`` (uint8, ``[out, in / 2]``), ``scales`` (``[out, in / 32]``:
     float16 where the format's scales are float16, as GGUF's Q4_0 holds them; else float32) and ``table`` (16
     float32 values); the bias stays a float parameter. ``fmt``: the weight's format, for graph metadata and
@@ -228,14 +228,6 @@ class Packed4Linear(TiledWeights, nn.Module):
         nibbles, scales = self.rows()
         native = cpu_kernel.dequantize(nibbles, scales, self.table)
         return decode(nibbles, scales, self.table) if native is None else native
-
-    def mase_weight_meta(self) -> dict:
-        return {"shape": [self.out_features, self.in_features], "dtype": "uint8", "format": dict(self.fmt),
-                "trainable": False}
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.fmt['name']}"
-                + (f", activations={self.activations}" if self.activations != "float" else ""))
 
 
 def _check_packable(fmt: dict[str, Any] | None, others: bool, in_features: int, formats: dict) -> None:
