@@ -94,6 +94,13 @@ def mixed_types(model, preset: str) -> dict[str, str]:
 
     columns = {name: m.in_features for name, m in model.named_modules() if type(m) is nn.Linear}
     head = "lm_head" if "lm_head" in columns else None
-    embeddings = getattr(model, "get_input_embeddings", lambda: None)()
-    tied = head is not None and embeddings is not None and model.get_submodule(head).weight is embeddings.weight
+    tied = head is not None and bool(tied_with(model, head))
     return {name: rule["weight"]["name"] for name, rule in mixed_rules(preset, columns, head, tied).items() if rule}
+
+
+def tied_with(model, path: str) -> list[str]:
+    """The other modules holding module ``path``'s weight (an output head tied to the embedding), in order."""
+    weight = model.get_submodule(path).weight
+    owners = [name.rpartition(".")[0] for name, param in model.named_parameters(remove_duplicate=False)
+              if param is weight]
+    return [owner for owner in owners if owner != path]

@@ -26,8 +26,8 @@ MAX_HEAD_DIM = 512
 
 
 class _Group(ctypes.Structure):
-    _fields_ = [("nibbles", _int), ("half", _int), ("count", _int), ("tiled", _int), ("kquant", _int),
-                ("kinds", _int * GROUP_LAYERS), ("itable", _ptr), ("unit", _float), ("k", _i64),
+    _fields_ = [("nibbles", _int), ("half", _int), ("count", _int), ("tiled", _int), ("kinds", _int * GROUP_LAYERS),
+                ("itable", _ptr), ("unit", _float), ("k", _i64),
                 ("n", _i64 * GROUP_LAYERS), ("q", _ptr * GROUP_LAYERS), ("scales", _ptr * GROUP_LAYERS),
                 ("bias", _ptr * GROUP_LAYERS)]
 
@@ -148,8 +148,7 @@ def _group(modules: list[nn.Module], tensors: list[Tensor]) -> _Group | None:
                for w in weights):
         return None
     group = _Group(nibbles=int(first.nibbles), half=int(first.scales.dtype == torch.float16), count=len(modules),
-                   tiled=int(first.tiled), kquant=int(first.kind is not None), unit=first.unit,
-                   k=modules[0].in_features)
+                   tiled=int(first.tiled), unit=first.unit, k=modules[0].in_features)
     if first.nibbles:
         group.itable = first.itable.data_ptr()
         tensors.append(first.itable)

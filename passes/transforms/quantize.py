@@ -53,7 +53,7 @@ from mase_lite.infra.errors import UserError
 from mase_lite.ir.meta import module_class
 from mase_lite.ir.ops import function_packet_name
 from mase_lite.infra.heap import return_free_memory
-from mase_lite.layers.presets import MIXED_PRESETS, PRESETS, mixed_rules
+from mase_lite.layers.presets import MIXED_PRESETS, PRESETS, mixed_rules, tied_with
 from mase_lite.layers.quant_config import FUNCTION_OPERANDS, LAYER_OPERANDS, OperandFormat, QuantConfig, QuantSpec, resolve
 from mase_lite.numerics.calibration import Method, auto_keys, choose
 from mase_lite.layers.quant_functional import QUANTIZED_FUNCTIONS, QuantizedFunction
@@ -198,13 +198,6 @@ class QuantizeParams(PassParams):
                 except re.error as err:
                     raise PydanticCustomError("quant_regex", f"ignore.{i}: not a valid regex ({err})") from None
         return self
-
-
-def tied_with(model: nn.Module, path: str) -> list[str]:
-    """The other modules holding module ``path``'s weight (an output head tied to the embedding), in order."""
-    weight = model.get_submodule(path).weight
-    owners = [name.rpartition(".")[0] for name, param in model.named_parameters(remove_duplicate=False) if param is weight]
-    return [owner for owner in owners if owner != path]
 
 
 def _unwrapped(value: Any) -> Any:

@@ -252,7 +252,8 @@ def test_the_quantize_pass_packs_k_quants():
         "weight": {"name": "q6_k"}, "storage": "packed", "activations": "int8"}}})
     layers = [m for m in packed_model.modules() if isinstance(m, KQuantLinear)]
     assert len(layers) == 2 and {m.fmt["name"] for m in layers} == {"q6_k"}
-    with pytest.raises(Exception, match="multiple of 256"):
+    with pytest.raises(UserError, match="rules.linear: node '0': a packed K-quant weight takes q4_k or q6_k over inputs "
+                                        "a multiple of 256"):
         ml.passes.quantize(torch.nn.Sequential(torch.nn.Linear(288, 4)), {"by": "type", "rules": {"linear": {
             "weight": {"name": "q4_k"}, "storage": "packed"}}})
 

@@ -21,8 +21,7 @@ enum { GROUP_LAYERS = 3, MAX_HEAD_DIM = 512 };
 struct group {
     int nibbles, half, count; /* half: nibbles' scales are float16 */
     int tiled;            /* the weights and scales tiled (int8_dot.h's struct weights) */
-    int kquant;           /* K-quants: kinds[i] each layer's (kquant_dot.h; nibbles, half, tiled, itable unused) */
-    int kinds[GROUP_LAYERS];
+    int kinds[GROUP_LAYERS]; /* K-quants: each layer's (kquant_dot.h; nibbles, half, tiled, itable unused); 0: none */
     const int8_t *itable; /* nibbles: the table's 16 integers */
     float unit;           /* the power of two they stand for (MXINT8: 2**-6) */
     int64_t k;            /* inputs */
@@ -85,7 +84,7 @@ size_t int8_decoder_scratch(const struct model *m) { return layout(m, NULL, NULL
 static void prepare(struct linear_args *a, const struct group *g, float *const *out, const float *x,
                     const struct buffers *b, int level) {
     struct linear_args args = {.nibbles = g->nibbles, .affine = g->nibbles && affine_table(g->itable),
-                               .half = g->half, .tiled = g->tiled, .kinds = g->kquant ? g->kinds : NULL,
+                               .half = g->half, .tiled = g->tiled, .kinds = g->kinds[0] ? g->kinds : NULL,
                                .itable = g->itable, .unit = g->unit, .count = g->count, .q = g->q,
                                .scales = g->scales, .bias = g->bias, .out = out, .n = g->n, .m = 1, .k = g->k,
                                .level = level};

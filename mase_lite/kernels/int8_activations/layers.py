@@ -52,7 +52,8 @@ class Int8Weights(NamedTuple):
     """What the int8 kernels read of a layer: ``data`` (4-bit ``nibbles`` ``[out, in / 2]`` with float32 or float16
     ``scales``, or MXINT8 codes ``[out, in]`` with E8M0 ``scales``; ``tiled``: both in the kernel's tiled order), the
     bias, and for nibbles the table's 16 integers and the power of two ``unit`` they stand for (MXINT8: 2**-6);
-    ``kind``: a K-quant's format name (``data``: its records, ``kernels/kquants``), None for nibbles and codes."""
+    ``kind``: a K-quant's format name (``data``: its records, ``kernels/kquants``, whose scales are inside them:
+    ``scales`` is the same tensor, unread), None for nibbles and codes."""
 
     nibbles: bool
     data: Tensor

@@ -127,8 +127,9 @@ class KQuantLinear(FormatLayer, nn.Module):
 
     def encoded(self):
         """The weight as stored codes of its format: what an export writes."""
-        values = self.dequantized_weight()
-        return encode(values, self.fmt, side=self.codes()[1], values=values)
+        codes, side = self.codes()
+        values = ggml_values(codes, side, self.fmt["name"])
+        return encode(values, self.fmt, side=side, values=values)
 
     def dequantized_weight(self) -> Tensor:
         return ggml_values(*self.codes(), self.fmt["name"])

@@ -37,11 +37,6 @@ def record_bytes(name: str) -> int:
     return KQUANT_KINDS[name][1]
 
 
-def in_features(name: str, row_bytes: int) -> int:
-    """The weights in a row of ``row_bytes`` bytes of records."""
-    return row_bytes // record_bytes(name) * SUPER
-
-
 def _half_bytes(h: Tensor) -> Tensor:
     return h.contiguous().view(torch.uint8).reshape(*h.shape, 2)
 
