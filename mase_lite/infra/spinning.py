@@ -1,9 +1,9 @@
 """How long an idle OpenMP thread spins before it sleeps: GNU OpenMP's (torch's and the kernels' team) spins about
 300,000 times by default at every join and barrier, so on a machine whose cores other processes take, a thread
 waiting for one the scheduler preempted burns a core for milliseconds. Measured (``benchmarks/gptq_vs_gptqmodel.py``'s
-tool, the 156 M Llama beside two busy processes on two cores): 71 CPU seconds against 43 quiet by default, 43 with
-``GOMP_SPINCOUNT=10000``, the same weights; quiet runs take the same time either way, and a decoding step's barriers
-(well under the spin) never sleep.
+tool process, the 156 M Llama beside two busy processes on two cores; ``benchmarks/RESULTS.md``): 68.8 CPU seconds
+against 42.8 quiet by default, 44.4 against 50.7 with ``GOMP_SPINCOUNT=10000``, the same weights; a decoding step's
+barriers (well under the spin) never sleep.
 
 The runtime reads it once, when torch loads it: :func:`calm` sets it first thing on ``import mase_lite`` (and so in
 ``mase-lite``) unless the environment says otherwise (``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` set: yours stands).
