@@ -151,14 +151,19 @@ def transcribed(kind, layer, x_row):
 @native
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_output_is_the_documented_arithmetic_exactly(kind, monkeypatch):
-    layer = packed(kind, rows=3, columns=512)
-    x = torch.randn(512) * torch.linspace(0.01, 30, 512)
-    x[40:64] = 0  # an all-zero block of x: scale 0
-    expected = transcribed(kind, layer, x)
+    """Every tile of the kernels: 7 rows of W (pairs, fours and the one left over) against batches of 7, 6, 5 and 1
+    rows of x (tiles of 4 rows of x and 3, 2 or 1 left over; a row alone is a decoding step)."""
+    layer = packed(kind, rows=7, columns=512)
+    x = torch.randn(7, 512) * torch.linspace(0.01, 30, 512) * torch.arange(1, 8)[:, None]
+    x[:, 40:64] = 0  # an all-zero block of x: scale 0
+    expected = torch.stack([transcribed(kind, layer, row) for row in x])
     for level in cpu.available_levels():
         monkeypatch.setenv(cpu.LEVEL_ENV, level)
         with torch.no_grad():
-            assert torch.equal(bits32(layer(x[None])[0]), bits32(expected)), level
+            for rows in (7, 6, 5):
+                assert torch.equal(bits32(layer(x[:rows])), bits32(expected[:rows])), (level, rows)
+            for i in range(7):
+                assert torch.equal(bits32(layer(x[i:i + 1])), bits32(expected[i:i + 1])), (level, i)
 
 
 @native

@@ -18,7 +18,8 @@
  * thread count. The vector levels take a byte-vector of W against the same byte-vector of x: each lane's products
  * are block i's, so each block's sum builds in its own lane, with no sum across lanes: the unsigned codes meet x by
  * VNNI's vpdpbusd where the CPU has it, else AVX2's vpmaddubsw (Q6_K's u - 32 as u less 32 times the half's sum of
- * x, then times the half's scale); a run of rows of x meets each super-block's codes formed once. */
+ * x, then times the half's scale). A tile of up to 4 rows of x and 2 rows of W (a row of x alone: 4 of Q4_K) forms
+ * each super-block's codes once for its rows of x and loads x's once for its rows of W. */
 #ifndef KQUANT_DOT_H
 #define KQUANT_DOT_H
 
@@ -91,13 +92,14 @@ static float kquant_dot_c(int kind, const uint8_t *row, const int8_t *xq, const 
 }
 
 #ifdef CPU_X86
-/* What a vector kernel takes: one row of W (nsb records) against C rows of x (k codes, nb scales and sums apart). */
+/* What a vector kernel takes: R rows of W (nsb records each, row_bytes apart) against C rows of x (k codes, nb scales
+ * and sums apart). */
 struct kquant_rows {
     const uint8_t *row;
     const int8_t *xq;
     const float *xs;
     const int32_t *xsum;
-    int64_t nsb, k, nb;
+    int64_t nsb, k, nb, row_bytes;
 };
 
 AVX2 INLINE float half_f16c(const uint8_t *p) {
@@ -107,111 +109,139 @@ AVX2 INLINE float half_f16c(const uint8_t *p) {
 }
 
 #define X_VECTOR(c, s, vector) _mm256_loadu_si256((const __m256i *)(t->xq + (c) * t->k + (s) * SUPER) + (vector))
+#define RECORD(r, s, bytes) (t->row + (r) * t->row_bytes + (s) * (bytes))
+#define ZERO_SUMS(R, C)                                                                                             \
+    __m256i sums[R][C][2];                                                                                          \
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++)                                          \
+        sums[r][c][0] = sums[r][c][1] = _mm256_setzero_si256();
+#define TILE_OUT(R, C)                                                                                              \
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) out[r * C + c] = sum8_avx2(acc[r][c]);
 
-/* NAME(t, out): Q4_K against C rows of x, each super-block's codes formed once for them all. */
-#define Q4_K_ROWS(NAME, TARGET, MADD, C)                                                                            \
+/* NAME(t, out): Q4_K, R rows of W against C rows of x into out[r * C + c]: each super-block's codes formed once for
+ * the C rows of x, each vector of x's codes and its block scales loaded once for the R rows of W. */
+#define Q4_K_TILE(NAME, TARGET, MADD, R, C)                                                                         \
     TARGET static void NAME(const struct kquant_rows *t, float *out) {                                              \
         const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);                                     \
-        __m256 acc[C];                                                                                              \
-        UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();                                            \
+        __m256 acc[R][C];                                                                                           \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();      \
         for (int64_t s = 0; s < t->nsb; s++) {                                                                      \
-            const uint8_t *r = t->row + s * Q4_K_BYTES;                                                             \
-            __m256i sums[C][2];                                                                                     \
-            UNROLL for (int c = 0; c < C; c++) sums[c][0] = sums[c][1] = _mm256_setzero_si256();                    \
+            ZERO_SUMS(R, C)                                                                                         \
             UNROLL for (int v = 0; v < 4; v++) {                                                                    \
-                __m256i w = _mm256_loadu_si256((const __m256i *)(r + 20) + v);                                      \
-                __m256i low = _mm256_and_si256(w, low4), high = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);    \
+                __m256i low[R], high[R];                                                                            \
+                UNROLL for (int r = 0; r < R; r++) {                                                                \
+                    __m256i w = _mm256_loadu_si256((const __m256i *)(RECORD(r, s, Q4_K_BYTES) + 20) + v);           \
+                    low[r] = _mm256_and_si256(w, low4), high[r] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);  \
+                }                                                                                                   \
                 UNROLL for (int c = 0; c < C; c++) {                                                                \
-                    sums[c][0] = MADD(sums[c][0], low, X_VECTOR(c, s, v));                                          \
-                    sums[c][1] = MADD(sums[c][1], high, X_VECTOR(c, s, v + 4));                                     \
+                    __m256i x_low = X_VECTOR(c, s, v), x_high = X_VECTOR(c, s, v + 4);                              \
+                    UNROLL for (int r = 0; r < R; r++) {                                                            \
+                        sums[r][c][0] = MADD(sums[r][c][0], low[r], x_low);                                         \
+                        sums[r][c][1] = MADD(sums[r][c][1], high[r], x_high);                                       \
+                    }                                                                                               \
                 }                                                                                                   \
             }                                                                                                       \
-            __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(r + 4))));        \
-            __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(r + 12))));        \
-            __m256 dsc = _mm256_mul_ps(_mm256_set1_ps(half_f16c(r)), sc);                                           \
-            __m256 dm = _mm256_mul_ps(_mm256_set1_ps(half_f16c(r + 2)), m);                                         \
+            __m256 dsc[R], dm[R];                                                                                   \
+            UNROLL for (int r = 0; r < R; r++) {                                                                    \
+                const uint8_t *rec = RECORD(r, s, Q4_K_BYTES);                                                      \
+                __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 4))));  \
+                __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 12))));  \
+                dsc[r] = _mm256_mul_ps(_mm256_set1_ps(half_f16c(rec)), sc);                                         \
+                dm[r] = _mm256_mul_ps(_mm256_set1_ps(half_f16c(rec + 2)), m);                                       \
+            }                                                                                                       \
             UNROLL for (int c = 0; c < C; c++) {                                                                    \
                 __m256 x8 = _mm256_loadu_ps(t->xs + c * t->nb + 8 * s);                                             \
                 __m256i halves = _mm256_loadu_si256((const __m256i *)(t->xsum + c * t->nb + 8 * s));                \
                 __m256 xsum8 = _mm256_cvtepi32_ps(_mm256_madd_epi16(halves, ones)); /* the two halves added */      \
-                __m256 total = _mm256_cvtepi32_ps(_mm256_add_epi32(sums[c][0], sums[c][1]));                        \
-                acc[c] = _mm256_fmadd_ps(total, _mm256_mul_ps(x8, dsc), acc[c]);                                    \
-                acc[c] = _mm256_fnmadd_ps(xsum8, _mm256_mul_ps(x8, dm), acc[c]);                                    \
-            }                                                                                                       \
-        }                                                                                                           \
-        UNROLL for (int c = 0; c < C; c++) out[c] = sum8_avx2(acc[c]);                                              \
-    }
-
-/* NAME(t, out): Q6_K against C rows of x, each super-block's codes formed once for them all: the unsigned codes u
- * meet x (VNNI's vpdpbusd, or AVX2's vpmaddubsw), byte-vectors 0-3 summing the blocks' first halves and 4-7 their
- * second, and 32 times the halves' sums of x taken off before their scales multiply them. */
-#define Q6_K_ROWS(NAME, TARGET, MADD, C)                                                                            \
-    TARGET static void NAME(const struct kquant_rows *t, float *out) {                                              \
-        const __m256i low4 = _mm256_set1_epi8(15), crumb = _mm256_set1_epi8(0x30);                                  \
-        __m256 acc[C];                                                                                              \
-        UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();                                            \
-        for (int64_t s = 0; s < t->nsb; s++) {                                                                      \
-            const uint8_t *r = t->row + s * Q6_K_BYTES;                                                             \
-            __m256i sums[C][2];                                                                                     \
-            UNROLL for (int c = 0; c < C; c++) sums[c][0] = sums[c][1] = _mm256_setzero_si256();                    \
-            __m256i crumbs[2] = {_mm256_loadu_si256((const __m256i *)(r + 146)),                                    \
-                                 _mm256_loadu_si256((const __m256i *)(r + 146) + 1)};                               \
-            UNROLL for (int v = 0; v < 4; v++) {                                                                    \
-                __m256i nibbles = _mm256_loadu_si256((const __m256i *)(r + 18) + v);                                \
-                UNROLL for (int part = 0; part < 2; part++) {                                                       \
-                    int b = v + 4 * part, at = 2 * (b / 2); /* the byte-vector; its crumbs' bit, moved to bit 4 */  \
-                    __m256i h = crumbs[b % 2];                                                                      \
-                    h = at < 4 ? _mm256_slli_epi16(h, 4 - at) : at > 4 ? _mm256_srli_epi16(h, at - 4) : h;          \
-                    __m256i low = _mm256_and_si256(part ? _mm256_srli_epi16(nibbles, 4) : nibbles, low4);           \
-                    __m256i u = _mm256_or_si256(low, _mm256_and_si256(h, crumb));                                   \
-                    UNROLL for (int c = 0; c < C; c++) sums[c][part] = MADD(sums[c][part], u, X_VECTOR(c, s, b));   \
+                UNROLL for (int r = 0; r < R; r++) {                                                                \
+                    __m256 total = _mm256_cvtepi32_ps(_mm256_add_epi32(sums[r][c][0], sums[r][c][1]));              \
+                    acc[r][c] = _mm256_fmadd_ps(total, _mm256_mul_ps(x8, dsc[r]), acc[r][c]);                       \
+                    acc[r][c] = _mm256_fnmadd_ps(xsum8, _mm256_mul_ps(x8, dm[r]), acc[r][c]);                       \
                 }                                                                                                   \
             }                                                                                                       \
-            __m256i first = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(r + 2)));                        \
-            __m256i second = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(r + 10)));                      \
-            __m256 d = _mm256_set1_ps(half_f16c(r));                                                                \
-            UNROLL for (int c = 0; c < C; c++) {                                                                    \
-                __m256i halves = _mm256_loadu_si256((const __m256i *)(t->xsum + c * t->nb + 8 * s));                \
-                __m256i xa = _mm256_srai_epi32(_mm256_slli_epi32(halves, 16), 16), xb = _mm256_srai_epi32(halves, 16); \
-                __m256i total = _mm256_add_epi32(                                                                   \
-                    _mm256_mullo_epi32(_mm256_sub_epi32(sums[c][0], _mm256_slli_epi32(xa, 5)), first),              \
-                    _mm256_mullo_epi32(_mm256_sub_epi32(sums[c][1], _mm256_slli_epi32(xb, 5)), second));            \
-                __m256 x8 = _mm256_loadu_ps(t->xs + c * t->nb + 8 * s);                                             \
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(x8, d), acc[c]);                  \
-            }                                                                                                       \
         }                                                                                                           \
-        UNROLL for (int c = 0; c < C; c++) out[c] = sum8_avx2(acc[c]);                                              \
+        TILE_OUT(R, C)                                                                                              \
     }
 
-typedef void (*kquant_fn)(const struct kquant_rows *, float *);
-Q4_K_ROWS(q4_k_avx2_1, AVX2, madd_avx2, 1)
-Q4_K_ROWS(q4_k_avx2_2, AVX2, madd_avx2, 2)
-Q4_K_ROWS(q4_k_avx2_3, AVX2, madd_avx2, 3)
-Q4_K_ROWS(q4_k_avx2_4, AVX2, madd_avx2, 4)
-Q4_K_ROWS(q4_k_vnni_1, VNNI, madd_vnni, 1)
-Q4_K_ROWS(q4_k_vnni_2, VNNI, madd_vnni, 2)
-Q4_K_ROWS(q4_k_vnni_3, VNNI, madd_vnni, 3)
-Q4_K_ROWS(q4_k_vnni_4, VNNI, madd_vnni, 4)
-Q6_K_ROWS(q6_k_avx2_1, AVX2, madd_avx2, 1)
-Q6_K_ROWS(q6_k_avx2_2, AVX2, madd_avx2, 2)
-Q6_K_ROWS(q6_k_avx2_3, AVX2, madd_avx2, 3)
-Q6_K_ROWS(q6_k_avx2_4, AVX2, madd_avx2, 4)
-Q6_K_ROWS(q6_k_vnni_1, VNNI, madd_vnni, 1)
-Q6_K_ROWS(q6_k_vnni_2, VNNI, madd_vnni, 2)
-Q6_K_ROWS(q6_k_vnni_3, VNNI, madd_vnni, 3)
-Q6_K_ROWS(q6_k_vnni_4, VNNI, madd_vnni, 4)
+/* NAME(t, out): Q6_K, R rows of W against C rows of x, as Q4_K_TILE: the unsigned codes u meet x (VNNI's vpdpbusd,
+ * or AVX2's vpmaddubsw), byte-vectors 0-3 summing the blocks' first halves and 4-7 their second, and 32 times the
+ * halves' sums of x taken off before their scales multiply them. */
+#define Q6_K_TILE(NAME, TARGET, MADD, R, C)                                                                         \
+    TARGET static void NAME(const struct kquant_rows *t, float *out) {                                              \
+        const __m256i low4 = _mm256_set1_epi8(15), crumb = _mm256_set1_epi8(0x30);                                  \
+        __m256 acc[R][C];                                                                                           \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();      \
+        for (int64_t s = 0; s < t->nsb; s++) {                                                                      \
+            ZERO_SUMS(R, C)                                                                                         \
+            __m256i crumbs[R][2];                                                                                   \
+            UNROLL for (int r = 0; r < R; r++) UNROLL for (int h = 0; h < 2; h++)                                   \
+                crumbs[r][h] = _mm256_loadu_si256((const __m256i *)(RECORD(r, s, Q6_K_BYTES) + 146) + h);           \
+            UNROLL for (int v = 0; v < 4; v++) {                                                                    \
+                UNROLL for (int part = 0; part < 2; part++) {                                                       \
+                    int b = v + 4 * part, at = 2 * (b / 2); /* the byte-vector; its crumbs' bit, moved to bit 4 */  \
+                    __m256i u[R];                                                                                   \
+                    UNROLL for (int r = 0; r < R; r++) {                                                            \
+                        const uint8_t *rec = RECORD(r, s, Q6_K_BYTES);                                              \
+                        __m256i nibbles = _mm256_loadu_si256((const __m256i *)(rec + 18) + v);                      \
+                        __m256i h = crumbs[r][b % 2];                                                               \
+                        h = at < 4 ? _mm256_slli_epi16(h, 4 - at) : at > 4 ? _mm256_srli_epi16(h, at - 4) : h;      \
+                        __m256i low = _mm256_and_si256(part ? _mm256_srli_epi16(nibbles, 4) : nibbles, low4);       \
+                        u[r] = _mm256_or_si256(low, _mm256_and_si256(h, crumb));                                    \
+                    }                                                                                               \
+                    UNROLL for (int c = 0; c < C; c++) {                                                            \
+                        __m256i x = X_VECTOR(c, s, b);                                                              \
+                        UNROLL for (int r = 0; r < R; r++) sums[r][c][part] = MADD(sums[r][c][part], u[r], x);      \
+                    }                                                                                               \
+                }                                                                                                   \
+            }                                                                                                       \
+            __m256i first[R], second[R];                                                                            \
+            __m256 d[R];                                                                                            \
+            UNROLL for (int r = 0; r < R; r++) {                                                                    \
+                const uint8_t *rec = RECORD(r, s, Q6_K_BYTES);                                                      \
+                first[r] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 2)));                       \
+                second[r] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 10)));                     \
+                d[r] = _mm256_set1_ps(half_f16c(rec));                                                              \
+            }                                                                                                       \
+            UNROLL for (int c = 0; c < C; c++) {                                                                    \
+                __m256i halves = _mm256_loadu_si256((const __m256i *)(t->xsum + c * t->nb + 8 * s));                \
+                __m256i xa = _mm256_slli_epi32(_mm256_srai_epi32(_mm256_slli_epi32(halves, 16), 16), 5);            \
+                __m256i xb = _mm256_slli_epi32(_mm256_srai_epi32(halves, 16), 5);                                   \
+                __m256 x8 = _mm256_loadu_ps(t->xs + c * t->nb + 8 * s);                                             \
+                UNROLL for (int r = 0; r < R; r++) {                                                                \
+                    __m256i total = _mm256_add_epi32(                                                               \
+                        _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][c][0], xa), first[r]),                          \
+                        _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][c][1], xb), second[r]));                        \
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(x8, d[r]), acc[r][c]);     \
+                }                                                                                                   \
+            }                                                                                                       \
+        }                                                                                                           \
+        TILE_OUT(R, C)                                                                                              \
+    }
 
-/* The kernels of a kind at a level, for 1..4 rows of x. */
-static const kquant_fn *kquant_kernels(int kind, int level) {
-    static const kquant_fn kernels[2][2][4] = {
-        {{q4_k_avx2_1, q4_k_avx2_2, q4_k_avx2_3, q4_k_avx2_4}, {q4_k_vnni_1, q4_k_vnni_2, q4_k_vnni_3, q4_k_vnni_4}},
-        {{q6_k_avx2_1, q6_k_avx2_2, q6_k_avx2_3, q6_k_avx2_4}, {q6_k_vnni_1, q6_k_vnni_2, q6_k_vnni_3, q6_k_vnni_4}}};
-    return kernels[kind == KIND_Q6_K][vnni_at(level)];
+/* A kind's kernels at a level: [0][c - 1] one row of W against c rows of x, [1][c - 1] two rows, [2][0] four rows
+ * against one, a decoding step (Q4_K's; Q6_K decodes a row of W at a time, faster here). */
+typedef void (*kquant_fn)(const struct kquant_rows *, float *);
+#define KQUANT_SET(TILE, NAME, TARGET, MADD, DECODE)                                                                \
+    TILE(NAME##_1x1, TARGET, MADD, 1, 1) TILE(NAME##_1x2, TARGET, MADD, 1, 2) TILE(NAME##_1x3, TARGET, MADD, 1, 3) \
+    TILE(NAME##_1x4, TARGET, MADD, 1, 4) TILE(NAME##_2x1, TARGET, MADD, 2, 1) TILE(NAME##_2x2, TARGET, MADD, 2, 2) \
+    TILE(NAME##_2x3, TARGET, MADD, 2, 3) TILE(NAME##_2x4, TARGET, MADD, 2, 4)                                      \
+    static const kquant_fn NAME[3][4] = {{NAME##_1x1, NAME##_1x2, NAME##_1x3, NAME##_1x4},                          \
+                                         {NAME##_2x1, NAME##_2x2, NAME##_2x3, NAME##_2x4}, {DECODE}};
+Q4_K_TILE(q4_k_avx2_4x1, AVX2, madd_avx2, 4, 1)
+Q4_K_TILE(q4_k_vnni_4x1, VNNI, madd_vnni, 4, 1)
+KQUANT_SET(Q4_K_TILE, q4_k_avx2, AVX2, madd_avx2, q4_k_avx2_4x1)
+KQUANT_SET(Q4_K_TILE, q4_k_vnni, VNNI, madd_vnni, q4_k_vnni_4x1)
+KQUANT_SET(Q6_K_TILE, q6_k_avx2, AVX2, madd_avx2, NULL)
+KQUANT_SET(Q6_K_TILE, q6_k_vnni, VNNI, madd_vnni, NULL)
+
+static const kquant_fn (*kquant_kernels(int kind, int level))[4] {
+    if (kind == KIND_Q4_K) return vnni_at(level) ? q4_k_vnni : q4_k_avx2;
+    return vnni_at(level) ? q6_k_vnni : q6_k_avx2;
 }
 #endif
 
 /* Rows [first, last) of K-quant layer l (kind, its rows nsb records apart) against x's m rows: runs of rows of x that
- * stay in the core's cache (int8_dot.h's), each row of W read once per run and met by up to 4 rows of x at a time. */
+ * stay in the core's cache (int8_dot.h's), each row of W read once per run, two rows of W at a time met by up to 4
+ * rows of x at a time (a single row of x: four rows of W). */
 static void kquant_range(const struct linear_args *a, int l, int64_t first, int64_t last) {
     int kind = a->kinds[l];
     int64_t k = a->k, nb = k / BLOCK, nsb = k / SUPER, n = a->n[l], row_bytes = nsb * kquant_bytes(kind);
@@ -219,25 +249,36 @@ static void kquant_range(const struct linear_args *a, int l, int64_t first, int6
     const float *bias = a->bias[l];
     float *out = a->out[l];
 #ifdef CPU_X86
-    const kquant_fn *kernels = a->level >= LEVEL_AVX2 ? kquant_kernels(kind, a->level) : NULL;
+    const kquant_fn(*kernels)[4] = a->level >= LEVEL_AVX2 ? kquant_kernels(kind, a->level) : NULL;
 #endif
-    for (int64_t i0 = 0; i0 < a->m; i0 += rows_x)
-        for (int64_t j = first; j < last; j++) {
-            const uint8_t *row = a->q[l] + j * row_bytes;
-            for (int64_t i = i0; i < min64(a->m, i0 + rows_x);) {
-                float totals[4];
-                int c = 1;
+    for (int64_t i0 = 0; i0 < a->m; i0 += rows_x) {
+        int64_t end = min64(a->m, i0 + rows_x), tall = 1; /* rows of W a kernel takes */
+#ifdef CPU_X86
+        if (kernels) tall = end - i0 > 1 ? 2 : kernels[2][0] ? 4 : 1;
+#endif
+        for (int64_t j = first; j < last;) {
+            int64_t rows = last - j >= tall ? tall : 1;
+            for (int64_t i = i0; i < end;) {
+                float totals[8];
+                int64_t c = 1;
+                const uint8_t *row = a->q[l] + j * row_bytes;
 #ifdef CPU_X86
                 if (kernels) {
-                    c = (int)min64(4, min64(a->m, i0 + rows_x) - i);
-                    struct kquant_rows t = {row, a->xq + i * k, a->xs + i * nb, a->corr + i * nb, nsb, k, nb};
-                    kernels[c - 1](&t, totals);
+                    c = min64(4, end - i);
+                    struct kquant_rows t = {row,      a->xq + i * k, a->xs + i * nb, a->corr + i * nb,
+                                            nsb,      k,             nb,             row_bytes};
+                    kernels[rows / 2][c - 1](&t, totals); /* rows 1, 2, 4: [0], [1], [2] */
                 } else
 #endif
                     totals[0] = kquant_dot_c(kind, row, a->xq + i * k, a->xs + i * nb, a->corr + i * nb, nsb);
-                for (int r = 0; r < c; r++, i++) out[i * n + j] = bias ? totals[r] + bias[j] : totals[r];
+                for (int64_t r = 0; r < rows; r++)
+                    for (int64_t e = 0; e < c; e++)
+                        out[(i + e) * n + j + r] = bias ? totals[r * c + e] + bias[j + r] : totals[r * c + e];
+                i += c;
             }
+            j += rows;
         }
+    }
 }
 
 #endif
