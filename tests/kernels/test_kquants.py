@@ -151,7 +151,7 @@ def transcribed(kind, layer, x_row):
 @native
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_output_is_the_documented_arithmetic_exactly(kind, monkeypatch):
-    """Every tile of the kernels: 7 rows of W (pairs, fours and the one left over) against batches of 7, 6, 5 and 1
+    """Every tile of the kernels: 7 rows of W (pairs and the one left over) against batches of 7, 6, 5 and 1
     rows of x (tiles of 4 rows of x and 3, 2 or 1 left over; a row alone is a decoding step)."""
     layer = packed(kind, rows=7, columns=512)
     x = torch.randn(7, 512) * torch.linspace(0.01, 30, 512) * torch.arange(1, 8)[:, None]
