@@ -2,9 +2,9 @@
 8 layers, 16/4 heads, FFN 2816, vocabulary 32000; random weights, seed 0) quantized by the tool, exported to GGUF, and
 run both by the tool's decoder (every Linear packed with int8 activations; mase_lite.runtime.decoder) and by llama.cpp's
 ``llama-bench`` on that very file. The types: Q4_0 (the tool's 4-bit groups of 32 with float16 scales, which GGUF's
-Q4_0 holds exactly), Q8_0 (the tool's MXINT8, which GGUF's Q8_0 holds exactly) and Q4_K_M (the tool's preset of that
-name: Q4_K, with Q6_K for the head and some value and down projections, as llama-quantize chooses; the decoder holds
-them as K-quant records, mase_lite.kernels.kquants).
+Q4_0 holds exactly), Q8_0 (the tool's MXINT8, which GGUF's Q8_0 holds exactly), Q4_K_M and Q5_K_M (the tool's presets
+of those names: Q4_K or Q5_K, with Q6_K for the head and some value and down projections, as llama-quantize chooses;
+the decoder holds them as K-quant records, mase_lite.kernels.kquants).
 
 Each round times every (type, threads) pair once per tool, the tools in turn, so drifting load hits them alike:
 prefill is tokens per second over a 512-token prompt (llama-bench's pp512; its n_batch 512), decode is tokens per second
@@ -46,7 +46,8 @@ TYPES = {  # GGUF's type: the tool's format that it holds exactly, and how the t
     "Q4_0": ({"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "scale_dtype": "float16",
               "full_range": True}, "q4_0"),
     "Q8_0": ({"name": "mxint", "element_width": 8}, "mxint8"),
-    "Q4_K_M": ("Q4_K_M", "Q4_K_M"),  # llama-quantize's mixture, Q4_K and Q6_K: the same preset for both
+    "Q4_K_M": ("Q4_K_M", "Q4_K_M"),  # llama-quantize's mixtures, Q4_K or Q5_K and Q6_K: the same preset for both
+    "Q5_K_M": ("Q5_K_M", "Q5_K_M"),
 }
 
 
@@ -80,7 +81,7 @@ def packed_decoder(model: torch.nn.Module, packing: str, max_length: int):
     packed = copy.deepcopy(model)
     if packing == "mxint8":
         mxint8.pack_linears(packed, activations="int8")
-    elif packing == "Q4_K_M":
+    elif packing in ("Q4_K_M", "Q5_K_M"):
         kquants.pack_linears(packed, mixed_types(packed, packing), activations="int8")
     else:
         packed4.pack_linears(packed, packing, activations="int8")
@@ -161,9 +162,9 @@ def main() -> None:
     print(f"command: {command_line()}")
     print(f"CPU: {cpu_model()}, {os.cpu_count()} logical CPUs; busy processes beside: {args.busy}; "
           f"load average before {load_before:.2f}, after {load_after:.2f}; {args.rounds} rounds, interleaved\n")
-    print(f"llama.cpp's llama-bench on the tool's GGUF exports of the {args.layers}-layer Llama, the tool's decoder on the "
-          "same weights packed with int8 activations (Q4_0 and Q8_0 held tiled, Q4_K_M as K-quant records); ratio "
-          f"tool / llama.cpp per round, median (range); decode {args.tokens} tokens.\n")
+    print(f"llama.cpp's llama-bench on the tool's GGUF exports of the {args.layers}-layer Llama, the tool's decoder on "
+          "the same weights packed with int8 activations (Q4_0 and Q8_0 held tiled, the K-quant mixtures as their "
+          f"records); ratio tool / llama.cpp per round, median (range); decode {args.tokens} tokens.\n")
     print(f"| type | threads | tool prefill t/s | llama.cpp pp{args.prompt} t/s | prefill ratio | tool decode t/s | "
           f"llama.cpp tg{args.tokens} t/s | decode ratio |")
     print("|---|---|---|---|---|---|---|---|")

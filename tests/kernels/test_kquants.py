@@ -1,7 +1,7 @@
-"""GGML's Q4_K and Q6_K held packed (``KQuantLinear``) and multiplied with int8 activations (``kquant_dot.h``): the
-records hold GGUF's values at the format's bits, the kernel computes its documented integers and float32 operations
-exactly (checked against a transcription of them here), the same bits at every vector level, thread count and batch,
-and the layer fits the quantize pass, the exports and the native decoding step."""
+"""GGML's Q4_K, Q5_K and Q6_K held packed (``KQuantLinear``) and multiplied with int8 activations (``kquant_dot.h``):
+the records hold GGUF's values at the format's bits, the kernel computes its documented integers and float32
+operations exactly (checked against a transcription of them here), the same bits at every vector level, thread count
+and batch, and the layer fits the quantize pass, the exports and the native decoding step."""
 
 import copy
 from fractions import Fraction
@@ -24,7 +24,7 @@ from mase_lite.numerics.ggml import ggml_quantize, ggml_values, to_ggml_blocks
 from mase_lite.runtime.decoder import Decoder
 
 native = pytest.mark.skipif(not cpu.available_levels(), reason="no C compiler: the kernels are not built")
-KINDS = ("q4_k", "q6_k")
+KINDS = ("q4_k", "q5_k", "q6_k")
 
 
 def packed(kind, rows=8, columns=512, seed=0, bias=True):
@@ -39,7 +39,7 @@ def bits32(t):
 # ------------------------------------------------------------------ records
 
 
-@pytest.mark.parametrize("kind,bits", [("q4_k", 4.625), ("q6_k", 6.5625)])
+@pytest.mark.parametrize("kind,bits", [("q4_k", 4.625), ("q5_k", 5.625), ("q6_k", 6.5625)])
 def test_records_hold_the_codes_and_side_at_the_formats_bits(kind, bits):
     w = torch.randn(5, 768) * torch.logspace(-3, 2, 768)  # sub-blocks of very different ranges
     codes, side = ggml_quantize(w, kind)
@@ -59,6 +59,20 @@ def test_q4_k_record_layout_by_hand():
     assert record[4:12].tolist() == side["scales"][0].tolist() and record[12:20].tolist() == side["mins"][0].tolist()
     assert record[20 + 32 * 1 + 4 * 1 + 1] & 15 == 9  # byte-vector 1 (codes 4..7), lane 1, byte 1: low nibbles
     assert record[20 + 32 * 1 + 4 * 2 + 0] >> 4 == 14  # byte-vector 5 (codes 20..23), lane 2: vector 1's high nibbles
+
+
+def test_q5_k_record_layout_by_hand():
+    codes = torch.zeros(1, 256, dtype=torch.int64)
+    codes[0, 0], codes[0, 1], codes[0, 4], codes[0, 32 + 20] = 16, 31, 17, 19  # fifth bits set; block 1's code 20
+    side = {"d": torch.tensor([[1.0]], dtype=torch.float16), "dmin": torch.tensor([[2.0]], dtype=torch.float16),
+            "scales": torch.arange(8, dtype=torch.uint8)[None], "mins": torch.arange(8, 16, dtype=torch.uint8)[None]}
+    record, gguf = to_records("q5_k", codes, side)[0], torch.from_numpy(to_ggml_blocks("q5_k", codes, side)).flatten()
+    assert record.shape == (180,) and gguf.shape == (176,) and torch.equal(record[:4], gguf[:4])
+    assert record[:148].tolist() == to_records("q4_k", codes & 15, side)[0].tolist()  # Q4_K's record of the low bits
+    assert record[148] == 0b11  # lane 0, byte 0: code 0 (byte-vector 0, bit 0) and code 4 (byte-vector 1, bit 1)
+    assert record[149] == 0b01  # code 1: byte-vector 0, lane 0, byte 1
+    assert record[148 + 4] == 1 << 5  # block 1's code 20: byte-vector 5, lane 1, byte 0
+    assert int(record[148:].count_nonzero()) == 3
 
 
 def test_q6_k_record_layout_by_hand():
@@ -91,14 +105,14 @@ def test_a_packed_layer_is_its_fake_quantized_weight_bit_for_bit():
 def test_bad_layers_are_refused_naming_the_limit():
     with pytest.raises(UserError, match="multiple of 256"):
         KQuantLinear.from_linear(torch.nn.Linear(288, 4), {"name": "q4_k"})
-    with pytest.raises(UserError, match="q4_k or q6_k"):
-        KQuantLinear.from_linear(torch.nn.Linear(256, 4), {"name": "q5_k"})
+    with pytest.raises(UserError, match="takes q4_k, q5_k or q6_k over .* \\{'name': 'q3_k'\\}"):
+        KQuantLinear.from_linear(torch.nn.Linear(256, 4), {"name": "q3_k"})
     with pytest.raises(UserError, match="activations must be one of float, int8"):
         KQuantLinear(256, 4, {"name": "q4_k"}, activations="int4")
-    with pytest.raises(UserError, match="'Q4_K_M' is not a K-quant that packs; allowed: q4_k, q6_k"):
+    with pytest.raises(UserError, match="'Q4_K_M' is not a K-quant that packs; allowed: q4_k, q5_k, q6_k"):
         kquants.pack_linears(torch.nn.Sequential(torch.nn.Linear(256, 4)), "Q4_K_M")
-    with pytest.raises(UserError, match=r"\{'0': 'q5_k'\} are not K-quants that pack"):
-        kquants.pack_linears(torch.nn.Sequential(torch.nn.Linear(256, 4)), {"0": "q5_k"})
+    with pytest.raises(UserError, match=r"\{'0': 'q3_k'\} are not K-quants that pack"):
+        kquants.pack_linears(torch.nn.Sequential(torch.nn.Linear(256, 4)), {"0": "q3_k"})
 
 
 # ------------------------------------------------------------------ the kernel's arithmetic, transcribed
@@ -134,7 +148,7 @@ def transcribed(kind, layer, x_row):
                 b = 8 * s + i
                 q = codes[j, 32 * b:32 * b + 32]
                 xb = xq[32 * b:32 * b + 32]
-                if kind == "q4_k":
+                if kind != "q6_k":
                     lanes[i] = _fma(int((q * xb).sum()), _mul(xs[b], _mul(d, int(side["scales"][j, b]))), lanes[i])
                     dmin, m = float(side["dmin"][j, s]), int(side["mins"][j, b])
                     lanes[i] = _fma(-int(xb.sum()), _mul(xs[b], _mul(dmin, m)), lanes[i])
@@ -221,8 +235,8 @@ def test_follows_the_reference_for_dtypes_and_ranks(kind):
 
 
 @native
-def test_q4_k_and_q6_k_layers_fused_in_one_call_give_their_own_bits():
-    layers = [packed("q4_k", rows=16, seed=1), packed("q6_k", rows=8, seed=2), packed("q4_k", rows=24, seed=3)]
+def test_k_quant_layers_fused_in_one_call_give_their_own_bits():
+    layers = [packed("q4_k", rows=16, seed=1), packed("q6_k", rows=8, seed=2), packed("q5_k", rows=24, seed=3)]
     x = torch.randn(2, 512)
     together = KQuantLinear.fused(layers)
     assert together is not None
@@ -257,30 +271,33 @@ def test_the_quantize_pass_packs_k_quants():
         "weight": {"name": "q6_k"}, "storage": "packed", "activations": "int8"}}})
     layers = [m for m in packed_model.modules() if isinstance(m, KQuantLinear)]
     assert len(layers) == 2 and {m.fmt["name"] for m in layers} == {"q6_k"}
-    with pytest.raises(UserError, match="rules.linear: node '0': a packed K-quant weight takes q4_k or q6_k over inputs "
-                                        "a multiple of 256"):
+    with pytest.raises(UserError, match="rules.linear: node '0': a packed K-quant weight takes q4_k, q5_k or q6_k over "
+                                        "inputs a multiple of 256"):
         ml.passes.quantize(torch.nn.Sequential(torch.nn.Linear(288, 4)), {"by": "type", "rules": {"linear": {
             "weight": {"name": "q4_k"}, "storage": "packed"}}})
 
 
-def test_gguf_export_of_a_packed_q4_k_m_model_equals_the_presets(tmp_path):
+@pytest.mark.parametrize("preset", ["Q4_K_M", "Q5_K_M"])
+def test_gguf_export_of_a_packed_mixture_equals_the_presets(preset, tmp_path):
     from mase_lite.deploy import export
 
     model = llama()
-    fake, _ = ml.passes.quantize(copy.deepcopy(model), {"preset": "Q4_K_M"})
-    assert kquants.pack_linears(model, mixed_types(model, "Q4_K_M")) == 15
+    fake, _ = ml.passes.quantize(copy.deepcopy(model), {"preset": preset})
+    assert kquants.pack_linears(model, mixed_types(model, preset)) == 15
     export(fake, "gguf", tmp_path / "fake.gguf")
     export(model, "gguf", tmp_path / "packed.gguf")
     assert (tmp_path / "fake.gguf").read_bytes() == (tmp_path / "packed.gguf").read_bytes()
 
 
 @native
-def test_q4_k_m_packs_as_llama_quantize_chooses_and_decodes_natively(monkeypatch):
+@pytest.mark.parametrize("preset,base", [("Q4_K_M", "q4_k"), ("Q5_K_M", "q5_k")])
+def test_mixtures_pack_as_llama_quantize_chooses_and_decode_natively(preset, base, monkeypatch):
     model = llama()
-    assert kquants.pack_linears(model, mixed_types(model, "Q4_K_M"), activations="int8") == 15
+    assert kquants.pack_linears(model, mixed_types(model, preset), activations="int8") == 15
     chosen = {n: m.fmt["name"] for n, m in model.named_modules() if isinstance(m, KQuantLinear)}
     assert {n for n, k in chosen.items() if k == "q6_k"} == {"lm_head", "model.layers.1.self_attn.v_proj",
                                                              "model.layers.1.mlp.down_proj"}
+    assert set(chosen.values()) == {base, "q6_k"}
     decoder = Decoder.of(model, 12)
     assert decoder.step is not None and decoder.step.head
     prompt, tokens = torch.tensor([[1, 2, 3]]), [4, 5, 6, 7]

@@ -1,32 +1,37 @@
-/* GGML's K-quants Q4_K and Q6_K against int8 activations (x quantized per block of 32: int8_dot.h's quantize_x, then
- * each super-block of 256 codes transposed as the weights are, and corr holding per block the sums of its first and
- * last 16 codes as two int16 halves, low and high). A row of W is its super-blocks of 256 weights, one record each:
- * GGUF's values at its bits (the layer converts, kernels/kquants/records.py), the 8 blocks of 32 of a super-block laid
- * across each vector of 32 bytes: byte-vector t (t = 0..7) holds, in its lane i, codes 4t..4t+3 of block i. A record:
+/* GGML's K-quants Q4_K, Q5_K and Q6_K against int8 activations (x quantized per block of 32: int8_dot.h's
+ * quantize_x, then each super-block of 256 codes transposed as the weights are, and corr holding per block the sums of
+ * its first and last 16 codes as two int16 halves, low and high). A row of W is its super-blocks of 256 weights, one
+ * record each: GGUF's values at its bits (the layer converts, kernels/kquants/records.py), the 8 blocks of 32 of a
+ * super-block laid across each vector of 32 bytes: byte-vector t (t = 0..7) holds, in its lane i, codes 4t..4t+3 of
+ * block i. A record:
  *
  *   - Q4_K, 148 bytes: d, dmin (float16), the 8 blocks' scales sc, then their mins m (uint8, 0..63), then 4 vectors
  *     of 32 bytes of 4-bit codes q (0..15): vector v's low nibbles byte-vector v, its high ones byte-vector v + 4; a
  *     weight is d*sc*q - dmin*m;
+ *   - Q5_K, 180 bytes: Q4_K's record of the codes' low 4 bits, then a vector of their high bits (byte-vector t's in
+ *     bit t); a weight is d*sc*q - dmin*m, q = 0..31;
  *   - Q6_K, 210 bytes: d (float16), the 8 blocks' scales of their first 16 weights, then of their last 16 (int8),
  *     then 4 vectors of the codes' low 4 bits as Q4_K's, then 2 vectors of their high 2 bits (byte-vector t's in
  *     vector t % 2, bits 2(t / 2) and up); a weight is d*sc*(u - 32), u = 0..63.
  *
- * One output: block i of every super-block accumulates into float32 lane i: its exact integer sum S (Q6_K: each
- * half's sum times its scale, in int32) by fmaf(S, xs * (d * sc), lane) (Q6_K: fmaf(S, xs * d, lane)), then for Q4_K
+ * One output: block i of every super-block accumulates into float32 lane i: its exact integer sum S (Q6_K: each half's
+ * sum times its scale, in int32) by fmaf(S, xs * (d * sc), lane) (Q6_K: fmaf(S, xs * d, lane)), then for Q4_K and Q5_K
  * fmaf(-X, xs * (dmin * m), lane) with X the sum of the block's codes of x; the lanes are summed (sum8) at the end of
  * the row. Every level computes these integers and float operations in this order: the same bits at every level and
- * thread count. The vector levels take a byte-vector of W against the same byte-vector of x: each lane's products
- * are block i's, so each block's sum builds in its own lane, with no sum across lanes: the unsigned codes meet x by
- * VNNI's vpdpbusd where the CPU has it, else AVX2's vpmaddubsw (Q6_K's u - 32 as u less 32 times the half's sum of
- * x, then times the half's scale). A tile of up to 4 rows of x and 2 rows of W forms each super-block's codes once
- * for its rows of x and loads x's once for its rows of W. */
+ * thread count. The vector levels take a byte-vector of W against the same byte-vector of x: each lane's products are
+ * block i's, so each block's sum builds in its own lane, with no sum across lanes: the unsigned codes meet x by VNNI's
+ * vpdpbusd where the CPU has it, else AVX2's vpmaddubsw (Q6_K's u - 32 as u less 32 times the half's sum of x, then
+ * times the half's scale). A tile of up to 4 rows of x and 2 rows of W forms each super-block's codes once for its rows
+ * of x and loads x's once for its rows of W. */
 #ifndef KQUANT_DOT_H
 #define KQUANT_DOT_H
 
-enum { KIND_Q4_K = 1, KIND_Q6_K = 2 }; /* 0: the nibbles or codes of struct weights */
-enum { SUPER = 256, Q4_K_BYTES = 148, Q6_K_BYTES = 210 };
+enum { KIND_Q4_K = 1, KIND_Q6_K = 2, KIND_Q5_K = 3 }; /* 0: the nibbles or codes of struct weights */
+enum { SUPER = 256, Q4_K_BYTES = 148, Q5_K_BYTES = 180, Q6_K_BYTES = 210 };
 
-static inline int64_t kquant_bytes(int kind) { return kind == KIND_Q4_K ? Q4_K_BYTES : Q6_K_BYTES; }
+static inline int64_t kquant_bytes(int kind) {
+    return kind == KIND_Q4_K ? Q4_K_BYTES : kind == KIND_Q5_K ? Q5_K_BYTES : Q6_K_BYTES;
+}
 
 static inline float half_at(const uint8_t *p) {
     uint16_t h;
@@ -37,10 +42,13 @@ static inline float half_at(const uint8_t *p) {
 /* Where code e (0..31) of block i sits in a super-block's byte-vectors (and x's codes): byte-vector e / 4, lane i. */
 static inline int transposed(int i, int e) { return 32 * (e / 4) + 4 * i + e % 4; }
 
-/* Code e of block i of record r: Q4_K 0..15, Q6_K 0..63. */
+/* Code e of block i of record r: Q4_K 0..15, Q5_K 0..31, Q6_K 0..63. */
 static inline int code_at(int kind, const uint8_t *r, int i, int e) {
     int at = transposed(i, e), t = at / 32, byte = at % 32;
-    if (kind == KIND_Q4_K) return (r[20 + 32 * (t % 4) + byte] >> (4 * (t / 4))) & 15;
+    if (kind != KIND_Q6_K) {
+        int low = (r[20 + 32 * (t % 4) + byte] >> (4 * (t / 4))) & 15;
+        return kind == KIND_Q5_K ? low | ((r[148 + byte] >> t) & 1) << 4 : low;
+    }
     int low = (r[18 + 32 * (t % 4) + byte] >> (4 * (t / 4))) & 15;
     int high = (r[146 + 32 * (t % 2) + byte] >> (2 * (t / 2))) & 3;
     return low | high << 4;
@@ -79,7 +87,7 @@ static float kquant_dot_c(int kind, const uint8_t *row, const int8_t *xq, const 
             int32_t half[2] = {0, 0};
             for (int e = 0; e < BLOCK; e++)
                 half[e / 16] += (code_at(kind, r, i, e) - 32 * (kind == KIND_Q6_K)) * x[transposed(i, e)];
-            if (kind == KIND_Q4_K) {
+            if (kind != KIND_Q6_K) {
                 lanes[i] = fmaf((float)(half[0] + half[1]), xs[b] * (d * (float)r[4 + i]), lanes[i]);
                 lanes[i] = fmaf(-(float)block_sum(xsum[b]), xs[b] * (half_at(r + 2) * (float)r[12 + i]), lanes[i]);
             } else {
@@ -117,20 +125,30 @@ AVX2 INLINE float half_f16c(const uint8_t *p) {
 #define TILE_OUT(R, C)                                                                                              \
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) out[r * C + c] = sum8_avx2(acc[r][c]);
 
-/* NAME(t, out): Q4_K, R rows of W against C rows of x into out[r * C + c]: each super-block's codes formed once for
- * the C rows of x, each vector of x's codes and its block scales loaded once for the R rows of W. */
-#define Q4_K_TILE(NAME, TARGET, MADD, R, C)                                                                         \
+/* NAME(t, out): Q4_K (FIFTH 0) or Q5_K (FIFTH 1), R rows of W against C rows of x into out[r * C + c]: each
+ * super-block's codes formed once for the C rows of x, each vector of x's codes and its block scales loaded once for
+ * the R rows of W. Q5_K's fifth bits: byte-vector b's bit b of their vector, moved to bit 4 as Q6_K's crumbs are. */
+#define AFFINE_TILE(NAME, TARGET, MADD, R, C, BYTES, FIFTH)                                                         \
     TARGET static void NAME(const struct kquant_rows *t, float *out) {                                              \
-        const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);                                     \
+        const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), bit4 = _mm256_set1_epi8(16);       \
         __m256 acc[R][C];                                                                                           \
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();      \
         for (int64_t s = 0; s < t->nsb; s++) {                                                                      \
             ZERO_SUMS(R, C)                                                                                         \
+            __m256i fifth[R];                                                                                       \
+            UNROLL for (int r = 0; r < R; r++)                                                                      \
+                fifth[r] = FIFTH ? _mm256_loadu_si256((const __m256i *)(RECORD(r, s, BYTES) + 148)) : low4;         \
             UNROLL for (int v = 0; v < 4; v++) {                                                                    \
                 __m256i low[R], high[R];                                                                            \
                 UNROLL for (int r = 0; r < R; r++) {                                                                \
-                    __m256i w = _mm256_loadu_si256((const __m256i *)(RECORD(r, s, Q4_K_BYTES) + 20) + v);           \
+                    __m256i w = _mm256_loadu_si256((const __m256i *)(RECORD(r, s, BYTES) + 20) + v);                \
                     low[r] = _mm256_and_si256(w, low4), high[r] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);  \
+                    if (FIFTH) { /* byte-vectors v (bit v to 4) and v + 4 (bit v + 4 to 4) */                       \
+                        __m256i up = v ? _mm256_srli_epi16(fifth[r], v) : fifth[r];                                 \
+                        __m256i down = _mm256_slli_epi16(fifth[r], 4 - v);                                          \
+                        low[r] = _mm256_or_si256(low[r], _mm256_and_si256(down, bit4));                             \
+                        high[r] = _mm256_or_si256(high[r], _mm256_and_si256(up, bit4));                             \
+                    }                                                                                               \
                 }                                                                                                   \
                 UNROLL for (int c = 0; c < C; c++) {                                                                \
                     __m256i x_low = X_VECTOR(c, s, v), x_high = X_VECTOR(c, s, v + 4);                              \
@@ -142,7 +160,7 @@ AVX2 INLINE float half_f16c(const uint8_t *p) {
             }                                                                                                       \
             __m256 dsc[R], dm[R];                                                                                   \
             UNROLL for (int r = 0; r < R; r++) {                                                                    \
-                const uint8_t *rec = RECORD(r, s, Q4_K_BYTES);                                                      \
+                const uint8_t *rec = RECORD(r, s, BYTES);                                                           \
                 __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 4))));  \
                 __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 12))));  \
                 dsc[r] = _mm256_mul_ps(_mm256_set1_ps(half_f16c(rec)), sc);                                         \
@@ -165,7 +183,7 @@ AVX2 INLINE float half_f16c(const uint8_t *p) {
 /* NAME(t, out): Q6_K, R rows of W against C rows of x, as Q4_K_TILE: the unsigned codes u meet x (VNNI's vpdpbusd,
  * or AVX2's vpmaddubsw), byte-vectors 0-3 summing the blocks' first halves and 4-7 their second, and 32 times the
  * halves' sums of x taken off before their scales multiply them. */
-#define Q6_K_TILE(NAME, TARGET, MADD, R, C)                                                                         \
+#define Q6_K_TILE(NAME, TARGET, MADD, R, C, _)                                                                      \
     TARGET static void NAME(const struct kquant_rows *t, float *out) {                                              \
         const __m256i low4 = _mm256_set1_epi8(15), crumb = _mm256_set1_epi8(0x30);                                  \
         __m256 acc[R][C];                                                                                           \
@@ -219,19 +237,23 @@ AVX2 INLINE float half_f16c(const uint8_t *p) {
 
 /* A kind's kernels at a level: [0][c - 1] one row of W against c rows of x, [1][c - 1] two rows. */
 typedef void (*kquant_fn)(const struct kquant_rows *, float *);
-#define KQUANT_SET(TILE, NAME, TARGET, MADD)                                                                        \
-    TILE(NAME##_1x1, TARGET, MADD, 1, 1) TILE(NAME##_1x2, TARGET, MADD, 1, 2) TILE(NAME##_1x3, TARGET, MADD, 1, 3) \
-    TILE(NAME##_1x4, TARGET, MADD, 1, 4) TILE(NAME##_2x1, TARGET, MADD, 2, 1) TILE(NAME##_2x2, TARGET, MADD, 2, 2) \
-    TILE(NAME##_2x3, TARGET, MADD, 2, 3) TILE(NAME##_2x4, TARGET, MADD, 2, 4)                                      \
+#define KQUANT_SET(TILE, NAME, TARGET, MADD, ...)                                                                   \
+    TILE(NAME##_1x1, TARGET, MADD, 1, 1, __VA_ARGS__) TILE(NAME##_1x2, TARGET, MADD, 1, 2, __VA_ARGS__)            \
+    TILE(NAME##_1x3, TARGET, MADD, 1, 3, __VA_ARGS__) TILE(NAME##_1x4, TARGET, MADD, 1, 4, __VA_ARGS__)            \
+    TILE(NAME##_2x1, TARGET, MADD, 2, 1, __VA_ARGS__) TILE(NAME##_2x2, TARGET, MADD, 2, 2, __VA_ARGS__)            \
+    TILE(NAME##_2x3, TARGET, MADD, 2, 3, __VA_ARGS__) TILE(NAME##_2x4, TARGET, MADD, 2, 4, __VA_ARGS__)            \
     static const kquant_fn NAME[2][4] = {{NAME##_1x1, NAME##_1x2, NAME##_1x3, NAME##_1x4},                          \
                                          {NAME##_2x1, NAME##_2x2, NAME##_2x3, NAME##_2x4}};
-KQUANT_SET(Q4_K_TILE, q4_k_avx2, AVX2, madd_avx2)
-KQUANT_SET(Q4_K_TILE, q4_k_vnni, VNNI, madd_vnni)
-KQUANT_SET(Q6_K_TILE, q6_k_avx2, AVX2, madd_avx2)
-KQUANT_SET(Q6_K_TILE, q6_k_vnni, VNNI, madd_vnni)
+KQUANT_SET(AFFINE_TILE, q4_k_avx2, AVX2, madd_avx2, Q4_K_BYTES, 0)
+KQUANT_SET(AFFINE_TILE, q4_k_vnni, VNNI, madd_vnni, Q4_K_BYTES, 0)
+KQUANT_SET(AFFINE_TILE, q5_k_avx2, AVX2, madd_avx2, Q5_K_BYTES, 1)
+KQUANT_SET(AFFINE_TILE, q5_k_vnni, VNNI, madd_vnni, Q5_K_BYTES, 1)
+KQUANT_SET(Q6_K_TILE, q6_k_avx2, AVX2, madd_avx2, 0)
+KQUANT_SET(Q6_K_TILE, q6_k_vnni, VNNI, madd_vnni, 0)
 
 static const kquant_fn (*kquant_kernels(int kind, int level))[4] {
     if (kind == KIND_Q4_K) return vnni_at(level) ? q4_k_vnni : q4_k_avx2;
+    if (kind == KIND_Q5_K) return vnni_at(level) ? q5_k_vnni : q5_k_avx2;
     return vnni_at(level) ? q6_k_vnni : q6_k_avx2;
 }
 #endif

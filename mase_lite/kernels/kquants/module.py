@@ -1,6 +1,6 @@
-"""``KQuantLinear``: a Linear layer whose weight is held as GGML's Q4_K or Q6_K at the format's own bits (its records,
-:mod:`mase_lite.kernels.kquants.records`: 4.625 and 6.5625 bits a weight instead of 32), bit for bit the weight of
-the fake-quantized layer it packs; the bias stays a float parameter.
+"""``KQuantLinear``: a Linear layer whose weight is held as GGML's Q4_K, Q5_K or Q6_K at the format's own bits (its
+records, :mod:`mase_lite.kernels.kquants.records`: 4.625, 5.625 and 6.5625 bits a weight instead of 32), bit for bit
+the weight of the fake-quantized layer it packs; the bias stays a float parameter.
 
 With ``activations="int8"`` (inference, as llama.cpp multiplies its K-quants) the input is quantized to int8 per
 block of 32 and each block's products are exact integer sums, on the CPU kernel library (``kquant_dot.h``: the same
@@ -31,6 +31,8 @@ from mase_lite.kernels.kquants.records import from_records, record_bytes, to_rec
 from mase_lite.numerics.codes import encode
 from mase_lite.numerics.ggml import ggml_values
 
+_ALLOWED = " or ".join([", ".join(list(KQUANT_KINDS)[:-1]), list(KQUANT_KINDS)[-1]])  # q4_k, q5_k or q6_k
+
 
 def reference_int8(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """The product with int8 activations in torch, within float32 accumulation of the kernel: ``x``'s int8 codes
@@ -44,7 +46,7 @@ def reference_int8(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 class KQuantLinear(FormatLayer, nn.Module):
     """``y = x @ W.T + b`` with W held as ``blocks`` (uint8 ``[out, in / 256 * bytes]``: the records of
-    ``fmt`` (``q4_k`` or ``q6_k``), each row's super-blocks in order). ``in`` is a multiple of 256."""
+    ``fmt`` (``q4_k``, ``q5_k`` or ``q6_k``), each row's super-blocks in order). ``in`` is a multiple of 256."""
 
     mase_op = "linear"
 
@@ -53,7 +55,7 @@ class KQuantLinear(FormatLayer, nn.Module):
         super().__init__()
         check_activations("KQuantLinear", activations)
         if fmt.get("name") not in KQUANT_KINDS:
-            raise UserError(f"KQuantLinear holds {' or '.join(KQUANT_KINDS)}, not {fmt.get('name')!r}")
+            raise UserError(f"KQuantLinear holds {_ALLOWED}, not {fmt.get('name')!r}")
         if in_features < 1 or out_features < 1 or in_features % SUPER:
             raise UserError(f"KQuantLinear needs in_features a positive multiple of {SUPER} and out_features >= 1, "
                             f"got in_features={in_features}, out_features={out_features}")
@@ -68,7 +70,7 @@ class KQuantLinear(FormatLayer, nn.Module):
 
     @classmethod
     def from_quantized(cls, layer: nn.Module, activations: str = "float") -> KQuantLinear:
-        """Pack a Linear fake-quantized to ``q4_k`` or ``q6_k`` (its weight alone), bit for bit its quantized weight."""
+        """Pack a Linear fake-quantized to a K-quant (its weight alone), bit for bit its quantized weight."""
         formats = layer.quant_formats()
         _check(formats.get("weight"), set(formats) != {"weight"}, layer.in_features)
         bias = None if layer.bias is None else layer._operand("bias", layer.bias).detach().clone()
@@ -77,8 +79,8 @@ class KQuantLinear(FormatLayer, nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, fmt: dict[str, Any], activations: str = "float") -> KQuantLinear:
-        """Pack a float Linear's weight in ``fmt`` (``q4_k`` or ``q6_k``): what :meth:`from_quantized` gives for the
-        Linear fake-quantized in ``fmt``."""
+        """Pack a float Linear's weight in ``fmt`` (``q4_k``, ``q5_k`` or ``q6_k``): what :meth:`from_quantized` gives
+        for the Linear fake-quantized in ``fmt``."""
         _check(fmt, False, linear.in_features)
         encoded = encode(linear.weight.detach(), fmt)
         bias = None if linear.bias is None else linear.bias.detach().clone()
@@ -110,7 +112,7 @@ class KQuantLinear(FormatLayer, nn.Module):
 
     @staticmethod
     def fused(layers: list[nn.Module]) -> Callable[[Tensor], list[Tensor]] | None:
-        """One call computing each of ``layers`` on the same input (Q4_K and Q6_K alike, int8 activations, at most 8):
+        """One call computing each of ``layers`` on the same input (the K-quants alike, int8 activations, at most 8):
         the input quantized once, their rows split over the threads together. None where they cannot be fused."""
         return fused(layers, KQuantLinear, lambda x, tiled: int8_kernel.linear_kquants_many(
             x, [(m.blocks, m.fmt["name"], m.bias) for m in layers]))
@@ -137,5 +139,5 @@ class KQuantLinear(FormatLayer, nn.Module):
 
 def _check(fmt: dict[str, Any] | None, others: bool, in_features: int) -> None:
     if fmt is None or fmt.get("name") not in KQUANT_KINDS or others or in_features % SUPER:
-        raise UserError(f"a packed K-quant weight takes {' or '.join(KQUANT_KINDS)} over inputs a multiple of {SUPER}, "
+        raise UserError(f"a packed K-quant weight takes {_ALLOWED} over inputs a multiple of {SUPER}, "
                         f"on the weight alone; this layer has {fmt} over {in_features} inputs"[:400])

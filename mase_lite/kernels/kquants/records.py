@@ -1,13 +1,16 @@
-"""GGML's Q4_K and Q6_K weights as the CPU kernels read them (``kquant_dot.h``): each row its super-blocks of 256
+"""GGML's Q4_K, Q5_K and Q6_K weights as the CPU kernels read them (``kquant_dot.h``): each row its super-blocks of 256
 weights, one record each, holding exactly the format's stored values (:mod:`mase_lite.numerics.ggml`'s codes and side:
 ``d``, ``dmin``, ``scales``, ``mins``), so a record costs the format's own bits (4.625 bits a weight for Q4_K: GGUF's
-144 bytes with the blocks' 6-bit scales and mins unpacked to bytes; 6.5625 for Q6_K, GGUF's 210 bytes).
+144 bytes with the blocks' 6-bit scales and mins unpacked to bytes; 5.625 for Q5_K, GGUF's 176 so unpacked; 6.5625
+for Q6_K, GGUF's 210 bytes).
 
 A super-block's 8 blocks of 32 codes lie across each vector of 32 bytes: byte-vector t (0..7) holds, in its lane i
 (bytes 4i..4i+3), codes 4t..4t+3 of block i; a vector of nibbles holds byte-vector v in its low nibbles and v + 4 in
 its high ones.
 
 - Q4_K (148 bytes): ``d``, ``dmin`` (float16), the 8 blocks' scales, their 8 mins (uint8), 4 vectors of nibbles;
+- Q5_K (180 bytes): Q4_K's record of the codes' low 4 bits, then a vector of their fifth bits (byte-vector t's in bit
+  t);
 - Q6_K (210 bytes): ``d`` (float16), the scales of the 8 blocks' first 16 codes, then of their last 16 (int8), 4 vectors
   of the codes' low 4 bits, 2 vectors of their high 2 bits (byte-vector t's in vector t % 2 from bit 2(t / 2) up).
 
@@ -33,7 +36,7 @@ BLOCK = 32
 
 
 def record_bytes(name: str) -> int:
-    """The bytes of one record of format ``name`` (``q4_k``, ``q6_k``)."""
+    """The bytes of one record of format ``name`` (``q4_k``, ``q5_k``, ``q6_k``)."""
     return KQUANT_KINDS[name][1]
 
 
@@ -74,7 +77,18 @@ def _q4_k_side(r: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
     rows, nsb = r.shape[:2]
     side = {"d": _half(r, 0), "dmin": _half(r, 2), "scales": r[..., 4:12].reshape(rows, nsb * 8).clone(),
             "mins": r[..., 12:20].reshape(rows, nsb * 8).clone()}
-    return _unnibbled(r[..., 20:]), side
+    return _unnibbled(r[..., 20:148]), side
+
+
+def _q5_k_parts(vectors: Tensor, side: dict[str, Tensor]) -> list[Tensor]:
+    fifth = ((vectors >> 4) << torch.arange(8, dtype=torch.uint8)[:, None]).sum(2, dtype=torch.uint8)
+    return _q4_k_parts(vectors & 15, side) + [fifth]
+
+
+def _q5_k_side(r: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    low, side = _q4_k_side(r)
+    fifth = (r[..., None, 148:] >> torch.arange(8, dtype=torch.uint8)[:, None]) & 1
+    return low | (fifth << 4), side
 
 
 def _q6_k_parts(vectors: Tensor, side: dict[str, Tensor]) -> list[Tensor]:
@@ -99,7 +113,7 @@ def _half(r: Tensor, at: int) -> Tensor:
     return r[..., at:at + 2].contiguous().view(torch.float16).reshape(r.shape[:2])
 
 
-LAYOUTS = {"q4_k": (_q4_k_parts, _q4_k_side), "q6_k": (_q6_k_parts, _q6_k_side)}
+LAYOUTS = {"q4_k": (_q4_k_parts, _q4_k_side), "q5_k": (_q5_k_parts, _q5_k_side), "q6_k": (_q6_k_parts, _q6_k_side)}
 """Each K-quant's record: its parts from the byte-vectors and the side, and the byte-vectors and side from it."""
 
 
