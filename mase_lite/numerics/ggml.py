@@ -1299,7 +1299,7 @@ def _register(t: GGMLType) -> Callable[[Tensor, GGMLParams], Tensor]:
     if t.code_bits == 4 and t.block == 32 and not t.scaled and not t.has_min:  # 16 values times d: the packed layer
         register_mapping(t.name, "packed", lambda fmt, activations: "packed4", _packed_table(t),
                          lambda scales, fmt: {"d": scales.to(torch.float16)})
-    elif t.name in ("q4_k", "q5_k", "q6_k"):  # the K-quants' own records (mase_lite.kernels.kquants)
+    elif t.name.endswith("_k"):  # the K-quants' own records (mase_lite.kernels.kquants)
         register_mapping(t.name, "packed", lambda fmt, activations: "kquant")
     return registered
 

@@ -1,4 +1,4 @@
-"""GGML's Q4_K, Q5_K and Q6_K held packed (``KQuantLinear``) and multiplied with int8 activations (``kquant_dot.h``):
+"""GGML's K-quants Q2_K .. Q6_K held packed (``KQuantLinear``) and multiplied with int8 activations (``kquant_dot.h``):
 the records hold GGUF's values at the format's bits, the kernel computes its documented integers and float32
 operations exactly (checked against a transcription of them here), the same bits at every vector level, thread count
 and batch, and the layer fits the quantize pass, the exports and the native decoding step."""
@@ -24,7 +24,7 @@ from mase_lite.numerics.ggml import ggml_quantize, ggml_values, to_ggml_blocks
 from mase_lite.runtime.decoder import Decoder
 
 native = pytest.mark.skipif(not cpu.available_levels(), reason="no C compiler: the kernels are not built")
-KINDS = ("q4_k", "q5_k", "q6_k")
+KINDS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
 
 
 def packed(kind, rows=8, columns=512, seed=0, bias=True):
@@ -39,7 +39,8 @@ def bits32(t):
 # ------------------------------------------------------------------ records
 
 
-@pytest.mark.parametrize("kind,bits", [("q4_k", 4.625), ("q5_k", 5.625), ("q6_k", 6.5625)])
+@pytest.mark.parametrize("kind,bits", [("q2_k", 2.625), ("q3_k", 3.5625), ("q4_k", 4.625), ("q5_k", 5.625),
+                                       ("q6_k", 6.5625)])
 def test_records_hold_the_codes_and_side_at_the_formats_bits(kind, bits):
     w = torch.randn(5, 768) * torch.logspace(-3, 2, 768)  # sub-blocks of very different ranges
     codes, side = ggml_quantize(w, kind)
@@ -75,6 +76,28 @@ def test_q5_k_record_layout_by_hand():
     assert int(record[148:].count_nonzero()) == 3
 
 
+def test_q3_k_and_q2_k_record_layouts_by_hand():
+    codes = torch.zeros(1, 256, dtype=torch.int64)
+    codes[0, 0], codes[0, 4], codes[0, 8], codes[0, 32 + 17] = 7, 5, 3, 6  # byte-vectors 0, 1, 2; block 1's code 17
+    scales = torch.arange(-8, 8, dtype=torch.int8)[None]
+    r = to_records("q3_k", codes, {"d": torch.tensor([[1.0]], dtype=torch.float16), "scales": scales})[0]
+    assert r.shape == (114,) and r[:2].tolist() == [0x00, 0x3C]
+    assert r[2:18].view(torch.int8).tolist() == list(range(-8, 8, 2)) + list(range(-7, 8, 2))  # as Q6_K's
+    assert r[18] == (3 | 3 << 2) and r[18 + 32] == 1  # low 2 bits: byte-vectors 0 and 2 in vector 0, 1 in vector 1
+    assert r[82] == 0b011  # third bits: codes 0 (7) and 4 (5), not 8 (3)
+    assert r[18 + 4 * 1 + 1] == 2 << 4 and r[82 + 4 * 1 + 1] == 1 << 4  # code 17: byte-vector 4, lane 1, byte 1
+    side = {"d": torch.tensor([[1.0]], dtype=torch.float16), "dmin": torch.tensor([[0.5]], dtype=torch.float16),
+            "scales": torch.arange(16, dtype=torch.uint8)[None],
+            "mins": torch.arange(15, -1, -1, dtype=torch.uint8)[None]}
+    r = to_records("q2_k", codes & 3, side)[0]
+    gguf = torch.from_numpy(to_ggml_blocks("q2_k", codes & 3, side)).flatten()
+    assert r.shape == gguf.shape == (84,)  # GGUF's own size
+    assert r[:4].tolist() == gguf[80:84].tolist()  # d, dmin (GGUF puts them last)
+    assert r[4:8].tolist() == [0 | 15 << 4, 2 | 13 << 4, 4 | 11 << 4, 6 | 9 << 4]  # first halves: scale low, min high
+    assert r[12] == 1 | 14 << 4  # block 0's second half
+    assert r[20] == (3 | 3 << 2) and r[20 + 4 + 1] == 2 << 4  # codes 0, 8 (byte-vectors 0, 2); block 1's code 17
+
+
 def test_q6_k_record_layout_by_hand():
     codes = torch.zeros(1, 256, dtype=torch.int64)
     codes[0, 0], codes[0, 16], codes[0, 8], codes[0, 24], codes[0, 32] = 0x3F, 0x21, 0x10, 0x20, 0x35
@@ -105,14 +128,14 @@ def test_a_packed_layer_is_its_fake_quantized_weight_bit_for_bit():
 def test_bad_layers_are_refused_naming_the_limit():
     with pytest.raises(UserError, match="multiple of 256"):
         KQuantLinear.from_linear(torch.nn.Linear(288, 4), {"name": "q4_k"})
-    with pytest.raises(UserError, match="takes q4_k, q5_k or q6_k over .* \\{'name': 'q3_k'\\}"):
-        KQuantLinear.from_linear(torch.nn.Linear(256, 4), {"name": "q3_k"})
+    with pytest.raises(UserError, match="takes q2_k, q3_k, q4_k, q5_k or q6_k over .* \\{'name': 'q4_0'\\}"):
+        KQuantLinear.from_linear(torch.nn.Linear(256, 4), {"name": "q4_0"})
     with pytest.raises(UserError, match="activations must be one of float, int8"):
         KQuantLinear(256, 4, {"name": "q4_k"}, activations="int4")
-    with pytest.raises(UserError, match="'Q4_K_M' is not a K-quant that packs; allowed: q4_k, q5_k, q6_k"):
+    with pytest.raises(UserError, match="'Q4_K_M' is not a K-quant that packs; allowed: q2_k, q3_k, q4_k, q5_k, q6_k"):
         kquants.pack_linears(torch.nn.Sequential(torch.nn.Linear(256, 4)), "Q4_K_M")
-    with pytest.raises(UserError, match=r"\{'0': 'q3_k'\} are not K-quants that pack"):
-        kquants.pack_linears(torch.nn.Sequential(torch.nn.Linear(256, 4)), {"0": "q3_k"})
+    with pytest.raises(UserError, match=r"\{'0': 'q4_0'\} are not K-quants that pack"):
+        kquants.pack_linears(torch.nn.Sequential(torch.nn.Linear(256, 4)), {"0": "q4_0"})
 
 
 # ------------------------------------------------------------------ the kernel's arithmetic, transcribed
@@ -148,14 +171,18 @@ def transcribed(kind, layer, x_row):
                 b = 8 * s + i
                 q = codes[j, 32 * b:32 * b + 32]
                 xb = xq[32 * b:32 * b + 32]
-                if kind != "q6_k":
+                if kind in ("q4_k", "q5_k"):  # a scale and a min per block
                     lanes[i] = _fma(int((q * xb).sum()), _mul(xs[b], _mul(d, int(side["scales"][j, b]))), lanes[i])
                     dmin, m = float(side["dmin"][j, s]), int(side["mins"][j, b])
                     lanes[i] = _fma(-int(xb.sum()), _mul(xs[b], _mul(dmin, m)), lanes[i])
-                else:
-                    sc = side["scales"][j, 2 * b:2 * b + 2].long()
-                    total = int(sc[0] * ((q[:16] - 32) * xb[:16]).sum() + sc[1] * ((q[16:] - 32) * xb[16:]).sum())
-                    lanes[i] = _fma(total, _mul(xs[b], d), lanes[i])
+                    continue
+                off, sc = {"q2_k": 0, "q3_k": 4, "q6_k": 32}[kind], side["scales"][j, 2 * b:2 * b + 2].long()
+                total = int(sc[0] * ((q[:16] - off) * xb[:16]).sum() + sc[1] * ((q[16:] - off) * xb[16:]).sum())
+                lanes[i] = _fma(total, _mul(xs[b], d), lanes[i])
+                if kind == "q2_k":  # and a min per half
+                    m = side["mins"][j, 2 * b:2 * b + 2].long()
+                    mins = int(m[0] * xb[:16].sum() + m[1] * xb[16:].sum())
+                    lanes[i] = _fma(-mins, _mul(xs[b], float(side["dmin"][j, s])), lanes[i])
         l = lanes
         total = _f32(_f32(_f32(l[0] + l[4]) + _f32(l[2] + l[6])) + _f32(_f32(l[1] + l[5]) + _f32(l[3] + l[7])))
         out.append(_f32(total + Fraction(float(layer.bias.detach()[j]))))
@@ -271,8 +298,8 @@ def test_the_quantize_pass_packs_k_quants():
         "weight": {"name": "q6_k"}, "storage": "packed", "activations": "int8"}}})
     layers = [m for m in packed_model.modules() if isinstance(m, KQuantLinear)]
     assert len(layers) == 2 and {m.fmt["name"] for m in layers} == {"q6_k"}
-    with pytest.raises(UserError, match="rules.linear: node '0': a packed K-quant weight takes q4_k, q5_k or q6_k over "
-                                        "inputs a multiple of 256"):
+    with pytest.raises(UserError, match="rules.linear: node '0': a packed K-quant weight takes q2_k, q3_k, q4_k, "
+                                        "q5_k or q6_k over inputs a multiple of 256"):
         ml.passes.quantize(torch.nn.Sequential(torch.nn.Linear(288, 4)), {"by": "type", "rules": {"linear": {
             "weight": {"name": "q4_k"}, "storage": "packed"}}})
 

@@ -99,14 +99,14 @@ int int8_linear_codes(const float *x, int64_t m, int64_t k, int count, const int
     return 0;
 }
 
-/* The same for GGML's K-quants (kquant_dot.h): q[l] n[l] rows of k / 256 records of kinds[l] (KIND_Q4_K, KIND_Q5_K,
- * KIND_Q6_K; k a multiple of 256), x's blocks in order. */
+/* The same for GGML's K-quants (kquant_dot.h): q[l] n[l] rows of k / 256 records of kinds[l] (KIND_Q2_K .. KIND_Q6_K;
+ * k a multiple of 256), x's blocks in order. */
 int int8_linear_kquants(const float *x, int64_t m, int64_t k, int count, const uint8_t *const *q, const int *kinds,
                         const float *const *bias, float *const *out, const int64_t *n, int level, int threads,
                         void *scratch) {
     if (count < 1 || count > MAX_LAYERS || k % SUPER) return -1;
     for (int l = 0; l < count; l++)
-        if (kinds[l] < KIND_Q4_K || kinds[l] > KIND_Q5_K) return -1;
+        if (kinds[l] < KIND_Q4_K || kinds[l] >= KINDS) return -1;
     struct linear_args a = {.unit = 1.0f, .kinds = kinds, .count = count, .q = q, .bias = bias, .out = out, .n = n,
                             .m = m, .k = k, .level = level};
     run(&a, x, threads, scratch);

@@ -1,4 +1,4 @@
-/* GGML's K-quants Q4_K, Q5_K and Q6_K against int8 activations (x quantized per block of 32: int8_dot.h's
+/* GGML's K-quants Q2_K to Q6_K against int8 activations (x quantized per block of 32: int8_dot.h's
  * quantize_x, then each super-block of 256 codes transposed as the weights are, and corr holding per block the sums of
  * its first and last 16 codes as two int16 halves, low and high). A row of W is its super-blocks of 256 weights, one
  * record each: GGUF's values at its bits (the layer converts, kernels/kquants/records.py), the 8 blocks of 32 of a
@@ -12,26 +12,37 @@
  *     bit t); a weight is d*sc*q - dmin*m, q = 0..31;
  *   - Q6_K, 210 bytes: d (float16), the 8 blocks' scales of their first 16 weights, then of their last 16 (int8),
  *     then 4 vectors of the codes' low 4 bits as Q4_K's, then 2 vectors of their high 2 bits (byte-vector t's in
- *     vector t % 2, bits 2(t / 2) and up); a weight is d*sc*(u - 32), u = 0..63.
+ *     vector t % 2, bits 2(t / 2) and up: crumbs); a weight is d*sc*(u - 32), u = 0..63;
+ *   - Q3_K, 114 bytes: d (float16), the halves' scales as Q6_K's (int8, -32..31), 2 vectors of the codes' low 2 bits
+ *     (crumbs, as Q6_K's high ones), a vector of their third bits (as Q5_K's fifth); a weight is d*sc*(u - 4);
+ *   - Q2_K, 84 bytes (GGUF's size): d, dmin (float16), each half's scale sc and min m (4 bits each, sc low) in Q6_K's
+ *     order of halves, 2 vectors of the 2-bit codes q (crumbs); a weight is d*sc*q - dmin*m.
  *
- * One output: block i of every super-block accumulates into float32 lane i: its exact integer sum S (Q6_K: each half's
- * sum times its scale, in int32) by fmaf(S, xs * (d * sc), lane) (Q6_K: fmaf(S, xs * d, lane)), then for Q4_K and Q5_K
- * fmaf(-X, xs * (dmin * m), lane) with X the sum of the block's codes of x; the lanes are summed (sum8) at the end of
- * the row. Every level computes these integers and float operations in this order: the same bits at every level and
- * thread count. The vector levels take a byte-vector of W against the same byte-vector of x: each lane's products are
- * block i's, so each block's sum builds in its own lane, with no sum across lanes: the unsigned codes meet x by VNNI's
- * vpdpbusd where the CPU has it, else AVX2's vpmaddubsw (Q6_K's u - 32 as u less 32 times the half's sum of x, then
- * times the half's scale). A tile of up to 4 rows of x and 2 rows of W forms each super-block's codes once for its rows
- * of x and loads x's once for its rows of W. */
+ * One output: block i of every super-block accumulates into float32 lane i: its exact integer sum S by
+ * fmaf(S, xs * (d * sc), lane), then fmaf(-X, xs * (dmin * m), lane) with X the sum of the block's codes of x (Q4_K,
+ * Q5_K); or, where each half of a block has its scale (Q6_K, Q3_K, Q2_K), S the halves' sums each times its scale
+ * (in int32) by fmaf(S, xs * d, lane), then for Q2_K fmaf(-M, xs * dmin, lane) with M the halves' sums of x each times
+ * its min. The lanes are summed (sum8) at the end of the row. Every level computes these integers and float
+ * operations in this order: the same bits at every level and thread count. The vector levels take a byte-vector of W
+ * against the same byte-vector of x: each lane's products are block i's, so each block's sum builds in its own lane,
+ * with no sum across lanes: the unsigned codes meet x by VNNI's vpdpbusd where the CPU has it, else AVX2's vpmaddubsw
+ * (a code u - c as u less c times the half's sum of x, then times the half's scale). A tile of up to 4 rows of x and 2
+ * rows of W forms each super-block's codes once for its rows of x and loads x's once for its rows of W. */
 #ifndef KQUANT_DOT_H
 #define KQUANT_DOT_H
 
-enum { KIND_Q4_K = 1, KIND_Q6_K = 2, KIND_Q5_K = 3 }; /* 0: the nibbles or codes of struct weights */
-enum { SUPER = 256, Q4_K_BYTES = 148, Q5_K_BYTES = 180, Q6_K_BYTES = 210 };
+enum { KIND_Q4_K = 1, KIND_Q6_K = 2, KIND_Q5_K = 3, KIND_Q2_K = 4, KIND_Q3_K = 5, KINDS }; /* 0: struct weights' */
+enum { SUPER = 256, Q2_K_BYTES = 84, Q3_K_BYTES = 114, Q4_K_BYTES = 148, Q5_K_BYTES = 180, Q6_K_BYTES = 210 };
 
 static inline int64_t kquant_bytes(int kind) {
-    return kind == KIND_Q4_K ? Q4_K_BYTES : kind == KIND_Q5_K ? Q5_K_BYTES : Q6_K_BYTES;
+    static const int64_t bytes[KINDS] = {0, Q4_K_BYTES, Q6_K_BYTES, Q5_K_BYTES, Q2_K_BYTES, Q3_K_BYTES};
+    return bytes[kind];
 }
+
+/* What a kind's codes stand for: the offset taken off them, whether each half of a block has its scale (else each
+ * block its scale and min), and whether it has mins. */
+static inline int code_offset(int kind) { return kind == KIND_Q6_K ? 32 : kind == KIND_Q3_K ? 4 : 0; }
+static inline int by_halves(int kind) { return kind == KIND_Q6_K || kind == KIND_Q3_K || kind == KIND_Q2_K; }
 
 static inline float half_at(const uint8_t *p) {
     uint16_t h;
@@ -42,9 +53,13 @@ static inline float half_at(const uint8_t *p) {
 /* Where code e (0..31) of block i sits in a super-block's byte-vectors (and x's codes): byte-vector e / 4, lane i. */
 static inline int transposed(int i, int e) { return 32 * (e / 4) + 4 * i + e % 4; }
 
-/* Code e of block i of record r: Q4_K 0..15, Q5_K 0..31, Q6_K 0..63. */
+/* Code e of block i of record r: Q2_K 0..3, Q3_K 0..7, Q4_K 0..15, Q5_K 0..31, Q6_K 0..63. */
 static inline int code_at(int kind, const uint8_t *r, int i, int e) {
     int at = transposed(i, e), t = at / 32, byte = at % 32;
+    if (kind == KIND_Q2_K || kind == KIND_Q3_K) {
+        int low = (r[(kind == KIND_Q2_K ? 20 : 18) + 32 * (t % 2) + byte] >> (2 * (t / 2))) & 3;
+        return kind == KIND_Q3_K ? low | ((r[82 + byte] >> t) & 1) << 2 : low;
+    }
     if (kind != KIND_Q6_K) {
         int low = (r[20 + 32 * (t % 4) + byte] >> (4 * (t / 4))) & 15;
         return kind == KIND_Q5_K ? low | ((r[148 + byte] >> t) & 1) << 4 : low;
@@ -86,13 +101,18 @@ static float kquant_dot_c(int kind, const uint8_t *row, const int8_t *xq, const 
             int64_t b = 8 * s + i;
             int32_t half[2] = {0, 0};
             for (int e = 0; e < BLOCK; e++)
-                half[e / 16] += (code_at(kind, r, i, e) - 32 * (kind == KIND_Q6_K)) * x[transposed(i, e)];
-            if (kind != KIND_Q6_K) {
+                half[e / 16] += (code_at(kind, r, i, e) - code_offset(kind)) * x[transposed(i, e)];
+            if (!by_halves(kind)) {
                 lanes[i] = fmaf((float)(half[0] + half[1]), xs[b] * (d * (float)r[4 + i]), lanes[i]);
                 lanes[i] = fmaf(-(float)block_sum(xsum[b]), xs[b] * (half_at(r + 2) * (float)r[12 + i]), lanes[i]);
-            } else {
+            } else if (kind != KIND_Q2_K) {
                 const int8_t *sc = (const int8_t *)r + 2;
                 lanes[i] = fmaf((float)(sc[i] * half[0] + sc[8 + i] * half[1]), xs[b] * d, lanes[i]);
+            } else { /* Q2_K: the halves' scales and mins, 4 bits each */
+                int32_t x0 = (int16_t)(xsum[b] & 0xFFFF), x1 = (int16_t)((uint32_t)xsum[b] >> 16);
+                int first = r[4 + i], second = r[12 + i];
+                lanes[i] = fmaf((float)((first & 15) * half[0] + (second & 15) * half[1]), xs[b] * d, lanes[i]);
+                lanes[i] = fmaf(-(float)((first >> 4) * x0 + (second >> 4) * x1), xs[b] * half_at(r + 2), lanes[i]);
             }
         }
     }
@@ -180,55 +200,76 @@ AVX2 INLINE float half_f16c(const uint8_t *p) {
         TILE_OUT(R, C)                                                                                              \
     }
 
-/* NAME(t, out): Q6_K, R rows of W against C rows of x, as Q4_K_TILE: the unsigned codes u meet x (VNNI's vpdpbusd,
- * or AVX2's vpmaddubsw), byte-vectors 0-3 summing the blocks' first halves and 4-7 their second, and 32 times the
- * halves' sums of x taken off before their scales multiply them. */
-#define Q6_K_TILE(NAME, TARGET, MADD, R, C, _)                                                                      \
+/* Byte-vector b of a record's codes u, for the kinds whose blocks' halves have their scales: Q6_K's (its nibbles and
+ * crumbs), Q3_K's (crumbs and third bits), Q2_K's (crumbs); each part moved to its bits as the byte's own. */
+AVX2 INLINE __m256i halves_codes(int kind, const uint8_t *rec, int b) {
+    int at = 2 * (b / 2); /* the byte-vector's crumbs' bit */
+    if (kind == KIND_Q6_K) {
+        __m256i nibbles = _mm256_loadu_si256((const __m256i *)(rec + 18) + b % 4);
+        __m256i low = _mm256_and_si256(b / 4 ? _mm256_srli_epi16(nibbles, 4) : nibbles, _mm256_set1_epi8(15));
+        __m256i h = _mm256_loadu_si256((const __m256i *)(rec + 146) + b % 2);
+        h = at < 4 ? _mm256_slli_epi16(h, 4 - at) : at > 4 ? _mm256_srli_epi16(h, at - 4) : h;
+        return _mm256_or_si256(low, _mm256_and_si256(h, _mm256_set1_epi8(0x30)));
+    }
+    __m256i crumbs = _mm256_loadu_si256((const __m256i *)(rec + (kind == KIND_Q2_K ? 20 : 18)) + b % 2);
+    __m256i low = _mm256_and_si256(at ? _mm256_srli_epi16(crumbs, at) : crumbs, _mm256_set1_epi8(3));
+    if (kind == KIND_Q2_K) return low;
+    __m256i third = _mm256_loadu_si256((const __m256i *)(rec + 82));
+    third = b > 2 ? _mm256_srli_epi16(third, b - 2) : b < 2 ? _mm256_slli_epi16(third, 2 - b) : third;
+    return _mm256_or_si256(low, _mm256_and_si256(third, _mm256_set1_epi8(4)));
+}
+
+/* NAME(t, out): a kind whose blocks' halves have their scales (Q6_K, Q3_K, Q2_K), R rows of W against C rows of x,
+ * as AFFINE_TILE: the unsigned codes u meet x, byte-vectors 0-3 summing the blocks' first halves and 4-7 their
+ * second; the offset times the halves' sums of x is taken off before their scales multiply them (Q2_K: the halves'
+ * sums of x times their mins make M). */
+#define HALVES_TILE(NAME, TARGET, MADD, R, C, BYTES, KIND)                                                          \
     TARGET static void NAME(const struct kquant_rows *t, float *out) {                                              \
-        const __m256i low4 = _mm256_set1_epi8(15), crumb = _mm256_set1_epi8(0x30);                                  \
         __m256 acc[R][C];                                                                                           \
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();      \
         for (int64_t s = 0; s < t->nsb; s++) {                                                                      \
             ZERO_SUMS(R, C)                                                                                         \
-            __m256i crumbs[R][2];                                                                                   \
-            UNROLL for (int r = 0; r < R; r++) UNROLL for (int h = 0; h < 2; h++)                                   \
-                crumbs[r][h] = _mm256_loadu_si256((const __m256i *)(RECORD(r, s, Q6_K_BYTES) + 146) + h);           \
-            UNROLL for (int v = 0; v < 4; v++) {                                                                    \
-                UNROLL for (int part = 0; part < 2; part++) {                                                       \
-                    int b = v + 4 * part, at = 2 * (b / 2); /* the byte-vector; its crumbs' bit, moved to bit 4 */  \
-                    __m256i u[R];                                                                                   \
-                    UNROLL for (int r = 0; r < R; r++) {                                                            \
-                        const uint8_t *rec = RECORD(r, s, Q6_K_BYTES);                                              \
-                        __m256i nibbles = _mm256_loadu_si256((const __m256i *)(rec + 18) + v);                      \
-                        __m256i h = crumbs[r][b % 2];                                                               \
-                        h = at < 4 ? _mm256_slli_epi16(h, 4 - at) : at > 4 ? _mm256_srli_epi16(h, at - 4) : h;      \
-                        __m256i low = _mm256_and_si256(part ? _mm256_srli_epi16(nibbles, 4) : nibbles, low4);       \
-                        u[r] = _mm256_or_si256(low, _mm256_and_si256(h, crumb));                                    \
-                    }                                                                                               \
-                    UNROLL for (int c = 0; c < C; c++) {                                                            \
-                        __m256i x = X_VECTOR(c, s, b);                                                              \
-                        UNROLL for (int r = 0; r < R; r++) sums[r][c][part] = MADD(sums[r][c][part], u[r], x);      \
-                    }                                                                                               \
+            UNROLL for (int b = 0; b < 8; b++) {                                                                    \
+                __m256i u[R];                                                                                       \
+                UNROLL for (int r = 0; r < R; r++) u[r] = halves_codes(KIND, RECORD(r, s, BYTES), b);               \
+                UNROLL for (int c = 0; c < C; c++) {                                                                \
+                    __m256i x = X_VECTOR(c, s, b);                                                                  \
+                    UNROLL for (int r = 0; r < R; r++) sums[r][c][b / 4] = MADD(sums[r][c][b / 4], u[r], x);        \
                 }                                                                                                   \
             }                                                                                                       \
-            __m256i first[R], second[R];                                                                            \
-            __m256 d[R];                                                                                            \
+            __m256i first[R], second[R], first_m[R], second_m[R];                                                   \
+            __m256 d[R], dmin[R];                                                                                   \
             UNROLL for (int r = 0; r < R; r++) {                                                                    \
-                const uint8_t *rec = RECORD(r, s, Q6_K_BYTES);                                                      \
-                first[r] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 2)));                       \
-                second[r] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 10)));                     \
+                const uint8_t *rec = RECORD(r, s, BYTES);                                                           \
                 d[r] = _mm256_set1_ps(half_f16c(rec));                                                              \
+                if (KIND == KIND_Q2_K) {                                                                            \
+                    __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 4)));                  \
+                    __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 12)));                 \
+                    first[r] = _mm256_and_si256(a, _mm256_set1_epi32(15)), first_m[r] = _mm256_srli_epi32(a, 4);    \
+                    second[r] = _mm256_and_si256(z, _mm256_set1_epi32(15)), second_m[r] = _mm256_srli_epi32(z, 4);  \
+                    dmin[r] = _mm256_set1_ps(half_f16c(rec + 2));                                                   \
+                } else {                                                                                            \
+                    first[r] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 2)));                   \
+                    second[r] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 10)));                 \
+                    first_m[r] = second_m[r] = _mm256_setzero_si256(), dmin[r] = _mm256_setzero_ps();               \
+                }                                                                                                   \
             }                                                                                                       \
             UNROLL for (int c = 0; c < C; c++) {                                                                    \
                 __m256i halves = _mm256_loadu_si256((const __m256i *)(t->xsum + c * t->nb + 8 * s));                \
-                __m256i xa = _mm256_slli_epi32(_mm256_srai_epi32(_mm256_slli_epi32(halves, 16), 16), 5);            \
-                __m256i xb = _mm256_slli_epi32(_mm256_srai_epi32(halves, 16), 5);                                   \
+                __m256i xa = _mm256_srai_epi32(_mm256_slli_epi32(halves, 16), 16), xb = _mm256_srai_epi32(halves, 16); \
+                __m256i offa = _mm256_mullo_epi32(xa, _mm256_set1_epi32(code_offset(KIND)));                        \
+                __m256i offb = _mm256_mullo_epi32(xb, _mm256_set1_epi32(code_offset(KIND)));                        \
                 __m256 x8 = _mm256_loadu_ps(t->xs + c * t->nb + 8 * s);                                             \
                 UNROLL for (int r = 0; r < R; r++) {                                                                \
                     __m256i total = _mm256_add_epi32(                                                               \
-                        _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][c][0], xa), first[r]),                          \
-                        _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][c][1], xb), second[r]));                        \
+                        _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][c][0], offa), first[r]),                        \
+                        _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][c][1], offb), second[r]));                      \
                     acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(x8, d[r]), acc[r][c]);     \
+                    if (KIND == KIND_Q2_K) {                                                                        \
+                        __m256i m = _mm256_add_epi32(_mm256_mullo_epi32(xa, first_m[r]),                            \
+                                                     _mm256_mullo_epi32(xb, second_m[r]));                          \
+                        acc[r][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(x8, dmin[r]), acc[r][c]); \
+                    }                                                                                               \
                 }                                                                                                   \
             }                                                                                                       \
         }                                                                                                           \
@@ -248,13 +289,18 @@ KQUANT_SET(AFFINE_TILE, q4_k_avx2, AVX2, madd_avx2, Q4_K_BYTES, 0)
 KQUANT_SET(AFFINE_TILE, q4_k_vnni, VNNI, madd_vnni, Q4_K_BYTES, 0)
 KQUANT_SET(AFFINE_TILE, q5_k_avx2, AVX2, madd_avx2, Q5_K_BYTES, 1)
 KQUANT_SET(AFFINE_TILE, q5_k_vnni, VNNI, madd_vnni, Q5_K_BYTES, 1)
-KQUANT_SET(Q6_K_TILE, q6_k_avx2, AVX2, madd_avx2, 0)
-KQUANT_SET(Q6_K_TILE, q6_k_vnni, VNNI, madd_vnni, 0)
+KQUANT_SET(HALVES_TILE, q6_k_avx2, AVX2, madd_avx2, Q6_K_BYTES, KIND_Q6_K)
+KQUANT_SET(HALVES_TILE, q6_k_vnni, VNNI, madd_vnni, Q6_K_BYTES, KIND_Q6_K)
+KQUANT_SET(HALVES_TILE, q3_k_avx2, AVX2, madd_avx2, Q3_K_BYTES, KIND_Q3_K)
+KQUANT_SET(HALVES_TILE, q3_k_vnni, VNNI, madd_vnni, Q3_K_BYTES, KIND_Q3_K)
+KQUANT_SET(HALVES_TILE, q2_k_avx2, AVX2, madd_avx2, Q2_K_BYTES, KIND_Q2_K)
+KQUANT_SET(HALVES_TILE, q2_k_vnni, VNNI, madd_vnni, Q2_K_BYTES, KIND_Q2_K)
 
 static const kquant_fn (*kquant_kernels(int kind, int level))[4] {
-    if (kind == KIND_Q4_K) return vnni_at(level) ? q4_k_vnni : q4_k_avx2;
-    if (kind == KIND_Q5_K) return vnni_at(level) ? q5_k_vnni : q5_k_avx2;
-    return vnni_at(level) ? q6_k_vnni : q6_k_avx2;
+    static const kquant_fn (*const sets[KINDS][2])[4] = {
+        {NULL, NULL},         {q4_k_avx2, q4_k_vnni}, {q6_k_avx2, q6_k_vnni},
+        {q5_k_avx2, q5_k_vnni}, {q2_k_avx2, q2_k_vnni}, {q3_k_avx2, q3_k_vnni}};
+    return sets[kind][vnni_at(level)];
 }
 #endif
 

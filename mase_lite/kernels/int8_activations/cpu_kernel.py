@@ -141,7 +141,7 @@ def linear_codes_many(x: Tensor, layers: list[tuple[Tensor, Tensor, Tensor | Non
     return _many("int8_codes", x, layers[0][0].shape[1], layers, launch)
 
 
-KQUANT_KINDS = {"q4_k": (1, 148), "q5_k": (3, 180), "q6_k": (2, 210)}
+KQUANT_KINDS = {"q2_k": (4, 84), "q3_k": (5, 114), "q4_k": (1, 148), "q5_k": (3, 180), "q6_k": (2, 210)}
 """The K-quants the kernels take (``kquant_dot.h``): their kind number there and the bytes of a record (256 weights)."""
 SUPER = 256
 _Kinds = ctypes.c_int * MAX_LAYERS

@@ -1,5 +1,5 @@
-"""``KQuantLinear``: a Linear layer whose weight is held as GGML's Q4_K, Q5_K or Q6_K at the format's own bits (its
-records, :mod:`mase_lite.kernels.kquants.records`: 4.625, 5.625 and 6.5625 bits a weight instead of 32), bit for bit
+"""``KQuantLinear``: a Linear layer whose weight is held as one of GGML's K-quants Q2_K .. Q6_K at the format's own
+bits (its records, :mod:`mase_lite.kernels.kquants.records`: 2.625 to 6.5625 bits a weight instead of 32), bit for bit
 the weight of the fake-quantized layer it packs; the bias stays a float parameter.
 
 With ``activations="int8"`` (inference, as llama.cpp multiplies its K-quants) the input is quantized to int8 per
@@ -31,7 +31,7 @@ from mase_lite.kernels.kquants.records import from_records, record_bytes, to_rec
 from mase_lite.numerics.codes import encode
 from mase_lite.numerics.ggml import ggml_values
 
-_ALLOWED = " or ".join([", ".join(list(KQUANT_KINDS)[:-1]), list(KQUANT_KINDS)[-1]])  # q4_k, q5_k or q6_k
+_ALLOWED = " or ".join([", ".join(list(KQUANT_KINDS)[:-1]), list(KQUANT_KINDS)[-1]])  # q2_k, ..., q5_k or q6_k
 
 
 def reference_int8(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -46,7 +46,7 @@ def reference_int8(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 class KQuantLinear(FormatLayer, nn.Module):
     """``y = x @ W.T + b`` with W held as ``blocks`` (uint8 ``[out, in / 256 * bytes]``: the records of
-    ``fmt`` (``q4_k``, ``q5_k`` or ``q6_k``), each row's super-blocks in order). ``in`` is a multiple of 256."""
+    ``fmt`` (``q2_k`` .. ``q6_k``), each row's super-blocks in order). ``in`` is a multiple of 256."""
 
     mase_op = "linear"
 
@@ -79,7 +79,7 @@ class KQuantLinear(FormatLayer, nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, fmt: dict[str, Any], activations: str = "float") -> KQuantLinear:
-        """Pack a float Linear's weight in ``fmt`` (``q4_k``, ``q5_k`` or ``q6_k``): what :meth:`from_quantized` gives
+        """Pack a float Linear's weight in ``fmt`` (``q2_k`` .. ``q6_k``): what :meth:`from_quantized` gives
         for the Linear fake-quantized in ``fmt``."""
         _check(fmt, False, linear.in_features)
         encoded = encode(linear.weight.detach(), fmt)

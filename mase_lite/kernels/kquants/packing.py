@@ -1,5 +1,5 @@
 """Pack a model's Linear layers to GGML's K-quants in place, one layer at a time, each float weight released before the
-next is packed: every Linear in one type (``q4_k``, ``q5_k``, ``q6_k``) or each in its own (a mapping: module path ->
+next is packed: every Linear in one type (``q2_k`` .. ``q6_k``) or each in its own (a mapping: module path ->
 type, such as :func:`mase_lite.layers.presets.mixed_types` gives for llama-quantize's ``Q4_K_M`` or ``Q5_K_M``), the
 weights the same bits as the GGUF file the tool exports for the same choice.
 
@@ -28,7 +28,7 @@ from mase_lite.kernels.kquants.module import KQuantLinear
 def pack_linears(model: nn.Module, types: str | Mapping[str, str] = "q4_k", skip: tuple[str, ...] = (),
                  activations: str = "float") -> int:
     """Replace Linears of ``model`` by :class:`KQuantLinear` with ``activations`` ``float`` or ``int8``: with ``types``
-    a K-quant (``q4_k``, ``q5_k``, ``q6_k``), every Linear whose inputs are a multiple of 256 and whose name does not
+    a K-quant (``q2_k`` .. ``q6_k``), every Linear whose inputs are a multiple of 256 and whose name does not
     start with one of ``skip``; with a mapping, the Linears it names, each in its type. Returns how many were packed."""
     if isinstance(types, str):
         if types not in KQUANT_KINDS:

@@ -1,8 +1,8 @@
-"""GGML's Q4_K, Q5_K and Q6_K weights as the CPU kernels read them (``kquant_dot.h``): each row its super-blocks of 256
+"""GGML's K-quants Q2_K .. Q6_K as the CPU kernels read them (``kquant_dot.h``): each row its super-blocks of 256
 weights, one record each, holding exactly the format's stored values (:mod:`mase_lite.numerics.ggml`'s codes and side:
 ``d``, ``dmin``, ``scales``, ``mins``), so a record costs the format's own bits (4.625 bits a weight for Q4_K: GGUF's
 144 bytes with the blocks' 6-bit scales and mins unpacked to bytes; 5.625 for Q5_K, GGUF's 176 so unpacked; 6.5625
-for Q6_K, GGUF's 210 bytes).
+for Q6_K, GGUF's 210 bytes; 3.5625 for Q3_K, GGUF's 110 with its 6-bit scales unpacked; 2.625 for Q2_K, GGUF's 84).
 
 A super-block's 8 blocks of 32 codes lie across each vector of 32 bytes: byte-vector t (0..7) holds, in its lane i
 (bytes 4i..4i+3), codes 4t..4t+3 of block i; a vector of nibbles holds byte-vector v in its low nibbles and v + 4 in
@@ -11,6 +11,10 @@ its high ones.
 - Q4_K (148 bytes): ``d``, ``dmin`` (float16), the 8 blocks' scales, their 8 mins (uint8), 4 vectors of nibbles;
 - Q5_K (180 bytes): Q4_K's record of the codes' low 4 bits, then a vector of their fifth bits (byte-vector t's in bit
   t);
+- Q3_K (114 bytes): ``d``, the halves' scales as Q6_K's, 2 vectors of the codes' low 2 bits (as Q6_K's high ones), a
+  vector of their third bits (as Q5_K's fifth);
+- Q2_K (84 bytes): ``d``, ``dmin``, each half's scale (low 4 bits) and min (high 4 bits) in Q6_K's order of halves, 2
+  vectors of the 2-bit codes (as Q6_K's high ones);
 - Q6_K (210 bytes): ``d`` (float16), the scales of the 8 blocks' first 16 codes, then of their last 16 (int8), 4 vectors
   of the codes' low 4 bits, 2 vectors of their high 2 bits (byte-vector t's in vector t % 2 from bit 2(t / 2) up).
 
@@ -36,7 +40,7 @@ BLOCK = 32
 
 
 def record_bytes(name: str) -> int:
-    """The bytes of one record of format ``name`` (``q4_k``, ``q5_k``, ``q6_k``)."""
+    """The bytes of one record of format ``name`` (``q2_k`` .. ``q6_k``)."""
     return KQUANT_KINDS[name][1]
 
 
@@ -67,6 +71,43 @@ def _unnibbled(nibbles: Tensor) -> Tensor:
     return torch.cat([v & 15, v >> 4], 2)
 
 
+def _crumbs(values: Tensor) -> Tensor:
+    """Byte-vectors of values 0..3 as 2 vectors of crumbs (byte-vector t's in vector t % 2, bits 2(t / 2) up)."""
+    rows, nsb = values.shape[:2]
+    v = values.reshape(rows, nsb, 4, 2, BLOCK)
+    return (v[:, :, 0] | (v[:, :, 1] << 2) | (v[:, :, 2] << 4) | (v[:, :, 3] << 6)).reshape(rows, nsb, 64)
+
+
+def _uncrumbed(crumbs: Tensor) -> Tensor:
+    rows, nsb = crumbs.shape[:2]
+    v = crumbs.reshape(rows, nsb, 1, 2, BLOCK)
+    return torch.cat([(v >> shift) & 3 for shift in (0, 2, 4, 6)], 2).reshape(rows, nsb, 8, BLOCK)
+
+
+_BIT = torch.arange(8, dtype=torch.uint8)[:, None]
+
+
+def _bits(values: Tensor) -> Tensor:
+    """Byte-vectors of values 0..1 as one vector (byte-vector t's in bit t)."""
+    return (values << _BIT).sum(2, dtype=torch.uint8)
+
+
+def _unbits(vector: Tensor) -> Tensor:
+    return (vector[..., None, :] >> _BIT) & 1
+
+
+def _halves_scales(scales: Tensor, rows: int, nsb: int) -> Tensor:
+    """A side's per-16 values ``[rows, nsb * 16]`` in the records' order: the blocks' first halves, then their
+    second."""
+    return scales.contiguous().reshape(rows, nsb, 8, 2).transpose(2, 3).reshape(rows, nsb, 16)
+
+
+def _side_order(values: Tensor) -> Tensor:
+    """The inverse of :func:`_halves_scales`, ``[rows, nsb * 16]``."""
+    rows, nsb = values.shape[:2]
+    return values.reshape(rows, nsb, 2, 8).transpose(2, 3).reshape(rows, nsb * 16)
+
+
 def _q4_k_parts(vectors: Tensor, side: dict[str, Tensor]) -> list[Tensor]:
     rows, nsb = vectors.shape[:2]
     return [_half_bytes(side["d"]), _half_bytes(side["dmin"]), side["scales"].reshape(rows, nsb, 8),
@@ -81,31 +122,45 @@ def _q4_k_side(r: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
 
 
 def _q5_k_parts(vectors: Tensor, side: dict[str, Tensor]) -> list[Tensor]:
-    fifth = ((vectors >> 4) << torch.arange(8, dtype=torch.uint8)[:, None]).sum(2, dtype=torch.uint8)
-    return _q4_k_parts(vectors & 15, side) + [fifth]
+    return _q4_k_parts(vectors & 15, side) + [_bits(vectors >> 4)]
 
 
 def _q5_k_side(r: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
     low, side = _q4_k_side(r)
-    fifth = (r[..., None, 148:] >> torch.arange(8, dtype=torch.uint8)[:, None]) & 1
-    return low | (fifth << 4), side
+    return low | (_unbits(r[..., 148:]) << 4), side
 
 
 def _q6_k_parts(vectors: Tensor, side: dict[str, Tensor]) -> list[Tensor]:
     rows, nsb = vectors.shape[:2]
-    scales = side["scales"].contiguous().view(torch.uint8).reshape(rows, nsb, 8, 2).transpose(2, 3)
-    high = (vectors >> 4).reshape(rows, nsb, 4, 2, BLOCK)
-    crumbs = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
-    return [_half_bytes(side["d"]), scales.reshape(rows, nsb, 16), _nibbles(vectors & 15),
-            crumbs.reshape(rows, nsb, 64)]
+    scales = _halves_scales(side["scales"].view(torch.uint8), rows, nsb)
+    return [_half_bytes(side["d"]), scales, _nibbles(vectors & 15), _crumbs(vectors >> 4)]
 
 
 def _q6_k_side(r: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-    rows, nsb = r.shape[:2]
-    crumbs = r[..., 146:].reshape(rows, nsb, 1, 2, BLOCK)
-    high = torch.cat([(crumbs >> shift) & 3 for shift in (0, 2, 4, 6)], 2).reshape(rows, nsb, 8, BLOCK)
-    scales = r[..., 2:18].reshape(rows, nsb, 2, 8).transpose(2, 3).contiguous().view(torch.int8)
-    return _unnibbled(r[..., 18:146]) | (high << 4), {"d": _half(r, 0), "scales": scales.reshape(rows, nsb * 16)}
+    codes = _unnibbled(r[..., 18:146]) | (_uncrumbed(r[..., 146:]) << 4)
+    return codes, {"d": _half(r, 0), "scales": _side_order(r[..., 2:18]).view(torch.int8)}
+
+
+def _q3_k_parts(vectors: Tensor, side: dict[str, Tensor]) -> list[Tensor]:
+    rows, nsb = vectors.shape[:2]
+    scales = _halves_scales(side["scales"].view(torch.uint8), rows, nsb)
+    return [_half_bytes(side["d"]), scales, _crumbs(vectors & 3), _bits(vectors >> 2)]
+
+
+def _q3_k_side(r: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    codes = _uncrumbed(r[..., 18:82]) | (_unbits(r[..., 82:]) << 2)
+    return codes, {"d": _half(r, 0), "scales": _side_order(r[..., 2:18]).view(torch.int8)}
+
+
+def _q2_k_parts(vectors: Tensor, side: dict[str, Tensor]) -> list[Tensor]:
+    rows, nsb = vectors.shape[:2]
+    both = _halves_scales(side["scales"] | (side["mins"] << 4), rows, nsb)
+    return [_half_bytes(side["d"]), _half_bytes(side["dmin"]), both, _crumbs(vectors)]
+
+
+def _q2_k_side(r: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    both = _side_order(r[..., 4:20])
+    return _uncrumbed(r[..., 20:]), {"d": _half(r, 0), "dmin": _half(r, 2), "scales": both & 15, "mins": both >> 4}
 
 
 def _half(r: Tensor, at: int) -> Tensor:
@@ -113,7 +168,8 @@ def _half(r: Tensor, at: int) -> Tensor:
     return r[..., at:at + 2].contiguous().view(torch.float16).reshape(r.shape[:2])
 
 
-LAYOUTS = {"q4_k": (_q4_k_parts, _q4_k_side), "q5_k": (_q5_k_parts, _q5_k_side), "q6_k": (_q6_k_parts, _q6_k_side)}
+LAYOUTS = {"q2_k": (_q2_k_parts, _q2_k_side), "q3_k": (_q3_k_parts, _q3_k_side), "q4_k": (_q4_k_parts, _q4_k_side),
+           "q5_k": (_q5_k_parts, _q5_k_side), "q6_k": (_q6_k_parts, _q6_k_side)}
 """Each K-quant's record: its parts from the byte-vectors and the side, and the byte-vectors and side from it."""
 
 
