@@ -19,8 +19,7 @@ from torch import Tensor
 
 from mase_lite.deploy.errors import ExportError
 from mase_lite.kernels.mxint8 import MXInt8Linear
-from mase_lite.kernels.kquants import KQuantLinear
-from mase_lite.kernels.packed4.module import Packed4Linear
+from mase_lite.kernels.int8_activations.layers import FormatLayer
 from mase_lite.layers.lora import LoRALinear
 from mase_lite.layers.quantized import QuantizedLayer, QuantizedLinear
 from mase_lite.numerics.codes import Encoded, decode, offset_codes, pack_bits
@@ -53,7 +52,7 @@ class Layer:
 
 
 def linear_layers(model: nn.Module, skip: str | None = None) -> list[Layer]:
-    """Every Linear, quantized Linear and packed (MXINT8, 4-bit, K-quant) Linear of ``model`` (module paths as
+    """Every Linear, quantized Linear and packed (MXINT8, 4-bit, K-quant, Q8_0) Linear of ``model`` (module paths as
     names), with the values it computes with: the weight its quantizer gives (from stored codes where the format has
     them), the bias likewise. LoRA adapters are refused: merge them first. Modules under ``skip`` (a path) are left
     out."""
@@ -63,7 +62,7 @@ def linear_layers(model: nn.Module, skip: str | None = None) -> list[Layer]:
             continue
         if isinstance(module, LoRALinear):
             raise ExportError(f"layer {name!r} carries LoRA adapters; merge them into the weights first (lora_merge)")
-        if isinstance(module, (MXInt8Linear, Packed4Linear, KQuantLinear)):
+        if isinstance(module, (MXInt8Linear, FormatLayer)):  # packed: MXINT8, or a format's bytes
             codes = packed_mxint8(module) if isinstance(module, MXInt8Linear) else module.encoded()
             layers.append(Layer(name, module, decode(codes), _detached(module.bias), codes))
         elif isinstance(module, QuantizedLinear):

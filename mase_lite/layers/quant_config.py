@@ -404,7 +404,7 @@ def _finish(specs: dict[str, OperandFormat], storage: str, operands: tuple[str, 
         if operands != LAYER_OPERANDS or kind is None:
             raise QuantConfigError("'packed' needs a layer weight in format mxint with element_width 8, or 4-bit: "
                                    "mxint element_width 4, mxfp e2m1 or scaled_integer width 4 (symmetric) in blocks "
-                                   "of 32, q4_0, iq4_nl or a K-quant (q2_k .. q6_k)", location=(where, "storage"))
+                                   "of 32, q4_0, iq4_nl, q8_0 or a K-quant (q2_k .. q6_k)", location=(where, "storage"))
         others = sorted(set(specs) - {"weight"})
         if others:
             raise QuantConfigError(

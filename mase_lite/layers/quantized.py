@@ -373,11 +373,13 @@ def quantize_module(module: nn.Module, config: Mapping[str, Any] | QuantConfig) 
         from mase_lite.kernels.packed4.module import packed_kind
 
         kind = packed_kind(weight.format.as_dict(weight.params))
-        if kind in ("packed4", "kquant"):  # a 4-bit weight or a K-quant: packed from its codes
+        if kind in ("packed4", "kquant", "packed8"):  # a 4-bit weight, a K-quant or Q8_0: packed from its codes
             from mase_lite.kernels.kquants import KQuantLinear
             from mase_lite.kernels.packed4 import Packed4Linear
+            from mase_lite.kernels.q8_0 import Q8_0Linear
 
-            return (Packed4Linear if kind == "packed4" else KQuantLinear).from_quantized(QuantizedLinear.from_float(
+            layer = {"packed4": Packed4Linear, "kquant": KQuantLinear, "packed8": Q8_0Linear}[kind]
+            return layer.from_quantized(QuantizedLinear.from_float(
                 module, parse_quant_config({"weight": weight.format.as_dict(weight.params)}, LAYER_OPERANDS)),
                 activations=parsed.activations)
         from mase_lite.kernels.mxint8 import MXInt8Linear

@@ -1301,6 +1301,8 @@ def _register(t: GGMLType) -> Callable[[Tensor, GGMLParams], Tensor]:
                          lambda scales, fmt: {"d": scales.to(torch.float16)})
     elif t.name.endswith("_k"):  # the K-quants' own records (mase_lite.kernels.kquants)
         register_mapping(t.name, "packed", lambda fmt, activations: "kquant")
+    elif t.name == "q8_0":  # int8 codes and float16 scales (mase_lite.kernels.q8_0)
+        register_mapping(t.name, "packed", lambda fmt, activations: "packed8")
     return registered
 
 

@@ -62,9 +62,9 @@ static inline float e8m0(uint8_t e) {
  * stream, and its rows' sums of a block come out one per lane: no sum across lanes. */
 struct weights {
     const uint8_t *q;
-    const void *scales; /* float32 or float16 (nibbles) or uint8 E8M0 (codes) */
+    const void *scales; /* float16 (half), else float32 (nibbles) or uint8 E8M0 (codes) */
     const int8_t *itable; /* nibbles: the 16 integers */
-    int nibbles, affine, half, tiled; /* half: the nibbles' scales are float16 */
+    int nibbles, affine, half, tiled; /* half: the scales are float16 */
 };
 
 /* Where row j's scale of block b is. */
@@ -81,8 +81,8 @@ static inline uint8_t weight_byte(const struct weights *w, int64_t j, int64_t k,
 
 static inline float block_scale(const struct weights *w, const int64_t j, int64_t nb, int64_t b) {
     int64_t at = scale_at(w, j, nb, b);
-    if (!w->nibbles) return e8m0(((const uint8_t *)w->scales)[at]);
-    return w->half ? half_to_float(((const uint16_t *)w->scales)[at]) : ((const float *)w->scales)[at];
+    if (w->half) return half_to_float(((const uint16_t *)w->scales)[at]);
+    return w->nibbles ? ((const float *)w->scales)[at] : e8m0(((const uint8_t *)w->scales)[at]);
 }
 
 /* Whether the int8 products of `level` take VNNI (its unsigned-by-signed bytes): the kernels chosen and the correction
@@ -182,7 +182,7 @@ AVX2 INLINE __m256i bytes4(const int8_t *p) {
 #define W_FLIPPED(r, b) _mm256_xor_si256(W_CODES(r, b), flip)
 #define X4(c, b, i) bytes4(t->xq + (c) * t->k + (b) * BLOCK + 4 * (i))
 /* The 8 rows' exact sums of block b against row c of x: unsigned bytes meet x with its correction as the start,
- * signed ones meet |x| carrying x's sign. */
+ * signed ones as |w| (unsigned: -128 too) meet x carrying w's sign. */
 #define ROW_SUMS(UNSIGNED, MADD, tw, c, b)                                                                          \
     ({                                                                                                              \
         __m256i part_[4] = {_mm256_set1_epi32(UNSIGNED ? t->corr[(c) * t->nb + (b)] : 0), _mm256_setzero_si256(),  \
@@ -190,7 +190,7 @@ AVX2 INLINE __m256i bytes4(const int8_t *p) {
         UNROLL for (int i = 0; i < 8; i++) {                                                                        \
             __m256i x_ = X4(c, b, i);                                                                               \
             part_[i % 4] = UNSIGNED ? MADD(part_[i % 4], tw[i], x_)                                                 \
-                                    : MADD(part_[i % 4], _mm256_sign_epi8(x_, x_), _mm256_sign_epi8(tw[i], x_));    \
+                                    : MADD(part_[i % 4], _mm256_abs_epi8(tw[i]), _mm256_sign_epi8(x_, tw[i]));      \
         }                                                                                                           \
         _mm256_add_epi32(_mm256_add_epi32(part_[0], part_[1]), _mm256_add_epi32(part_[2], part_[3]));               \
     })
@@ -266,14 +266,13 @@ AVX2 INLINE __m256i lane_sums8(const __m256i v[8]) {
         WEIGHT_CONSTANTS(UNSIGNED)                                                                                  \
         __m256 acc = _mm256_loadu_ps(t->acc);                                                                       \
         for (int64_t b = 0; b < t->blocks; b++) {                                                                   \
-            __m256i x = _mm256_loadu_si256((const __m256i *)(t->xq + b * BLOCK)), ax = _mm256_sign_epi8(x, x);      \
+            __m256i x = _mm256_loadu_si256((const __m256i *)(t->xq + b * BLOCK));                                   \
             __m256i lanes[TILE_ROWS];                                                                               \
-            (void)ax;                                                                                               \
             UNROLL for (int r = 0; r < TILE_ROWS; r++) {                                                            \
                 if ((b * (BYTES)) % 64 == 0) _mm_prefetch((const char *)(t->q[r] + b * (BYTES) + t->ahead), _MM_HINT_T1); \
                 __m256i w = WEIGHT(r, b);                                                                           \
                 lanes[r] = UNSIGNED ? MADD(_mm256_setzero_si256(), w, x)                                            \
-                                    : MADD(_mm256_setzero_si256(), ax, _mm256_sign_epi8(w, x));                     \
+                                    : MADD(_mm256_setzero_si256(), _mm256_abs_epi8(w), _mm256_sign_epi8(x, w));     \
             }                                                                                                       \
             __m256i sums = lane_sums8(lanes);                                                                       \
             if (UNSIGNED) sums = _mm256_add_epi32(sums, _mm256_set1_epi32(t->corr[b]));                             \
@@ -349,9 +348,9 @@ AVX2 static void lay_out_scales(const struct weights *w, const int64_t rows[8], 
         __m256i v[8], t[8];
         for (int r = 0; r < 8; r++) {
             int64_t at = rows[r] * nb + b0 + b;
-            __m256 s = !w->nibbles ? e8m0_avx2(_mm_loadl_epi64((const __m128i *)((const uint8_t *)w->scales + at)))
-                       : w->half   ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w->scales + at)))
-                                   : _mm256_loadu_ps((const float *)w->scales + at);
+            __m256 s = w->half     ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w->scales + at)))
+                       : !w->nibbles ? e8m0_avx2(_mm_loadl_epi64((const __m128i *)((const uint8_t *)w->scales + at)))
+                                     : _mm256_loadu_ps((const float *)w->scales + at);
             v[r] = _mm256_castps_si256(s);
         }
         transpose8(v, t);
@@ -426,7 +425,7 @@ static void linear_tiles(const struct linear_args *a, const struct weights *w, i
     float *out = a->out[l], scales[BLOCK_RUN * TILE_ROWS], acc[MAX_X_ROWS * TILE_ROWS];
     _Alignas(32) uint8_t packed[BLOCK_RUN * TILE_ROWS * 32];
     int64_t rows[TILE_ROWS];
-    struct tile t = {.scales = scales, .scale_kind = !w->nibbles ? 2 : w->half ? 1 : 0, .itable = w->itable, .k = k,
+    struct tile t = {.scales = scales, .scale_kind = w->half ? 1 : !w->nibbles ? 2 : 0, .itable = w->itable, .k = k,
                      .nb = nb,
                      .ahead = w->tiled ? 16 * TILE_ROWS * (row_bytes / nb) : TILE_ROWS * row_bytes, .packed = packed};
     for (int64_t i0 = 0; i0 < a->m; i0 += rows_x) {
@@ -438,9 +437,9 @@ static void linear_tiles(const struct linear_args *a, const struct weights *w, i
                 t.blocks = min64(BLOCK_RUN, nb - b0);
                 if (w->tiled) { /* the tile's blocks from b0, one stream */
                     int64_t at = ((j / TILE_ROWS) * nb + b0) * TILE_ROWS;
-                    t.tiled_scales = !w->nibbles ? (const void *)((const uint8_t *)w->scales + at)
-                                     : w->half   ? (const void *)((const uint16_t *)w->scales + at)
-                                                 : (const void *)((const float *)w->scales + at);
+                    t.tiled_scales = w->half     ? (const void *)((const uint16_t *)w->scales + at)
+                                     : !w->nibbles ? (const void *)((const uint8_t *)w->scales + at)
+                                                   : (const void *)((const float *)w->scales + at);
                     t.q[0] = w->q + at * (row_bytes / nb);
                     if (a->m > 1) kernels->pack(&t);
                 } else {

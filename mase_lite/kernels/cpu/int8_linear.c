@@ -3,7 +3,8 @@
  *
  *   - nibbles: two 4-bit codes a byte (the even element in the low nibble), a float32 or float16 scale per block of
  *     32 and the 16 integers a code stands for (itable, the caller's table divided by a power of two it folds back in);
- *   - codes: MXINT8, int8 codes in -127..127 with an E8M0 scale (a uint8 exponent) per block of 32.
+ *   - codes: int8 codes in -127..127 with an E8M0 scale (a uint8 exponent: MXINT8) or a float16 one (GGUF's Q8_0)
+ *     per block of 32.
  *
  * x's block: scale amax / 127, codes round-half-even(x * (127 / amax)) in -127..127 (a block holding an infinity
  * or a NaN: codes 0, scale NaN, so the outputs it reaches are NaN). For nibbles the codes are stored as the
@@ -15,15 +16,15 @@
  *
  * How the vector levels form the integers (all exact), in tiles of 8 rows of W, one per lane (int8_dot.h): VNNI's
  * vpdpbusd multiplies unsigned by signed bytes, AVX2's vpmaddubsw too (pairs summed in int16, which |x| <= 127 and
- * weights of at most 15 unsigned or 127 signed never overflow). An affine table (itable[n] = n + c: Q4_0's -8..7)
+ * weights of at most 15 unsigned or 128 in magnitude never overflow). An affine table (itable[n] = n + c: Q4_0's -8..7)
  * multiplies the nibbles themselves and starts from c times the sum of x's block (computed once per x block); under
- * VNNI looked-up values and MXINT8 codes are made unsigned by flipping their sign bit (+128) and start from -128 times
- * that sum; otherwise (AVX2) |x| meets the weight carrying x's sign. The tile's blocks are met transposed (vector
- * t: bytes 4t..4t+3 of the 8 rows) against x's 4 bytes t broadcast, so that each row of x costs 8 products a block
- * for 8 rows of W and each row's sum stays in its lane. Weights held tiled (the layers with int8 activations tile
- * theirs in place: int8_dot.h's struct weights) are read so, one stream a tile, by one row of x (a decoding step) as
- * by many; weights in rows are formed and transposed once per run of rows of x, and one row of x meets each row's
- * whole block instead, its eight lanes summed across the tile's rows.
+ * VNNI looked-up values and 8-bit codes are made unsigned by flipping their sign bit (+128) and start from -128 times
+ * that sum; otherwise (AVX2) |w| (unsigned, so Q8_0's -128 too) meets x carrying the weight's sign. The tile's blocks
+ * are met transposed (vector t: bytes 4t..4t+3 of the 8 rows) against x's 4 bytes t broadcast, so that each row of x
+ * costs 8 products a block for 8 rows of W and each row's sum stays in its lane. Weights held tiled (the layers with
+ * int8 activations tile theirs in place: int8_dot.h's struct weights) are read so, one stream a tile, by one row of x
+ * (a decoding step) as by many; weights in rows are formed and transposed once per run of rows of x, and one row of x
+ * meets each row's whole block instead, its eight lanes summed across the tile's rows.
  *
  * Three levels, chosen by the caller from cpu_kernels_levels(): plain C, AVX2 and AVX-512 (VNNI on 256-bit vectors
  * where the CPU has it, else AVX2's instructions). Compiled without -ffast-math and with C11 (no contraction).
@@ -86,13 +87,15 @@ int int8_linear_nibbles(const float *x, int64_t m, int64_t k, int count, const u
     return 0;
 }
 
-/* The same for MXINT8: codes[l] n[l] rows of k int8 (-127..127), scales[l] n[l] rows of k / 32 E8M0 exponents (or
- * both tiled); a weight is code * 2**-6 * 2**(scale - 127). */
+/* The same for 8-bit codes: codes[l] n[l] rows of k int8 (-127..127), scales[l] n[l] rows of k / 32 scales (or both
+ * tiled): MXINT8's E8M0 exponents, a weight code * 2**-6 * 2**(scale - 127); or, `half`, GGUF Q8_0's float16 d, a
+ * weight code * d. */
 int int8_linear_codes(const float *x, int64_t m, int64_t k, int count, const int8_t *const *codes,
-                      const uint8_t *const *scales, const float *const *bias, float *const *out, const int64_t *n,
-                      int tiled, int level, int threads, void *scratch) {
+                      const void *const *scales, int half, const float *const *bias, float *const *out,
+                      const int64_t *n, int tiled, int level, int threads, void *scratch) {
     if (count < 1 || count > MAX_LAYERS || !whole_tiles(n, count, tiled)) return -1;
-    struct linear_args a = {.unit = 1.0f / 64.0f, .tiled = tiled, .count = count, .q = (const uint8_t *const *)codes,
+    struct linear_args a = {.unit = half ? 1.0f : 1.0f / 64.0f, .half = half, .tiled = tiled, .count = count,
+                            .q = (const uint8_t *const *)codes,
                             .scales = (const void *const *)scales, .bias = bias, .out = out, .n = n, .m = m, .k = k,
                             .level = level};
     run(&a, x, threads, scratch);

@@ -5,9 +5,9 @@ The input is quantized per block of 32 (:func:`quantize_activations`), each bloc
 as integers (VNNI's ``vpdpbusd`` where the CPU has it, AVX2's ``vpmaddubsw`` otherwise) and the block sums
 accumulated in float32 in the kernel's own order: the same bits at every level and thread count, within float32
 accumulation of :func:`reference_nibbles` / :func:`reference_codes`, which state the product in torch. Weights:
-packed 4-bit nibbles with a float32 or float16 scale per block and an integer table (:func:`linear_nibbles`), or MXINT8
-codes with E8M0 scales (:func:`linear_codes`). At batch 1 it reads the weights from memory faster than the float
-kernels: fewer instructions per weight, none of them a float multiply per weight.
+packed 4-bit nibbles with a float32 or float16 scale per block and an integer table (:func:`linear_nibbles`), or 8-bit
+codes with E8M0 scales (MXINT8) or float16 ones (GGUF's Q8_0) (:func:`linear_codes`). At batch 1 it reads the weights
+from memory faster than the float kernels: fewer instructions per weight, none of them a float multiply per weight.
 
 The vector level is the library's (:func:`mase_lite.kernels.cpu.level`: AVX-512 with VNNI, AVX2, plain C; ``torch``
 for the reference). Functions return None where the kernel does not apply
@@ -125,19 +125,24 @@ def linear_nibbles_many(x: Tensor, layers: list[tuple[Tensor, Tensor, Tensor | N
 
 
 def linear_codes(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, tiled: bool = False) -> Tensor | None:
-    """``x @ W.T + bias`` for MXINT8 W (int8 ``codes`` ``[out, in]`` in -127..127, E8M0 ``scales``
-    ``[out, in / 32]``; ``tiled``: in :func:`tile`'s order), ``x`` quantized to int8; in ``x``'s dtype. None where
-    the kernel does not apply."""
+    """``x @ W.T + bias`` for 8-bit W (int8 ``codes`` ``[out, in]`` in -127..127, ``scales`` ``[out, in / 32]``:
+    MXINT8's E8M0 exponents, uint8, or GGUF Q8_0's float16 ``d``; ``tiled``: in :func:`tile`'s order), ``x``
+    quantized to int8; in ``x``'s dtype. None where the kernel does not apply."""
     out = linear_codes_many(x, [(codes, scales, bias)], tiled)
     return None if out is None else out[0]
 
 
 def linear_codes_many(x: Tensor, layers: list[tuple[Tensor, Tensor, Tensor | None]],
                       tiled: bool = False) -> list[Tensor] | None:
-    """:func:`linear_codes` of layers that share ``x``, in one call (``layers``: codes, scales, bias; at most 8)."""
+    """:func:`linear_codes` of layers that share ``x`` and their scales' dtype, in one call (``layers``: codes, scales,
+    bias; at most 8)."""
+    half = layers[0][1].dtype == torch.float16
+    if any(scales.dtype != layers[0][1].dtype for _, scales, _ in layers):
+        return None
+
     def launch(lib, x, rows, count, q, scales, bias, out, n, lvl, workers, scratch):
-        return lib.int8_linear_codes(x, rows, layers[0][0].shape[1], count, q, scales, bias, out, n, int(tiled), lvl,
-                                     workers, scratch)
+        return lib.int8_linear_codes(x, rows, layers[0][0].shape[1], count, q, scales, int(half), bias, out, n,
+                                     int(tiled), lvl, workers, scratch)
     return _many("int8_codes", x, layers[0][0].shape[1], layers, launch)
 
 
@@ -238,6 +243,8 @@ def reference_nibbles(x: Tensor, nibbles: Tensor, scales: Tensor, itable: Tensor
 
 def reference_codes(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor:
     """The torch reference of :func:`linear_codes`, in ``x``'s dtype."""
+    if scales.dtype == torch.float16:  # GGUF's Q8_0: code * d
+        return _reference(x, codes, scales.double(), bias)
     block_scales = torch.where(scales == 255, float("nan"), torch.ldexp(torch.ones_like(scales, dtype=torch.float64),
                                                                          scales.to(torch.int64) - 127 - 6))
     return _reference(x, codes, block_scales, bias)

@@ -46,9 +46,10 @@ BLOCK = 32
 
 
 def packed_kind(fmt: dict[str, Any] | None, activations: str = "float") -> str | None:
-    """The packed layer a weight format packs to (``"packed4"``, ``"mxint8"``), by the format's ``packed`` mapping
-    (``scheme(fmt, activations)``: the kind or None; ``tensors(encoded)``: the 16 values a code stands for and each
-    block's scale; ``side(scales, fmt)``: the stored side of such scales); None where it packs to none."""
+    """The packed layer a weight format packs to (``"packed4"``, ``"mxint8"``, ``"kquant"``, ``"packed8"``: GGUF's
+    Q8_0), by the format's ``packed`` mapping (``scheme(fmt, activations)``: the kind or None; ``tensors(encoded)``:
+    the 16 values a code stands for and each block's scale; ``side(scales, fmt)``: the stored side of such scales);
+    None where it packs to none."""
     mapping = target_mapping(fmt["name"], "packed") if fmt else None
     return mapping.scheme(fmt, activations) if mapping is not None else None
 
