@@ -40,7 +40,7 @@ import torch  # noqa: E402
 
 from busy import busy_processes  # noqa: E402  beside this script
 from figures import cpu_model, spread  # noqa: E402  beside this script
-from record import add_record_flag, command_line, recording  # noqa: E402  beside this script
+from record import add_record_flag, recording  # noqa: E402  beside this script
 
 TYPES = {  # GGUF's type: the tool's format that it holds exactly, and how the tool packs it
     "Q4_0": ({"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "scale_dtype": "float16",
@@ -159,12 +159,11 @@ def main() -> None:
         finally:
             torch.set_num_threads(previous)
     load_after = os.getloadavg()[0]
-    print(f"command: {command_line()}")
     print(f"CPU: {cpu_model()}, {os.cpu_count()} logical CPUs; busy processes beside: {args.busy}; "
           f"load average before {load_before:.2f}, after {load_after:.2f}; {args.rounds} rounds, interleaved\n")
-    print(f"llama.cpp's llama-bench on the tool's GGUF exports of the {args.layers}-layer Llama, the tool's decoder on "
-          "the same weights packed with int8 activations (Q4_0 and Q8_0 held tiled, the K-quant mixtures as their "
-          f"records); ratio tool / llama.cpp per round, median (range); decode {args.tokens} tokens.\n")
+    print(f"llama-bench on the tool's GGUF exports of the {args.layers}-layer Llama, the tool's decoder on the same "
+          "weights (int8 activations; Q4_0, Q8_0 tiled, K-quants as records); tool / llama.cpp per round, median "
+          f"(range); decode {args.tokens} tokens.\n")
     print(f"| type | threads | tool prefill t/s | llama.cpp pp{args.prompt} t/s | prefill ratio | tool decode t/s | "
           f"llama.cpp tg{args.tokens} t/s | decode ratio |")
     print("|---|---|---|---|---|---|---|---|")
