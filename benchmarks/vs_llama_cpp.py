@@ -1,10 +1,10 @@
 """Prefill and decode on the CPU, the tool against llama.cpp in the same run: a Llama of 156 M parameters (hidden 1024,
 8 layers, 16/4 heads, FFN 2816, vocabulary 32000; random weights, seed 0) quantized by the tool, exported to GGUF, and
 run both by the tool's decoder (every Linear packed with int8 activations; mase_lite.runtime.decoder) and by llama.cpp's
-``llama-bench`` on that very file. The types: Q4_0 (the tool's 4-bit groups of 32 with float16 scales, which GGUF's
-Q4_0 holds exactly), Q8_0 (the tool's MXINT8, which GGUF's Q8_0 holds exactly), Q4_K_M and Q5_K_M (the tool's presets
-of those names: Q4_K or Q5_K, with Q6_K for the head and some value and down projections, as llama-quantize chooses;
-the decoder holds them as K-quant records, mase_lite.kernels.kquants).
+``llama-bench`` on that very file. The types: Q4_0 (the tool's 4-bit groups of 32 with float16 scales, which GGUF's Q4_0
+holds exactly), Q8_0 (GGUF's own, int8 codes with a float16 d per block, packed as such), Q4_K_M and Q5_K_M (the tool's
+presets of those names: Q4_K or Q5_K, with Q6_K for the head and some value and down projections, as llama-quantize
+chooses; the decoder holds them as K-quant records, mase_lite.kernels.kquants).
 
 Each round times every (type, threads) pair once per tool, the tools in turn, so drifting load hits them alike:
 prefill is tokens per second over a 512-token prompt (llama-bench's pp512; its n_batch 512), decode is tokens per second
@@ -45,7 +45,7 @@ from record import add_record_flag, recording  # noqa: E402  beside this script
 TYPES = {  # GGUF's type: the tool's format that it holds exactly, and how the tool packs it
     "Q4_0": ({"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32, "scale_dtype": "float16",
               "full_range": True}, "q4_0"),
-    "Q8_0": ({"name": "mxint", "element_width": 8}, "mxint8"),
+    "Q8_0": ({"name": "q8_0"}, "q8_0"),  # GGUF's own: int8 codes, a float16 d per block of 32
     "Q4_K_M": ("Q4_K_M", "Q4_K_M"),  # llama-quantize's mixtures, Q4_K or Q5_K and Q6_K: the same preset for both
     "Q5_K_M": ("Q5_K_M", "Q5_K_M"),
 }
@@ -74,13 +74,13 @@ def gguf_file(model: torch.nn.Module, fmt: dict | str, path: Path) -> None:
 
 
 def packed_decoder(model: torch.nn.Module, packing: str, max_length: int):
-    from mase_lite.kernels import kquants, mxint8, packed4
+    from mase_lite.kernels import kquants, packed4, q8_0
     from mase_lite.layers.presets import mixed_types
     from mase_lite.runtime.decoder import Decoder
 
     packed = copy.deepcopy(model)
-    if packing == "mxint8":
-        mxint8.pack_linears(packed, activations="int8")
+    if packing == "q8_0":
+        q8_0.pack_linears(packed, activations="int8")
     elif packing in ("Q4_K_M", "Q5_K_M"):
         kquants.pack_linears(packed, mixed_types(packed, packing), activations="int8")
     else:
