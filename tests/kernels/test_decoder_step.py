@@ -9,10 +9,10 @@ import transformers
 from mase_lite.kernels import mxint8, packed4
 from mase_lite.kernels import cpu
 from mase_lite.runtime.decoder import Decoder
+from tests.kernels.native_decoding import PROMPT, assert_follows, layer_by_layer, steps
 
 SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)
-PROMPT, TOKENS = torch.tensor([[1, 2, 3]]), [4, 5, 6, 7, 8]
 
 pytestmark = pytest.mark.skipif(not cpu.available_levels(), reason="no C compiler: the kernels are not built")
 
@@ -30,27 +30,6 @@ def packed(packing="q4_0", kind="Llama", skip=(), mlp_width=None, **extra):
     else:
         packed4.pack_linears(model, packing, activations="int8", skip=skip)
     return model
-
-
-def steps(decoder):
-    """The decoder's logits after the prompt and after each token."""
-    decoder.reset()
-    with torch.no_grad():
-        return torch.stack([decoder(PROMPT)] + [decoder(torch.tensor([[t]])) for t in TOKENS])
-
-
-def layer_by_layer(model):
-    decoder = Decoder.of(model, 12)
-    decoder.step = None
-    return steps(decoder)
-
-
-def assert_follows(native, reference):
-    """Equal within float32 rounding, except where a float32 difference moved an activation across an int8
-    rounding boundary: one code step of a block, 1/127 of its largest value, reaches the logits at about 1 %."""
-    difference = (native - reference).abs()
-    assert float(difference.max()) <= 0.01 * float(reference.abs().max())
-    assert float(difference.median()) <= 1e-4 * float(reference.abs().max())
 
 
 @pytest.mark.parametrize("packing", ["mxint8", "q4_0", "mxfp4", "mxint4"])

@@ -21,7 +21,7 @@ from mase_lite.kernels.kquants.records import from_records, to_records
 from mase_lite.layers.presets import mixed_types
 from mase_lite.layers.quantized import quantize_module
 from mase_lite.numerics.ggml import ggml_quantize, ggml_values, to_ggml_blocks
-from mase_lite.runtime.decoder import Decoder
+from tests.kernels.native_decoding import assert_decodes_natively
 
 native = pytest.mark.skipif(not cpu.available_levels(), reason="no C compiler: the kernels are not built")
 KINDS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
@@ -325,31 +325,7 @@ def test_mixtures_pack_as_llama_quantize_chooses_and_decode_natively(preset, bas
     assert {n for n, k in chosen.items() if k == "q6_k"} == {"lm_head", "model.layers.1.self_attn.v_proj",
                                                              "model.layers.1.mlp.down_proj"}
     assert set(chosen.values()) == {base, "q6_k"}
-    decoder = Decoder.of(model, 12)
-    assert decoder.step is not None and decoder.step.head
-    prompt, tokens = torch.tensor([[1, 2, 3]]), [4, 5, 6, 7]
-
-    def steps(d):
-        d.reset()
-        with torch.no_grad():
-            return torch.stack([d(prompt)] + [d(torch.tensor([[t]])) for t in tokens])
-
-    native_steps = steps(decoder)
-    by_layer = Decoder.of(model, 12)
-    by_layer.step = None
-    reference = steps(by_layer)
-    scale = float(reference.abs().max())
-    assert float((native_steps - reference).abs().max()) <= 0.01 * scale
-    assert float((native_steps - reference).abs().median()) <= 1e-4 * scale
-    previous = torch.get_num_threads()
-    try:
-        for level in cpu.available_levels():
-            monkeypatch.setenv(cpu.LEVEL_ENV, level)
-            for threads in (1, 2):
-                torch.set_num_threads(threads)
-                assert torch.equal(steps(decoder), native_steps), (level, threads)
-    finally:
-        torch.set_num_threads(previous)
+    assert_decodes_natively(model, monkeypatch)
 
 
 def test_a_saved_graph_of_packed_k_quants_loads_as_it_was(tmp_path):

@@ -18,7 +18,7 @@ from mase_lite.kernels.int8_activations.cpu_kernel import quantize_activations
 from mase_lite.kernels.q8_0 import Q8_0Linear, pack_linears
 from mase_lite.layers.quantized import quantize_module
 from mase_lite.numerics.ggml import ggml_quantize, to_ggml_blocks
-from mase_lite.runtime.decoder import Decoder
+from tests.kernels.native_decoding import assert_decodes_natively
 
 native = pytest.mark.skipif(not cpu.available_levels(), reason="no C compiler: the kernels are not built")
 
@@ -184,27 +184,4 @@ def test_the_quantize_pass_packs_q8_0_and_its_gguf_export_is_the_fake_layers(tmp
 def test_decodes_natively_with_the_same_bits_everywhere(monkeypatch):
     model = llama()
     assert pack_linears(model, activations="int8") == 15
-    decoder = Decoder.of(model, 12)
-    assert decoder.step is not None and decoder.step.head
-    prompt, tokens = torch.tensor([[1, 2, 3]]), [4, 5, 6, 7]
-
-    def steps(d):
-        d.reset()
-        with torch.no_grad():
-            return torch.stack([d(prompt)] + [d(torch.tensor([[t]])) for t in tokens])
-
-    native_steps = steps(decoder)
-    by_layer = Decoder.of(model, 12)
-    by_layer.step = None
-    reference = steps(by_layer)
-    scale = float(reference.abs().max())
-    assert float((native_steps - reference).abs().max()) <= 0.01 * scale
-    previous = torch.get_num_threads()
-    try:
-        for level in cpu.available_levels():
-            monkeypatch.setenv(cpu.LEVEL_ENV, level)
-            for threads in (1, 2):
-                torch.set_num_threads(threads)
-                assert torch.equal(steps(decoder), native_steps), (level, threads)
-    finally:
-        torch.set_num_threads(previous)
+    assert_decodes_natively(model, monkeypatch)
