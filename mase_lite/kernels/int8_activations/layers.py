@@ -1,5 +1,6 @@
-"""What the Linear layers with int8 activations share (packed 4-bit and MXINT8): the setting, the inference-only
-check of an input, one call for layers that take the same input, and the weights as the kernels read them."""
+"""What the Linear layers with int8 activations share (packed 4-bit, MXINT8, Q8_0 and the K-quants): the setting, the
+inference-only check of an input, one call for layers that take the same input, and the weights as the kernels read
+them."""
 
 from __future__ import annotations
 
@@ -50,8 +51,9 @@ def fused(layers: list[nn.Module], cls: type, run: Callable[[Tensor, bool], list
 
 class Int8Weights(NamedTuple):
     """What the int8 kernels read of a layer: ``data`` (4-bit ``nibbles`` ``[out, in / 2]`` with float32 or float16
-    ``scales``, or MXINT8 codes ``[out, in]`` with E8M0 ``scales``; ``tiled``: both in the kernel's tiled order), the
-    bias, and for nibbles the table's 16 integers and the power of two ``unit`` they stand for (MXINT8: 2**-6);
+    ``scales``, or 8-bit codes ``[out, in]`` with E8M0 ``scales`` (MXINT8) or float16 ones (Q8_0); ``tiled``: both in
+    the kernel's tiled order), the bias, and for nibbles the table's 16 integers and the power of two ``unit`` they
+    stand for (MXINT8: 2**-6; Q8_0: 1);
     ``kind``: a K-quant's format name (``data``: its records, ``kernels/kquants``, whose scales are inside them:
     ``scales`` is the same tensor, unread), None for nibbles and codes."""
 
