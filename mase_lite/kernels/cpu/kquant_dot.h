@@ -39,8 +39,8 @@ static inline int64_t kquant_bytes(int kind) {
     return bytes[kind];
 }
 
-/* What a kind's codes stand for: the offset taken off them, whether each half of a block has its scale (else each
- * block its scale and min), and whether it has mins. */
+/* What a kind's codes stand for: the offset taken off them, and whether each half of a block has its scale (else each
+ * block its scale and min). */
 static inline int code_offset(int kind) { return kind == KIND_Q6_K ? 32 : kind == KIND_Q3_K ? 4 : 0; }
 static inline int by_halves(int kind) { return kind == KIND_Q6_K || kind == KIND_Q3_K || kind == KIND_Q2_K; }
 
@@ -145,11 +145,12 @@ AVX2 INLINE float half_f16c(const uint8_t *p) {
 #define TILE_OUT(R, C)                                                                                              \
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) out[r * C + c] = sum8_avx2(acc[r][c]);
 
-/* NAME(t, out): Q4_K (FIFTH 0) or Q5_K (FIFTH 1), R rows of W against C rows of x into out[r * C + c]: each
+/* NAME(t, out): Q4_K or Q5_K (KIND), R rows of W against C rows of x into out[r * C + c]: each
  * super-block's codes formed once for the C rows of x, each vector of x's codes and its block scales loaded once for
  * the R rows of W. Q5_K's fifth bits: byte-vector b's bit b of their vector, moved to bit 4 as Q6_K's crumbs are. */
-#define AFFINE_TILE(NAME, TARGET, MADD, R, C, BYTES, FIFTH)                                                         \
+#define AFFINE_TILE(NAME, TARGET, MADD, R, C, KIND)                                                                 \
     TARGET static void NAME(const struct kquant_rows *t, float *out) {                                              \
+        const int64_t BYTES = kquant_bytes(KIND), FIFTH = KIND == KIND_Q5_K;                                        \
         const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), bit4 = _mm256_set1_epi8(16);       \
         __m256 acc[R][C];                                                                                           \
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();      \
@@ -223,8 +224,9 @@ AVX2 INLINE __m256i halves_codes(int kind, const uint8_t *rec, int b) {
  * as AFFINE_TILE: the unsigned codes u meet x, byte-vectors 0-3 summing the blocks' first halves and 4-7 their
  * second; the offset times the halves' sums of x is taken off before their scales multiply them (Q2_K: the halves'
  * sums of x times their mins make M). */
-#define HALVES_TILE(NAME, TARGET, MADD, R, C, BYTES, KIND)                                                          \
+#define HALVES_TILE(NAME, TARGET, MADD, R, C, KIND)                                                                 \
     TARGET static void NAME(const struct kquant_rows *t, float *out) {                                              \
+        const int64_t BYTES = kquant_bytes(KIND);                                                                   \
         __m256 acc[R][C];                                                                                           \
         UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();      \
         for (int64_t s = 0; s < t->nsb; s++) {                                                                      \
@@ -278,23 +280,23 @@ AVX2 INLINE __m256i halves_codes(int kind, const uint8_t *rec, int b) {
 
 /* A kind's kernels at a level: [0][c - 1] one row of W against c rows of x, [1][c - 1] two rows. */
 typedef void (*kquant_fn)(const struct kquant_rows *, float *);
-#define KQUANT_SET(TILE, NAME, TARGET, MADD, ...)                                                                   \
-    TILE(NAME##_1x1, TARGET, MADD, 1, 1, __VA_ARGS__) TILE(NAME##_1x2, TARGET, MADD, 1, 2, __VA_ARGS__)            \
-    TILE(NAME##_1x3, TARGET, MADD, 1, 3, __VA_ARGS__) TILE(NAME##_1x4, TARGET, MADD, 1, 4, __VA_ARGS__)            \
-    TILE(NAME##_2x1, TARGET, MADD, 2, 1, __VA_ARGS__) TILE(NAME##_2x2, TARGET, MADD, 2, 2, __VA_ARGS__)            \
-    TILE(NAME##_2x3, TARGET, MADD, 2, 3, __VA_ARGS__) TILE(NAME##_2x4, TARGET, MADD, 2, 4, __VA_ARGS__)            \
+#define KQUANT_SET(TILE, NAME, TARGET, MADD, KIND)                                                                  \
+    TILE(NAME##_1x1, TARGET, MADD, 1, 1, KIND) TILE(NAME##_1x2, TARGET, MADD, 1, 2, KIND)                          \
+    TILE(NAME##_1x3, TARGET, MADD, 1, 3, KIND) TILE(NAME##_1x4, TARGET, MADD, 1, 4, KIND)                          \
+    TILE(NAME##_2x1, TARGET, MADD, 2, 1, KIND) TILE(NAME##_2x2, TARGET, MADD, 2, 2, KIND)                          \
+    TILE(NAME##_2x3, TARGET, MADD, 2, 3, KIND) TILE(NAME##_2x4, TARGET, MADD, 2, 4, KIND)                          \
     static const kquant_fn NAME[2][4] = {{NAME##_1x1, NAME##_1x2, NAME##_1x3, NAME##_1x4},                          \
                                          {NAME##_2x1, NAME##_2x2, NAME##_2x3, NAME##_2x4}};
-KQUANT_SET(AFFINE_TILE, q4_k_avx2, AVX2, madd_avx2, Q4_K_BYTES, 0)
-KQUANT_SET(AFFINE_TILE, q4_k_vnni, VNNI, madd_vnni, Q4_K_BYTES, 0)
-KQUANT_SET(AFFINE_TILE, q5_k_avx2, AVX2, madd_avx2, Q5_K_BYTES, 1)
-KQUANT_SET(AFFINE_TILE, q5_k_vnni, VNNI, madd_vnni, Q5_K_BYTES, 1)
-KQUANT_SET(HALVES_TILE, q6_k_avx2, AVX2, madd_avx2, Q6_K_BYTES, KIND_Q6_K)
-KQUANT_SET(HALVES_TILE, q6_k_vnni, VNNI, madd_vnni, Q6_K_BYTES, KIND_Q6_K)
-KQUANT_SET(HALVES_TILE, q3_k_avx2, AVX2, madd_avx2, Q3_K_BYTES, KIND_Q3_K)
-KQUANT_SET(HALVES_TILE, q3_k_vnni, VNNI, madd_vnni, Q3_K_BYTES, KIND_Q3_K)
-KQUANT_SET(HALVES_TILE, q2_k_avx2, AVX2, madd_avx2, Q2_K_BYTES, KIND_Q2_K)
-KQUANT_SET(HALVES_TILE, q2_k_vnni, VNNI, madd_vnni, Q2_K_BYTES, KIND_Q2_K)
+KQUANT_SET(AFFINE_TILE, q4_k_avx2, AVX2, madd_avx2, KIND_Q4_K)
+KQUANT_SET(AFFINE_TILE, q4_k_vnni, VNNI, madd_vnni, KIND_Q4_K)
+KQUANT_SET(AFFINE_TILE, q5_k_avx2, AVX2, madd_avx2, KIND_Q5_K)
+KQUANT_SET(AFFINE_TILE, q5_k_vnni, VNNI, madd_vnni, KIND_Q5_K)
+KQUANT_SET(HALVES_TILE, q6_k_avx2, AVX2, madd_avx2, KIND_Q6_K)
+KQUANT_SET(HALVES_TILE, q6_k_vnni, VNNI, madd_vnni, KIND_Q6_K)
+KQUANT_SET(HALVES_TILE, q3_k_avx2, AVX2, madd_avx2, KIND_Q3_K)
+KQUANT_SET(HALVES_TILE, q3_k_vnni, VNNI, madd_vnni, KIND_Q3_K)
+KQUANT_SET(HALVES_TILE, q2_k_avx2, AVX2, madd_avx2, KIND_Q2_K)
+KQUANT_SET(HALVES_TILE, q2_k_vnni, VNNI, madd_vnni, KIND_Q2_K)
 
 static const kquant_fn (*kquant_kernels(int kind, int level))[4] {
     static const kquant_fn (*const sets[KINDS][2])[4] = {
