@@ -38,7 +38,7 @@ OFFSET = 128  # the format's stored code of 0 (mase_lite.numerics.ggml: q8_0's c
 
 
 class Q8_0Linear(TiledWeights, FormatLayer, nn.Module):
-    """``y = x @ W.T + b`` with W held as int8 ``codes`` (``[out, in]``, -127..127) and float16 ``scales``
+    """``y = x @ W.T + b`` with W held as int8 ``codes`` (``[out, in]``, -128..127) and float16 ``scales``
     (``[out, in / 32]``: each block's ``d``); ``in`` a multiple of 32."""
 
     mase_op = "linear"
@@ -115,12 +115,16 @@ class Q8_0Linear(TiledWeights, FormatLayer, nn.Module):
     def encoded(self):
         """The weight as stored codes of ``q8_0``: what an export writes."""
         codes, scales = self.rows()
-        values = self.dequantized_weight()
+        values = _values(codes, scales)
         return encode(values, self.fmt, side={"d": scales}, values=values)
 
     def dequantized_weight(self) -> Tensor:
-        codes, scales = self.rows()
-        return ggml_values(codes.to(torch.int64) + OFFSET, {"d": scales}, "q8_0")
+        return _values(*self.rows())
+
+
+def _values(codes: Tensor, scales: Tensor) -> Tensor:
+    """The weights ``codes`` (int8, in rows) and their block ``scales`` stand for, float32."""
+    return ggml_values(codes.to(torch.int64) + OFFSET, {"d": scales}, "q8_0")
 
 
 def pack_linears(model: nn.Module, skip: tuple[str, ...] = (), activations: str = "float") -> int:
