@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.nn as nn
 from torch import Tensor
 
@@ -22,7 +21,7 @@ from mase_lite.kernels.mxint8 import MXInt8Linear
 from mase_lite.kernels.int8_activations.layers import FormatLayer
 from mase_lite.layers.lora import LoRALinear
 from mase_lite.layers.quantized import QuantizedLayer, QuantizedLinear
-from mase_lite.numerics.codes import Encoded, decode, offset_codes, pack_bits
+from mase_lite.numerics.codes import Encoded, decode
 
 
 def unsupported(target: str, layer: str, what: str, nearest: str) -> ExportError:
@@ -63,7 +62,7 @@ def linear_layers(model: nn.Module, skip: str | None = None) -> list[Layer]:
         if isinstance(module, LoRALinear):
             raise ExportError(f"layer {name!r} carries LoRA adapters; merge them into the weights first (lora_merge)")
         if isinstance(module, (MXInt8Linear, FormatLayer)):  # packed: MXINT8, or a format's bytes
-            codes = packed_mxint8(module) if isinstance(module, MXInt8Linear) else module.encoded()
+            codes = module.encoded()
             layers.append(Layer(name, module, decode(codes), _detached(module.bias), codes))
         elif isinstance(module, QuantizedLinear):
             stored = module.encode_parameters()
@@ -81,14 +80,6 @@ def other_quantized_layers(model: nn.Module) -> list[str]:
     """Names of quantized layers that are not Linear (convolutions, transformers' Conv1D)."""
     return [name for name, module in model.named_modules()
             if isinstance(module, QuantizedLayer) and not isinstance(module, QuantizedLinear)]
-
-
-def packed_mxint8(module: MXInt8Linear) -> Encoded:
-    """A packed MXINT8 layer's int8 codes and E8M0 scales as stored codes of the ``mxint`` format."""
-    fmt = {"name": "mxint", "element_width": 8, "block_size": module.block_size, "scale_rule": module.scale_rule}
-    rows, scales = module.rows()
-    codes = offset_codes(rows.to(torch.int64), 8)
-    return Encoded(fmt, 8, pack_bits(codes, 8), {"scale": scales}, tuple(rows.shape), torch.float32, codes)
 
 
 def _detached(t: Tensor | None) -> Tensor | None:

@@ -8,7 +8,6 @@ import copy
 import pytest
 import torch
 
-from mase_lite.deploy.layers import packed_mxint8
 from mase_lite.kernels import cpu, mxint8
 from mase_lite.kernels.int8_activations import cpu_kernel
 from mase_lite.kernels.packed4 import Packed4Linear
@@ -84,10 +83,7 @@ def test_what_reads_the_weights_sees_rows(kind):
     state, twin_state = layer.state_dict(), twin.state_dict()
     assert state.keys() == twin_state.keys() and all(torch.equal(state[k], twin_state[k]) for k in state)
     assert torch.equal(layer.dequantized_weight(), twin.dequantized_weight())
-    if kind == "mxint8":
-        a, b = packed_mxint8(layer), packed_mxint8(twin)
-    else:
-        a, b = layer.encoded(), twin.encoded()
+    a, b = layer.encoded(), twin.encoded()
     assert torch.equal(a.packed, b.packed) and all(torch.equal(a.side[k], b.side[k]) for k in a.side)
     # a load writes rows, and the layer tiles them again: what a decoding step holding its tensors reads
     held = getattr(layer, name)

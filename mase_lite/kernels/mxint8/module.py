@@ -23,6 +23,7 @@ from mase_lite.kernels.int8_activations.layers import (Int8Weights, TiledWeights
 from mase_lite.infra.errors import UserError
 from mase_lite.kernels.mxint8.codec import DEFAULT_BLOCK_SIZE, quantize
 from mase_lite.kernels.mxint8.ops import dequantize, mxint8_linear
+from mase_lite.numerics.codes import Encoded, offset_codes, pack_bits
 
 
 class MXInt8Linear(TiledWeights, nn.Module):
@@ -109,10 +110,20 @@ class MXInt8Linear(TiledWeights, nn.Module):
         """The weight these codes stand for, ``[out_features, in_features]`` in ``dtype``."""
         return dequantize(*self.rows(), self.block_size, dtype)
 
+    def encoded(self) -> Encoded:
+        """The int8 codes and E8M0 scales as stored codes of the ``mxint`` format: what an export writes."""
+        rows, scales = self.rows()
+        codes = offset_codes(rows.to(torch.int64), 8)
+        return Encoded(self._format(), 8, pack_bits(codes, 8), {"scale": scales}, tuple(rows.shape), torch.float32,
+                       codes)
+
     def mase_weight_meta(self) -> dict:
         """The packed weight as graph metadata: its logical shape and its MXINT8 format."""
-        fmt = {"name": "mxint", "element_width": 8, "block_size": self.block_size, "scale_rule": self.scale_rule}
-        return {"shape": [self.out_features, self.in_features], "dtype": "int8", "format": fmt, "trainable": False}
+        return {"shape": [self.out_features, self.in_features], "dtype": "int8", "format": self._format(),
+                "trainable": False}
+
+    def _format(self) -> dict:
+        return {"name": "mxint", "element_width": 8, "block_size": self.block_size, "scale_rule": self.scale_rule}
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
