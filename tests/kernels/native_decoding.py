@@ -3,8 +3,8 @@ the layer-by-layer decoder's, and the same bits at every vector level and thread
 
 import torch
 
-from mase_lite.kernels import cpu
 from mase_lite.runtime.decoder import Decoder
+from tests.kernels.levels import every_level_and_thread_count
 
 PROMPT, TOKENS = torch.tensor([[1, 2, 3]]), [4, 5, 6, 7, 8]
 
@@ -37,12 +37,5 @@ def assert_decodes_natively(model, monkeypatch):
     assert decoder.step is not None and decoder.step.head
     native = steps(decoder)
     assert_follows(native, layer_by_layer(model))
-    previous = torch.get_num_threads()
-    try:
-        for level in cpu.available_levels():
-            monkeypatch.setenv(cpu.LEVEL_ENV, level)
-            for threads in (1, 2):
-                torch.set_num_threads(threads)
-                assert torch.equal(steps(decoder), native), (level, threads)
-    finally:
-        torch.set_num_threads(previous)
+    for level, threads in every_level_and_thread_count(monkeypatch, threads=(1, 2)):
+        assert torch.equal(steps(decoder), native), (level, threads)
