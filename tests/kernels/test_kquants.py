@@ -267,6 +267,20 @@ def test_k_quant_layers_fused_in_one_call_give_their_own_bits():
     assert linear_kquants_many(x, [(layers[0].blocks, "q4_k", None)] * 9) is None  # more than 8 layers: the caller's
 
 
+@native
+def test_records_are_paired_in_place_by_the_first_call_where_the_kernels_take_them_so():
+    layers = {kind: packed(kind, rows=4, columns=512) for kind in ("q4_k", "q6_k")}
+    rows = {kind: layer.blocks.clone() for kind, layer in layers.items()}
+    with torch.no_grad():
+        for layer in layers.values():
+            layer(torch.randn(1, 512))
+    r = rows["q4_k"].view(4, 2, 148)  # row, super-block, record
+    expected = torch.stack([r[0, 0], r[1, 0], r[0, 1], r[1, 1], r[2, 0], r[3, 0], r[2, 1], r[3, 1]]).view(4, 296)
+    assert torch.equal(layers["q4_k"].blocks, expected)  # pair p: its super-blocks in turn, row 2p's record first
+    assert torch.equal(layers["q6_k"].blocks, rows["q6_k"])  # Q6_K's decoding reads one row at a time: in rows
+    assert torch.equal(layers["q4_k"].state_dict()["blocks"], rows["q4_k"])
+
+
 def test_state_dict_round_trip():
     layer = packed("q6_k", rows=4, columns=256)
     fresh = KQuantLinear(256, 4, {"name": "q6_k"}, activations="int8")

@@ -1,7 +1,7 @@
-"""Layers with int8 activations hold their weights tiled for the kernel (tiles of 8 rows, each block transposed): the
-same bits as the weights in rows at every level, thread count and batch; everything that reads the weights (the state
-dict, a load, dequantizing, an export's codes, float activations) still sees rows; rows that make no whole tile stay
-in rows."""
+"""Layers with int8 activations hold their weights tiled for the kernel (tiles of 8 rows, each block transposed; the
+K-quants' records paired where the kernels take their kind so): the same bits as the weights in rows at every level,
+thread count and batch; everything that reads the weights (the state dict, a load, dequantizing, an export's codes,
+float activations) still sees rows; rows that make no whole tile stay in rows."""
 
 import copy
 
@@ -10,16 +10,21 @@ import torch
 
 from mase_lite.kernels import cpu, mxint8
 from mase_lite.kernels.int8_activations import cpu_kernel
+from mase_lite.kernels.kquants import KQuantLinear
 from mase_lite.kernels.packed4 import Packed4Linear
 from mase_lite.layers.quantized import quantize_module
 from tests.kernels.test_int8_activations import FORMATS
 
 LEVELS = cpu.available_levels()
-KINDS = [*FORMATS, "mxint8"]
+K_QUANTS = ("q4_k", "q6_k", "q2_k")  # records paired (Q4_K, Q2_K) and in rows (Q6_K)
+KINDS = [*FORMATS, "mxint8", *K_QUANTS]
 
 
 def make(kind: str, out_features: int = 64, in_features: int = 160, seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
+    if kind in K_QUANTS:  # inputs a multiple of 256, two super-blocks at least (one is paired as it is)
+        linear = torch.nn.Linear(max(512, -(-in_features // 256) * 256), out_features)
+        return KQuantLinear.from_linear(linear, {"name": kind}, activations="int8")
     linear = torch.nn.Linear(in_features, out_features)
     if kind == "mxint8":
         return mxint8.MXInt8Linear.from_linear(linear, activations="int8")
@@ -28,6 +33,8 @@ def make(kind: str, out_features: int = 64, in_features: int = 160, seed: int = 
 
 def in_rows(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The kernel's output from the layer's weights in rows (never tiled)."""
+    if isinstance(layer, KQuantLinear):
+        return cpu_kernel.linear_kquants_many(x, [(*layer.rows(), layer.fmt["name"], layer.bias)])[0]
     data, scales = layer.rows()
     if isinstance(layer, Packed4Linear):
         return cpu_kernel.linear_nibbles(x, data, scales, *layer.integer_table(), layer.bias)
@@ -78,8 +85,9 @@ def test_what_reads_the_weights_sees_rows(kind):
     with torch.no_grad():
         before = layer(x)  # tiles it
     assert layer._tiled and not twin._tiled
-    name = layer._data_name
-    assert not torch.equal(getattr(layer, name), getattr(twin, name))  # tiled in place
+    name = layer._tiled_names[0]
+    reordered = kind not in K_QUANTS or cpu_kernel.kquant_paired(kind)  # Q6_K's tiled order is its rows
+    assert torch.equal(getattr(layer, name), getattr(twin, name)) != reordered  # tiled in place
     state, twin_state = layer.state_dict(), twin.state_dict()
     assert state.keys() == twin_state.keys() and all(torch.equal(state[k], twin_state[k]) for k in state)
     assert torch.equal(layer.dequantized_weight(), twin.dequantized_weight())
@@ -102,7 +110,7 @@ def test_what_reads_the_weights_sees_rows(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_rows_that_make_no_whole_tile_stay_in_rows(kind):
-    layer = make(kind, out_features=12)
+    layer = make(kind, out_features=13)
     x = torch.randn(2, layer.in_features)
     with torch.no_grad():
         out = layer(x)
@@ -111,6 +119,8 @@ def test_rows_that_make_no_whole_tile_stay_in_rows(kind):
     assert expected is None or torch.equal(out, expected)
     assert cpu_kernel.linear_codes(torch.randn(1, 64), torch.zeros(12, 64, dtype=torch.int8),
                                    torch.zeros(12, 2, dtype=torch.uint8), None, tiled=True) is None  # refused
+    odd = [(torch.zeros(13, 148, dtype=torch.uint8), "q4_k", None)]
+    assert cpu_kernel.linear_kquants_many(torch.randn(1, 256), odd, tiled=True) is None  # no whole pairs: refused
 
 
 def test_layers_sharing_an_input_run_tiled_in_one_call():

@@ -515,8 +515,8 @@ static void rows_range(const struct linear_args *a, int64_t first, int64_t last)
     }
 }
 
-/* The rows a split keeps together: a tile of tiled weights. */
-static int64_t row_align(const struct linear_args *a) { return a->tiled ? TILE_ROWS : 1; }
+/* The rows a split keeps together: a tile of tiled weights, a pair of paired K-quant records. */
+static int64_t row_align(const struct linear_args *a) { return a->tiled ? a->kinds ? 2 : TILE_ROWS : 1; }
 
 static int64_t total_rows(const struct linear_args *a) {
     int64_t rows = 0;

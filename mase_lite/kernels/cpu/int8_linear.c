@@ -52,10 +52,10 @@ static void quantize_part(const void *p, int part, int64_t first, int64_t last) 
     quantize_rows(q->a, q->x, first, last, q->xq, q->xs, q->corr);
 }
 
-/* Whether tiled layers' rows make whole tiles. */
-static int whole_tiles(const int64_t *n, int count, int tiled) {
+/* Whether tiled layers' rows make whole tiles (of `rows`). */
+static int whole_tiles(const int64_t *n, int count, int tiled, int64_t rows) {
     for (int l = 0; tiled && l < count; l++)
-        if (n[l] % TILE_ROWS) return 0;
+        if (n[l] % rows) return 0;
     return 1;
 }
 
@@ -79,7 +79,7 @@ int int8_linear_nibbles(const float *x, int64_t m, int64_t k, int count, const u
                         const void *const *scales, int half, const float *const *bias, float *const *out,
                         const int64_t *n, const int8_t *itable, float unit, int tiled, int level, int threads,
                         void *scratch) {
-    if (count < 1 || count > MAX_LAYERS || !whole_tiles(n, count, tiled)) return -1;
+    if (count < 1 || count > MAX_LAYERS || !whole_tiles(n, count, tiled, TILE_ROWS)) return -1;
     struct linear_args a = {.nibbles = 1, .affine = affine_table(itable), .half = half, .tiled = tiled,
                             .itable = itable, .unit = unit, .count = count, .q = q, .scales = scales, .bias = bias,
                             .out = out, .n = n, .m = m, .k = k, .level = level};
@@ -93,7 +93,7 @@ int int8_linear_nibbles(const float *x, int64_t m, int64_t k, int count, const u
 int int8_linear_codes(const float *x, int64_t m, int64_t k, int count, const int8_t *const *codes,
                       const void *const *scales, int half, const float *const *bias, float *const *out,
                       const int64_t *n, int tiled, int level, int threads, void *scratch) {
-    if (count < 1 || count > MAX_LAYERS || !whole_tiles(n, count, tiled)) return -1;
+    if (count < 1 || count > MAX_LAYERS || !whole_tiles(n, count, tiled, TILE_ROWS)) return -1;
     struct linear_args a = {.unit = half ? 1.0f : 1.0f / 64.0f, .half = half, .tiled = tiled, .count = count,
                             .q = (const uint8_t *const *)codes,
                             .scales = (const void *const *)scales, .bias = bias, .out = out, .n = n, .m = m, .k = k,
@@ -103,15 +103,19 @@ int int8_linear_codes(const float *x, int64_t m, int64_t k, int count, const int
 }
 
 /* The same for GGML's K-quants (kquant_dot.h): q[l] n[l] rows of k / 256 records of kinds[l] (KIND_Q2_K .. KIND_Q6_K;
- * k a multiple of 256), x's blocks in order. */
+ * k a multiple of 256), x's blocks in order; `tiled`: every layer's records paired where its kind's are
+ * (int8_kquant_paired; n[l] even). */
 int int8_linear_kquants(const float *x, int64_t m, int64_t k, int count, const uint8_t *const *q, const int *kinds,
-                        const float *const *bias, float *const *out, const int64_t *n, int level, int threads,
-                        void *scratch) {
-    if (count < 1 || count > MAX_LAYERS || k % SUPER) return -1;
+                        const float *const *bias, float *const *out, const int64_t *n, int tiled, int level,
+                        int threads, void *scratch) {
+    if (count < 1 || count > MAX_LAYERS || k % SUPER || !whole_tiles(n, count, tiled, 2)) return -1;
     for (int l = 0; l < count; l++)
         if (kinds[l] < KIND_Q4_K || kinds[l] >= KINDS) return -1;
-    struct linear_args a = {.unit = 1.0f, .kinds = kinds, .count = count, .q = q, .bias = bias, .out = out, .n = n,
-                            .m = m, .k = k, .level = level};
+    struct linear_args a = {.unit = 1.0f, .kinds = kinds, .tiled = tiled, .count = count, .q = q, .bias = bias,
+                            .out = out, .n = n, .m = m, .k = k, .level = level};
     run(&a, x, threads, scratch);
     return 0;
 }
+
+/* Whether records of kind (KIND_Q2_K .. KIND_Q6_K) are paired in a tiled layer (kquant_dot.h's kquant_paired). */
+int int8_kquant_paired(int kind) { return kind >= KIND_Q4_K && kind < KINDS && kquant_paired(kind); }

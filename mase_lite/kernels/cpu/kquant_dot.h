@@ -1,7 +1,7 @@
 /* GGML's K-quants Q2_K to Q6_K against int8 activations (x quantized per block of 32: int8_dot.h's
  * quantize_x, then each super-block of 256 codes transposed as the weights are, and corr holding per block the sums of
  * its first and last 16 codes as two int16 halves, low and high). A row of W is its super-blocks of 256 weights, one
- * record each: GGUF's values at its bits (the layer converts, kernels/kquants/records.py), the 8 blocks of 32 of a
+ * record each (in a tiled layer, two rows' records interleaved where kquant_paired: kquant_range): GGUF's values at its bits (the layer converts, kernels/kquants/records.py), the 8 blocks of 32 of a
  * super-block laid across each vector of 32 bytes: byte-vector t (t = 0..7) holds, in its lane i, codes 4t..4t+3 of
  * block i. A record:
  *
@@ -89,12 +89,12 @@ static void kquant_x(int8_t *xq, int32_t *corr, int64_t k, int64_t first, int64_
 /* The sum of a block's codes of x from its corr. */
 static inline int32_t block_sum(int32_t corr) { return (int16_t)(corr & 0xFFFF) + (int16_t)((uint32_t)corr >> 16); }
 
-/* One output in plain C: row (nsb records) against one row of x (its codes transposed). */
-static float kquant_dot_c(int kind, const uint8_t *row, const int8_t *xq, const float *xs, const int32_t *xsum,
-                          int64_t nsb) {
+/* One output in plain C: row (nsb records, stride bytes apart) against one row of x (its codes transposed). */
+static float kquant_dot_c(int kind, const uint8_t *row, int64_t stride, const int8_t *xq, const float *xs,
+                          const int32_t *xsum, int64_t nsb) {
     float lanes[8] = {0};
     for (int64_t s = 0; s < nsb; s++) {
-        const uint8_t *r = row + s * kquant_bytes(kind);
+        const uint8_t *r = row + s * stride;
         const int8_t *x = xq + s * SUPER;
         float d = half_at(r);
         for (int i = 0; i < 8; i++) {
@@ -120,14 +120,14 @@ static float kquant_dot_c(int kind, const uint8_t *row, const int8_t *xq, const 
 }
 
 #ifdef CPU_X86
-/* What a vector kernel takes: R rows of W (nsb records each, row_bytes apart) against C rows of x (k codes, nb scales
- * and sums apart). */
+/* What a vector kernel takes: R rows of W (nsb records each, a row's records stride bytes apart, the next row's
+ * row_bytes on) against C rows of x (k codes, nb scales and sums apart). */
 struct kquant_rows {
     const uint8_t *row;
     const int8_t *xq;
     const float *xs;
     const int32_t *xsum;
-    int64_t nsb, k, nb, row_bytes;
+    int64_t nsb, k, nb, row_bytes, stride;
 };
 
 AVX2 INLINE float half_f16c(const uint8_t *p) {
@@ -137,68 +137,68 @@ AVX2 INLINE float half_f16c(const uint8_t *p) {
 }
 
 #define X_VECTOR(c, s, vector) _mm256_loadu_si256((const __m256i *)(t->xq + (c) * t->k + (s) * SUPER) + (vector))
-#define RECORD(r, s, bytes) (t->row + (r) * t->row_bytes + (s) * (bytes))
-#define ZERO_SUMS(R, C)                                                                                             \
-    __m256i sums[R][C][2];                                                                                          \
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++)                                          \
+#define RECORD(r, s) (t->row + (r) * t->row_bytes + (s) * t->stride)
+#define ZERO_SUMS(R, C)                                                                                                \
+    __m256i sums[R][C][2];                                                                                             \
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++)                                              \
         sums[r][c][0] = sums[r][c][1] = _mm256_setzero_si256();
-#define TILE_OUT(R, C)                                                                                              \
+#define TILE_OUT(R, C)                                                                                                 \
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) out[r * C + c] = sum8_avx2(acc[r][c]);
 
 /* NAME(t, out): Q4_K or Q5_K (KIND), R rows of W against C rows of x into out[r * C + c]: each
  * super-block's codes formed once for the C rows of x, each vector of x's codes and its block scales loaded once for
  * the R rows of W. Q5_K's fifth bits: byte-vector b's bit b of their vector, moved to bit 4 as Q6_K's crumbs are. */
-#define AFFINE_TILE(NAME, TARGET, MADD, R, C, KIND)                                                                 \
-    TARGET static void NAME(const struct kquant_rows *t, float *out) {                                              \
-        const int64_t BYTES = kquant_bytes(KIND), FIFTH = KIND == KIND_Q5_K;                                        \
-        const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), bit4 = _mm256_set1_epi8(16);       \
-        __m256 acc[R][C];                                                                                           \
-        UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();      \
-        for (int64_t s = 0; s < t->nsb; s++) {                                                                      \
-            ZERO_SUMS(R, C)                                                                                         \
-            __m256i fifth[R];                                                                                       \
-            UNROLL for (int r = 0; r < R; r++)                                                                      \
-                fifth[r] = FIFTH ? _mm256_loadu_si256((const __m256i *)(RECORD(r, s, BYTES) + 148)) : low4;         \
-            UNROLL for (int v = 0; v < 4; v++) {                                                                    \
-                __m256i low[R], high[R];                                                                            \
-                UNROLL for (int r = 0; r < R; r++) {                                                                \
-                    __m256i w = _mm256_loadu_si256((const __m256i *)(RECORD(r, s, BYTES) + 20) + v);                \
-                    low[r] = _mm256_and_si256(w, low4), high[r] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);  \
-                    if (FIFTH) { /* byte-vectors v (bit v to 4) and v + 4 (bit v + 4 to 4) */                       \
-                        __m256i up = v ? _mm256_srli_epi16(fifth[r], v) : fifth[r];                                 \
-                        __m256i down = _mm256_slli_epi16(fifth[r], 4 - v);                                          \
-                        low[r] = _mm256_or_si256(low[r], _mm256_and_si256(down, bit4));                             \
-                        high[r] = _mm256_or_si256(high[r], _mm256_and_si256(up, bit4));                             \
-                    }                                                                                               \
-                }                                                                                                   \
-                UNROLL for (int c = 0; c < C; c++) {                                                                \
-                    __m256i x_low = X_VECTOR(c, s, v), x_high = X_VECTOR(c, s, v + 4);                              \
-                    UNROLL for (int r = 0; r < R; r++) {                                                            \
-                        sums[r][c][0] = MADD(sums[r][c][0], low[r], x_low);                                         \
-                        sums[r][c][1] = MADD(sums[r][c][1], high[r], x_high);                                       \
-                    }                                                                                               \
-                }                                                                                                   \
-            }                                                                                                       \
-            __m256 dsc[R], dm[R];                                                                                   \
-            UNROLL for (int r = 0; r < R; r++) {                                                                    \
-                const uint8_t *rec = RECORD(r, s, BYTES);                                                           \
-                __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 4))));  \
-                __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 12))));  \
-                dsc[r] = _mm256_mul_ps(_mm256_set1_ps(half_f16c(rec)), sc);                                         \
-                dm[r] = _mm256_mul_ps(_mm256_set1_ps(half_f16c(rec + 2)), m);                                       \
-            }                                                                                                       \
-            UNROLL for (int c = 0; c < C; c++) {                                                                    \
-                __m256 x8 = _mm256_loadu_ps(t->xs + c * t->nb + 8 * s);                                             \
-                __m256i halves = _mm256_loadu_si256((const __m256i *)(t->xsum + c * t->nb + 8 * s));                \
-                __m256 xsum8 = _mm256_cvtepi32_ps(_mm256_madd_epi16(halves, ones)); /* the two halves added */      \
-                UNROLL for (int r = 0; r < R; r++) {                                                                \
-                    __m256 total = _mm256_cvtepi32_ps(_mm256_add_epi32(sums[r][c][0], sums[r][c][1]));              \
-                    acc[r][c] = _mm256_fmadd_ps(total, _mm256_mul_ps(x8, dsc[r]), acc[r][c]);                       \
-                    acc[r][c] = _mm256_fnmadd_ps(xsum8, _mm256_mul_ps(x8, dm[r]), acc[r][c]);                       \
-                }                                                                                                   \
-            }                                                                                                       \
-        }                                                                                                           \
-        TILE_OUT(R, C)                                                                                              \
+#define AFFINE_TILE(NAME, TARGET, MADD, R, C, KIND)                                                                    \
+    TARGET static void NAME(const struct kquant_rows *t, float *out) {                                                 \
+        const int FIFTH = KIND == KIND_Q5_K;                                                                           \
+        const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), bit4 = _mm256_set1_epi8(16);           \
+        __m256 acc[R][C];                                                                                              \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();         \
+        for (int64_t s = 0; s < t->nsb; s++) {                                                                         \
+            ZERO_SUMS(R, C)                                                                                            \
+            __m256i fifth[R];                                                                                          \
+            UNROLL for (int r = 0; r < R; r++)                                                                         \
+                fifth[r] = FIFTH ? _mm256_loadu_si256((const __m256i *)(RECORD(r, s) + 148)) : low4;                   \
+            UNROLL for (int v = 0; v < 4; v++) {                                                                       \
+                __m256i low[R], high[R];                                                                               \
+                UNROLL for (int r = 0; r < R; r++) {                                                                   \
+                    __m256i w = _mm256_loadu_si256((const __m256i *)(RECORD(r, s) + 20) + v);                          \
+                    low[r] = _mm256_and_si256(w, low4), high[r] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);     \
+                    if (FIFTH) { /* byte-vectors v (bit v to 4) and v + 4 (bit v + 4 to 4) */                          \
+                        __m256i up = v ? _mm256_srli_epi16(fifth[r], v) : fifth[r];                                    \
+                        __m256i down = _mm256_slli_epi16(fifth[r], 4 - v);                                             \
+                        low[r] = _mm256_or_si256(low[r], _mm256_and_si256(down, bit4));                                \
+                        high[r] = _mm256_or_si256(high[r], _mm256_and_si256(up, bit4));                                \
+                    }                                                                                                  \
+                }                                                                                                      \
+                UNROLL for (int c = 0; c < C; c++) {                                                                   \
+                    __m256i x_low = X_VECTOR(c, s, v), x_high = X_VECTOR(c, s, v + 4);                                 \
+                    UNROLL for (int r = 0; r < R; r++) {                                                               \
+                        sums[r][c][0] = MADD(sums[r][c][0], low[r], x_low);                                            \
+                        sums[r][c][1] = MADD(sums[r][c][1], high[r], x_high);                                          \
+                    }                                                                                                  \
+                }                                                                                                      \
+            }                                                                                                          \
+            __m256 dsc[R], dm[R];                                                                                      \
+            UNROLL for (int r = 0; r < R; r++) {                                                                       \
+                const uint8_t *rec = RECORD(r, s);                                                                     \
+                __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 4))));     \
+                __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 12))));     \
+                dsc[r] = _mm256_mul_ps(_mm256_set1_ps(half_f16c(rec)), sc);                                            \
+                dm[r] = _mm256_mul_ps(_mm256_set1_ps(half_f16c(rec + 2)), m);                                          \
+            }                                                                                                          \
+            UNROLL for (int c = 0; c < C; c++) {                                                                       \
+                __m256 x8 = _mm256_loadu_ps(t->xs + c * t->nb + 8 * s);                                                \
+                __m256i halves = _mm256_loadu_si256((const __m256i *)(t->xsum + c * t->nb + 8 * s));                   \
+                __m256 xsum8 = _mm256_cvtepi32_ps(_mm256_madd_epi16(halves, ones)); /* the two halves added */         \
+                UNROLL for (int r = 0; r < R; r++) {                                                                   \
+                    __m256 total = _mm256_cvtepi32_ps(_mm256_add_epi32(sums[r][c][0], sums[r][c][1]));                 \
+                    acc[r][c] = _mm256_fmadd_ps(total, _mm256_mul_ps(x8, dsc[r]), acc[r][c]);                          \
+                    acc[r][c] = _mm256_fnmadd_ps(xsum8, _mm256_mul_ps(x8, dm[r]), acc[r][c]);                          \
+                }                                                                                                      \
+            }                                                                                                          \
+        }                                                                                                              \
+        TILE_OUT(R, C)                                                                                                 \
     }
 
 /* Byte-vector b of a record's codes u, for the kinds whose blocks' halves have their scales: Q6_K's (its nibbles and
@@ -224,68 +224,67 @@ AVX2 INLINE __m256i halves_codes(int kind, const uint8_t *rec, int b) {
  * as AFFINE_TILE: the unsigned codes u meet x, byte-vectors 0-3 summing the blocks' first halves and 4-7 their
  * second; the offset times the halves' sums of x is taken off before their scales multiply them (Q2_K: the halves'
  * sums of x times their mins make M). */
-#define HALVES_TILE(NAME, TARGET, MADD, R, C, KIND)                                                                 \
-    TARGET static void NAME(const struct kquant_rows *t, float *out) {                                              \
-        const int64_t BYTES = kquant_bytes(KIND);                                                                   \
-        __m256 acc[R][C];                                                                                           \
-        UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();      \
-        for (int64_t s = 0; s < t->nsb; s++) {                                                                      \
-            ZERO_SUMS(R, C)                                                                                         \
-            UNROLL for (int b = 0; b < 8; b++) {                                                                    \
-                __m256i u[R];                                                                                       \
-                UNROLL for (int r = 0; r < R; r++) u[r] = halves_codes(KIND, RECORD(r, s, BYTES), b);               \
-                UNROLL for (int c = 0; c < C; c++) {                                                                \
-                    __m256i x = X_VECTOR(c, s, b);                                                                  \
-                    UNROLL for (int r = 0; r < R; r++) sums[r][c][b / 4] = MADD(sums[r][c][b / 4], u[r], x);        \
-                }                                                                                                   \
-            }                                                                                                       \
-            __m256i first[R], second[R], first_m[R], second_m[R];                                                   \
-            __m256 d[R], dmin[R];                                                                                   \
-            UNROLL for (int r = 0; r < R; r++) {                                                                    \
-                const uint8_t *rec = RECORD(r, s, BYTES);                                                           \
-                d[r] = _mm256_set1_ps(half_f16c(rec));                                                              \
-                if (KIND == KIND_Q2_K) {                                                                            \
-                    __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 4)));                  \
-                    __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 12)));                 \
-                    first[r] = _mm256_and_si256(a, _mm256_set1_epi32(15)), first_m[r] = _mm256_srli_epi32(a, 4);    \
-                    second[r] = _mm256_and_si256(z, _mm256_set1_epi32(15)), second_m[r] = _mm256_srli_epi32(z, 4);  \
-                    dmin[r] = _mm256_set1_ps(half_f16c(rec + 2));                                                   \
-                } else {                                                                                            \
-                    first[r] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 2)));                   \
-                    second[r] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 10)));                 \
-                    first_m[r] = second_m[r] = _mm256_setzero_si256(), dmin[r] = _mm256_setzero_ps();               \
-                }                                                                                                   \
-            }                                                                                                       \
-            UNROLL for (int c = 0; c < C; c++) {                                                                    \
-                __m256i halves = _mm256_loadu_si256((const __m256i *)(t->xsum + c * t->nb + 8 * s));                \
+#define HALVES_TILE(NAME, TARGET, MADD, R, C, KIND)                                                                    \
+    TARGET static void NAME(const struct kquant_rows *t, float *out) {                                                 \
+        __m256 acc[R][C];                                                                                              \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();         \
+        for (int64_t s = 0; s < t->nsb; s++) {                                                                         \
+            ZERO_SUMS(R, C)                                                                                            \
+            UNROLL for (int b = 0; b < 8; b++) {                                                                       \
+                __m256i u[R];                                                                                          \
+                UNROLL for (int r = 0; r < R; r++) u[r] = halves_codes(KIND, RECORD(r, s), b);                         \
+                UNROLL for (int c = 0; c < C; c++) {                                                                   \
+                    __m256i x = X_VECTOR(c, s, b);                                                                     \
+                    UNROLL for (int r = 0; r < R; r++) sums[r][c][b / 4] = MADD(sums[r][c][b / 4], u[r], x);           \
+                }                                                                                                      \
+            }                                                                                                          \
+            __m256i first[R], second[R], first_m[R], second_m[R];                                                      \
+            __m256 d[R], dmin[R];                                                                                      \
+            UNROLL for (int r = 0; r < R; r++) {                                                                       \
+                const uint8_t *rec = RECORD(r, s);                                                                     \
+                d[r] = _mm256_set1_ps(half_f16c(rec));                                                                 \
+                if (KIND == KIND_Q2_K) {                                                                               \
+                    __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 4)));                     \
+                    __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 12)));                    \
+                    first[r] = _mm256_and_si256(a, _mm256_set1_epi32(15)), first_m[r] = _mm256_srli_epi32(a, 4);       \
+                    second[r] = _mm256_and_si256(z, _mm256_set1_epi32(15)), second_m[r] = _mm256_srli_epi32(z, 4);     \
+                    dmin[r] = _mm256_set1_ps(half_f16c(rec + 2));                                                      \
+                } else {                                                                                               \
+                    first[r] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 2)));                      \
+                    second[r] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 10)));                    \
+                    first_m[r] = second_m[r] = _mm256_setzero_si256(), dmin[r] = _mm256_setzero_ps();                  \
+                }                                                                                                      \
+            }                                                                                                          \
+            UNROLL for (int c = 0; c < C; c++) {                                                                       \
+                __m256i halves = _mm256_loadu_si256((const __m256i *)(t->xsum + c * t->nb + 8 * s));                   \
                 __m256i xa = _mm256_srai_epi32(_mm256_slli_epi32(halves, 16), 16), xb = _mm256_srai_epi32(halves, 16); \
-                __m256i offa = _mm256_mullo_epi32(xa, _mm256_set1_epi32(code_offset(KIND)));                        \
-                __m256i offb = _mm256_mullo_epi32(xb, _mm256_set1_epi32(code_offset(KIND)));                        \
-                __m256 x8 = _mm256_loadu_ps(t->xs + c * t->nb + 8 * s);                                             \
-                UNROLL for (int r = 0; r < R; r++) {                                                                \
-                    __m256i total = _mm256_add_epi32(                                                               \
-                        _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][c][0], offa), first[r]),                        \
-                        _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][c][1], offb), second[r]));                      \
-                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(x8, d[r]), acc[r][c]);     \
-                    if (KIND == KIND_Q2_K) {                                                                        \
-                        __m256i m = _mm256_add_epi32(_mm256_mullo_epi32(xa, first_m[r]),                            \
-                                                     _mm256_mullo_epi32(xb, second_m[r]));                          \
-                        acc[r][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(x8, dmin[r]), acc[r][c]); \
-                    }                                                                                               \
-                }                                                                                                   \
-            }                                                                                                       \
-        }                                                                                                           \
-        TILE_OUT(R, C)                                                                                              \
+                __m256i offa = _mm256_mullo_epi32(xa, _mm256_set1_epi32(code_offset(KIND)));                           \
+                __m256i offb = _mm256_mullo_epi32(xb, _mm256_set1_epi32(code_offset(KIND)));                           \
+                __m256 x8 = _mm256_loadu_ps(t->xs + c * t->nb + 8 * s);                                                \
+                UNROLL for (int r = 0; r < R; r++) {                                                                   \
+                    __m256i total = _mm256_add_epi32(                                                                  \
+                        _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][c][0], offa), first[r]),                           \
+                        _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][c][1], offb), second[r]));                         \
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(x8, d[r]), acc[r][c]);        \
+                    if (KIND == KIND_Q2_K) {                                                                           \
+                        __m256i m = _mm256_add_epi32(_mm256_mullo_epi32(xa, first_m[r]),                               \
+                                                     _mm256_mullo_epi32(xb, second_m[r]));                             \
+                        acc[r][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(x8, dmin[r]), acc[r][c]);    \
+                    }                                                                                                  \
+                }                                                                                                      \
+            }                                                                                                          \
+        }                                                                                                              \
+        TILE_OUT(R, C)                                                                                                 \
     }
 
 /* A kind's kernels at a level: [0][c - 1] one row of W against c rows of x, [1][c - 1] two rows. */
 typedef void (*kquant_fn)(const struct kquant_rows *, float *);
-#define KQUANT_SET(TILE, NAME, TARGET, MADD, KIND)                                                                  \
-    TILE(NAME##_1x1, TARGET, MADD, 1, 1, KIND) TILE(NAME##_1x2, TARGET, MADD, 1, 2, KIND)                          \
-    TILE(NAME##_1x3, TARGET, MADD, 1, 3, KIND) TILE(NAME##_1x4, TARGET, MADD, 1, 4, KIND)                          \
-    TILE(NAME##_2x1, TARGET, MADD, 2, 1, KIND) TILE(NAME##_2x2, TARGET, MADD, 2, 2, KIND)                          \
-    TILE(NAME##_2x3, TARGET, MADD, 2, 3, KIND) TILE(NAME##_2x4, TARGET, MADD, 2, 4, KIND)                          \
-    static const kquant_fn NAME[2][4] = {{NAME##_1x1, NAME##_1x2, NAME##_1x3, NAME##_1x4},                          \
+#define KQUANT_SET(TILE, NAME, TARGET, MADD, KIND)                                                                     \
+    TILE(NAME##_1x1, TARGET, MADD, 1, 1, KIND) TILE(NAME##_1x2, TARGET, MADD, 1, 2, KIND)                              \
+    TILE(NAME##_1x3, TARGET, MADD, 1, 3, KIND) TILE(NAME##_1x4, TARGET, MADD, 1, 4, KIND)                              \
+    TILE(NAME##_2x1, TARGET, MADD, 2, 1, KIND) TILE(NAME##_2x2, TARGET, MADD, 2, 2, KIND)                              \
+    TILE(NAME##_2x3, TARGET, MADD, 2, 3, KIND) TILE(NAME##_2x4, TARGET, MADD, 2, 4, KIND)                              \
+    static const kquant_fn NAME[2][4] = {{NAME##_1x1, NAME##_1x2, NAME##_1x3, NAME##_1x4},                             \
                                          {NAME##_2x1, NAME##_2x2, NAME##_2x3, NAME##_2x4}};
 KQUANT_SET(AFFINE_TILE, q4_k_avx2, AVX2, madd_avx2, KIND_Q4_K)
 KQUANT_SET(AFFINE_TILE, q4_k_vnni, VNNI, madd_vnni, KIND_Q4_K)
@@ -306,13 +305,22 @@ static const kquant_fn (*kquant_kernels(int kind, int level))[4] {
 }
 #endif
 
-/* Rows [first, last) of K-quant layer l (kind, its rows nsb records apart) against x's m rows: runs of rows of x that
- * stay in the core's cache (int8_dot.h's), each row of W read once per run, two rows of W at a time met by up to 4
- * rows of x at a time. A single row of x (a decoding step) reads one row of W at a time: two rows at once took
- * 4.6-7.8x the time of one on a 32000 x 1024 Q6_K layer (two rows' streams from beyond the L2 cache, AMD EPYC). */
+/* Whether a kind's records are paired where its layer is tiled, so that a decoding step reads two rows of W in one
+ * stream: Q4_K 2816 x 1024 took 0.081 ms against 0.096 in rows, Q2_K 8000 x 4096 0.62 against 0.77 (one thread, AMD
+ * EPYC). Q6_K's stay in rows, read one row at a time: two rows of it at once, even paired, took 1.9-2.0 ms against
+ * 1.4-1.9 on 8000 x 4096, beyond the L2 cache. */
+static inline int kquant_paired(int kind) { return kind != KIND_Q6_K; }
+
+/* Rows [first, last) of K-quant layer l (kind) against x's m rows: runs of rows of x that stay in the core's cache
+ * (int8_dot.h's), each row of W read once per run, two rows of W at a time met by up to 4 rows of x at a time. Its
+ * records in rows (nsb a row, in order) or paired (a->tiled and kquant_paired: rows 2p and 2p + 1 with their records
+ * interleaved, super-block s of row j at record 2(p nsb + s) + j % 2), so that two rows are one stream; a single row
+ * of x (a decoding step) reads two rows of W at a time where they are paired, else one. */
 static void kquant_range(const struct linear_args *a, int l, int64_t first, int64_t last) {
     int kind = a->kinds[l];
-    int64_t k = a->k, nb = k / BLOCK, nsb = k / SUPER, n = a->n[l], row_bytes = nsb * kquant_bytes(kind);
+    int64_t k = a->k, nb = k / BLOCK, nsb = k / SUPER, n = a->n[l], bytes = kquant_bytes(kind);
+    int pairs = a->tiled && kquant_paired(kind);
+    int64_t stride = pairs ? 2 * bytes : bytes, next = pairs ? bytes : nsb * bytes; /* next: row j + 1's */
     int64_t rows_x = max64(1, min64(MAX_X_ROWS, X_BLOCK_BYTES / k));
     const float *bias = a->bias[l];
     float *out = a->out[l];
@@ -322,23 +330,23 @@ static void kquant_range(const struct linear_args *a, int l, int64_t first, int6
     for (int64_t i0 = 0; i0 < a->m; i0 += rows_x) {
         int64_t end = min64(a->m, i0 + rows_x), tall = 1; /* rows of W a kernel takes */
 #ifdef CPU_X86
-        if (kernels) tall = end - i0 > 1 ? 2 : 1;
+        if (kernels) tall = end - i0 > 1 || pairs ? 2 : 1;
 #endif
         for (int64_t j = first; j < last;) {
-            int64_t rows = last - j >= tall ? tall : 1;
+            int64_t rows = tall == 2 && last - j >= 2 && (!pairs || j % 2 == 0) ? 2 : 1;
+            const uint8_t *row = a->q[l] + (pairs ? (j - j % 2) * nsb * bytes + j % 2 * bytes : j * nsb * bytes);
             for (int64_t i = i0; i < end;) {
                 float totals[8];
                 int64_t c = 1;
-                const uint8_t *row = a->q[l] + j * row_bytes;
 #ifdef CPU_X86
                 if (kernels) {
                     c = min64(4, end - i);
-                    struct kquant_rows t = {row,      a->xq + i * k, a->xs + i * nb, a->corr + i * nb,
-                                            nsb,      k,             nb,             row_bytes};
+                    struct kquant_rows t = {row, a->xq + i * k, a->xs + i * nb, a->corr + i * nb, nsb, k, nb, next,
+                                            stride};
                     kernels[rows - 1][c - 1](&t, totals);
                 } else
 #endif
-                    totals[0] = kquant_dot_c(kind, row, a->xq + i * k, a->xs + i * nb, a->corr + i * nb, nsb);
+                    totals[0] = kquant_dot_c(kind, row, stride, a->xq + i * k, a->xs + i * nb, a->corr + i * nb, nsb);
                 for (int64_t r = 0; r < rows; r++)
                     for (int64_t e = 0; e < c; e++)
                         out[(i + e) * n + j + r] = bias ? totals[r * c + e] + bias[j + r] : totals[r * c + e];

@@ -152,11 +152,13 @@ SUPER = 256
 _Kinds = ctypes.c_int * MAX_LAYERS
 
 
-def linear_kquants_many(x: Tensor, layers: list[tuple[Tensor, str, Tensor | None]]) -> list[Tensor] | None:
+def linear_kquants_many(x: Tensor, layers: list[tuple[Tensor, str, Tensor | None]],
+                        tiled: bool = False) -> list[Tensor] | None:
     """Each layer's ``x @ W.T + bias`` for K-quant W (``layers``: records ``[out, in / 256 * bytes]`` in
-    ``kquant_dot.h``'s layout, the format's name in :data:`KQUANT_KINDS`, bias; at most 8, ``in`` a multiple of 256),
-    ``x`` quantized to int8 per block of 32 (:func:`quantize_activations`), from one call; in ``x``'s dtype. None
-    where the kernel does not apply."""
+    ``kquant_dot.h``'s layout, the format's name in :data:`KQUANT_KINDS`, bias; at most 8, ``in`` a multiple of 256;
+    ``tiled``: every layer's records paired where :func:`kquant_paired`, ``kernels/kquants/records.py``), ``x``
+    quantized to int8 per block of 32 (:func:`quantize_activations`), from one call; in ``x``'s dtype. None where the
+    kernel does not apply."""
     if len(layers) > MAX_LAYERS:
         return None
     first, name = layers[0][0], layers[0][1]
@@ -164,8 +166,15 @@ def linear_kquants_many(x: Tensor, layers: list[tuple[Tensor, str, Tensor | None
     kinds = _Kinds(*(KQUANT_KINDS[name][0] for _, name, _ in layers))
 
     def launch(lib, x, rows, count, q, scales, bias, out, n, lvl, workers, scratch):
-        return lib.int8_linear_kquants(x, rows, k, count, q, kinds, bias, out, n, lvl, workers, scratch)
+        return lib.int8_linear_kquants(x, rows, k, count, q, kinds, bias, out, n, int(tiled), lvl, workers, scratch)
     return _many("int8_kquants", x, k, [(data, data, bias) for data, _, bias in layers], launch)
+
+
+def kquant_paired(name: str) -> bool:
+    """Whether the kernels take K-quant ``name``'s records paired (``kquant_dot.h``: a decoding step then reads two
+    rows in one stream) where its layer is tiled; False without the library."""
+    lib = _library()
+    return lib is not None and bool(lib.int8_kquant_paired(KQUANT_KINDS[name][0]))
 
 
 TILE_ROWS = 8

@@ -71,43 +71,49 @@ class TiledWeights:
     """The weights of a layer with int8 activations held in the kernel's tiled order (:func:`cpu_kernel.tile`: a
     decoding step reads each tile of 8 rows in one stream, and no sum crosses a vector's lanes) from its first int8
     call that the native kernel runs, where its rows make whole tiles; the same tensors, their bytes reordered in
-    place. Everything else sees rows: :meth:`rows`, the state dict, a load (which tiles again what was tiled)."""
+    place. Everything else sees rows: :meth:`rows`, the state dict, a load (which tiles again what was tiled). A
+    layer names its tiled buffers and may give its own order (:meth:`_tiled_order`, :meth:`_row_order`)."""
 
-    _data_name: str  # the weights' buffer: "nibbles" or "codes"
+    _tiled_names: tuple[str, ...]  # the buffers tiled: ("nibbles", "scales"), ("codes", "scales"), ...
+    _tile_rows = TILE_ROWS
     _tiled = False
+
+    def _tiled_order(self, *tensors: Tensor) -> tuple[Tensor, ...]:
+        return tile(*tensors)
+
+    def _row_order(self, *tensors: Tensor) -> tuple[Tensor, ...]:
+        return untile(*tensors)
 
     def _tile(self) -> bool:
         """Tile the weights where the native kernel will run them; whether they are tiled."""
         if self._tiled:
             return True
-        data, scales = getattr(self, self._data_name), self.scales
-        if (self.activations != "int8" or data.device.type != "cpu" or data.shape[0] % TILE_ROWS or data.is_meta
-                or level_index() is None):
+        buffers = [getattr(self, name) for name in self._tiled_names]
+        if (self.activations != "int8" or buffers[0].device.type != "cpu" or buffers[0].shape[0] % self._tile_rows
+                or buffers[0].is_meta or level_index() is None):
             return False
-        tiled, tiled_scales = tile(data, scales)
         with torch.no_grad():
-            data.copy_(tiled)
-            scales.copy_(tiled_scales)
+            for buffer, tiled in zip(buffers, self._tiled_order(*buffers)):
+                buffer.copy_(tiled)
         self._tiled = True
         return True
 
     def _untile(self) -> None:
         if self._tiled:
-            data, scales = self.rows()
             with torch.no_grad():
-                getattr(self, self._data_name).copy_(data)
-                self.scales.copy_(scales)
+                for name, rows in zip(self._tiled_names, self.rows()):
+                    getattr(self, name).copy_(rows)
             self._tiled = False
 
-    def rows(self) -> tuple[Tensor, Tensor]:
-        """The weights and their scales in rows (a copy where they are tiled)."""
-        data, scales = getattr(self, self._data_name), self.scales
-        return untile(data, scales) if self._tiled else (data, scales)
+    def rows(self) -> tuple[Tensor, ...]:
+        """The tiled buffers in rows (a copy where they are tiled)."""
+        buffers = tuple(getattr(self, name) for name in self._tiled_names)
+        return self._row_order(*buffers) if self._tiled else buffers
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
         if self._tiled:
-            destination[prefix + self._data_name], destination[prefix + "scales"] = self.rows()
+            destination.update({prefix + name: rows for name, rows in zip(self._tiled_names, self.rows())})
 
     def _load_from_state_dict(self, *args, **kwargs):
         was = self._tiled

@@ -26,8 +26,9 @@ from torch import Tensor, nn
 from mase_lite.infra.errors import UserError
 from mase_lite.kernels.int8_activations import cpu_kernel as int8_kernel
 from mase_lite.kernels.int8_activations.cpu_kernel import KQUANT_KINDS, SUPER
-from mase_lite.kernels.int8_activations.layers import FormatLayer, Int8Weights, check_activations, check_input, fused
-from mase_lite.kernels.kquants.records import from_records, record_bytes, to_records
+from mase_lite.kernels.int8_activations.layers import (FormatLayer, Int8Weights, TiledWeights, check_activations,
+                                                       check_input, fused)
+from mase_lite.kernels.kquants.records import from_records, in_rows, paired, record_bytes, to_records
 from mase_lite.numerics.codes import encode
 from mase_lite.numerics.ggml import ggml_values
 
@@ -44,11 +45,15 @@ def reference_int8(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return out.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
 
 
-class KQuantLinear(FormatLayer, nn.Module):
+class KQuantLinear(TiledWeights, FormatLayer, nn.Module):
     """``y = x @ W.T + b`` with W held as ``blocks`` (uint8 ``[out, in / 256 * bytes]``: the records of
-    ``fmt`` (``q2_k`` .. ``q6_k``), each row's super-blocks in order). ``in`` is a multiple of 256."""
+    ``fmt`` (``q2_k`` .. ``q6_k``), each row's super-blocks in order; tiled in place for the kernel from its first
+    int8 call where ``out`` is even, :class:`TiledWeights`: paired where the kernels take the kind so,
+    :func:`~mase_lite.kernels.int8_activations.cpu_kernel.kquant_paired`). ``in`` is a multiple of 256."""
 
     mase_op = "linear"
+    _tiled_names = ("blocks",)
+    _tile_rows = 2
 
     def __init__(self, in_features: int, out_features: int, fmt: dict[str, Any], bias: bool = True,
                  dtype: torch.dtype = torch.float32, activations: str = "float") -> None:
@@ -103,29 +108,34 @@ class KQuantLinear(FormatLayer, nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.activations == "int8":
             check_input(x, self.in_features, self.bias, "kquant_linear", "a KQuantLinear")
-            native = int8_kernel.linear_kquants_many(x, [(self.blocks, self.fmt["name"], self.bias)])
+            native = int8_kernel.linear_kquants_many(x, [(self.blocks, self.fmt["name"], self.bias)], self._tile())
             return native[0] if native is not None else reference_int8(x, self.dequantized_weight(), self.bias)
+        self._untile()  # activations set to float after int8 calls
         return F.linear(x, self.dequantized_weight().to(x.dtype), self.bias)
 
-    def _tile(self) -> bool:
-        return False  # records are read one row at a time: one stream already
+    def _tiled_order(self, blocks: Tensor) -> tuple[Tensor]:
+        return (paired(self.fmt["name"], blocks) if int8_kernel.kquant_paired(self.fmt["name"]) else blocks,)
+
+    def _row_order(self, blocks: Tensor) -> tuple[Tensor]:
+        return (in_rows(self.fmt["name"], blocks) if int8_kernel.kquant_paired(self.fmt["name"]) else blocks,)
 
     @staticmethod
     def fused(layers: list[nn.Module]) -> Callable[[Tensor], list[Tensor]] | None:
         """One call computing each of ``layers`` on the same input (the K-quants alike, int8 activations, at most 8):
         the input quantized once, their rows split over the threads together. None where they cannot be fused."""
         return fused(layers, KQuantLinear, lambda x, tiled: int8_kernel.linear_kquants_many(
-            x, [(m.blocks, m.fmt["name"], m.bias) for m in layers]))
+            x, [(m.blocks, m.fmt["name"], m.bias) for m in layers], tiled))
 
     def int8_weights(self) -> Int8Weights | None:
         """The weights as the int8 kernels read them (None with float activations)."""
         if self.activations != "int8":
             return None
-        return Int8Weights(False, self.blocks, self.blocks, self.bias, None, 1.0, kind=self.fmt["name"])
+        tiled = self._tile()
+        return Int8Weights(False, self.blocks, self.blocks, self.bias, None, 1.0, tiled, self.fmt["name"])
 
     def codes(self) -> tuple[Tensor, dict[str, Tensor]]:
         """The weight's GGML codes and side (:mod:`mase_lite.numerics.ggml`)."""
-        return from_records(self.fmt["name"], self.blocks)
+        return from_records(self.fmt["name"], *self.rows())
 
     def encoded(self):
         """The weight as stored codes of its format: what an export writes."""

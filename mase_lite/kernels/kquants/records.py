@@ -18,6 +18,9 @@ its high ones.
 - Q6_K (210 bytes): ``d`` (float16), the scales of the 8 blocks' first 16 codes, then of their last 16 (int8), 4 vectors
   of the codes' low 4 bits, 2 vectors of their high 2 bits (byte-vector t's in vector t % 2 from bit 2(t / 2) up).
 
+The kernels run records in rows or paired (:func:`paired`): rows 2p and 2p + 1 with their records interleaved, so
+that a decoding step reads two rows in one stream.
+
 >>> import torch
 >>> from mase_lite.numerics.ggml import ggml_quantize
 >>> codes, side = ggml_quantize(torch.randn(2, 512), "q6_k")
@@ -26,6 +29,8 @@ its high ones.
 torch.Size([2, 420])
 >>> back, back_side = from_records("q6_k", data)
 >>> torch.equal(back, codes) and all(torch.equal(back_side[k], side[k]) for k in side)
+True
+>>> torch.equal(in_rows("q6_k", paired("q6_k", data)), data)
 True
 """
 
@@ -186,3 +191,23 @@ def from_records(name: str, data: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
     rows = data.shape[0]
     vectors, side = LAYOUTS[name][1](data.reshape(rows, -1, record_bytes(name)))
     return _codes(vectors).reshape(rows, -1).to(torch.int64), side
+
+
+def paired(name: str, data: Tensor) -> Tensor:
+    """Records in rows (``[rows, in / 256 * bytes]``, ``rows`` even) paired: super-block s of row 2p + h at record
+    2s + h of pair p; the same shape.
+
+    >>> data = torch.arange(4, dtype=torch.uint8).repeat_interleave(84).view(2, 168)  # rows 0, 1: records 0 1, 2 3
+    >>> paired("q2_k", data)[:, ::84].tolist()
+    [[0, 2], [1, 3]]
+    """
+    rows, width = data.shape
+    nsb, size = width // record_bytes(name), record_bytes(name)
+    return data.reshape(rows // 2, 2, nsb, size).transpose(1, 2).contiguous().view(rows, width)
+
+
+def in_rows(name: str, data: Tensor) -> Tensor:
+    """The inverse of :func:`paired`."""
+    rows, width = data.shape
+    nsb, size = width // record_bytes(name), record_bytes(name)
+    return data.reshape(rows // 2, nsb, 2, size).transpose(1, 2).contiguous().view(rows, width)

@@ -37,7 +37,7 @@ class MXInt8Linear(TiledWeights, nn.Module):
     In a graph its op is ``linear``; its metadata shows the packed weight in the MXINT8 format.
     """
 
-    _data_name = "codes"
+    _tiled_names = ("codes", "scales")
 
     mase_op = "linear"
 

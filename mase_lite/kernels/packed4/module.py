@@ -109,7 +109,7 @@ class Packed4Linear(TiledWeights, FormatLayer, nn.Module):
     :meth:`rows` gives them in rows)."""
 
     mase_op = "linear"
-    _data_name = "nibbles"
+    _tiled_names = ("nibbles", "scales")
 
     def __init__(self, in_features: int, out_features: int, fmt: dict[str, Any], bias: bool = True,
                  dtype: torch.dtype = torch.float32, activations: str = "float") -> None:

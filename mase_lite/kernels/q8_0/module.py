@@ -42,7 +42,7 @@ class Q8_0Linear(TiledWeights, FormatLayer, nn.Module):
     (``[out, in / 32]``: each block's ``d``); ``in`` a multiple of 32."""
 
     mase_op = "linear"
-    _data_name = "codes"
+    _tiled_names = ("codes", "scales")
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype: torch.dtype = torch.float32,
                  activations: str = "float") -> None:
