@@ -1,9 +1,9 @@
-/* GGML's K-quants Q2_K to Q6_K against int8 activations (x quantized per block of 32: int8_dot.h's
- * quantize_x, then each super-block of 256 codes transposed as the weights are, and corr holding per block the sums of
- * its first and last 16 codes as two int16 halves, low and high). A row of W is its super-blocks of 256 weights, one
- * record each (in a tiled layer, two rows' records interleaved where kquant_paired: kquant_range): GGUF's values at its bits (the layer converts, kernels/kquants/records.py), the 8 blocks of 32 of a
- * super-block laid across each vector of 32 bytes: byte-vector t (t = 0..7) holds, in its lane i, codes 4t..4t+3 of
- * block i. A record:
+/* GGML's K-quants Q2_K to Q6_K against int8 activations (x quantized per block of 32: int8_dot.h's quantize_x, then
+ * each super-block of 256 codes transposed as the weights are, and corr holding per block the sums of its first and
+ * last 16 codes as two int16 halves, low and high). A row of W is its super-blocks of 256 weights, one record each (in
+ * a tiled layer, two rows' records interleaved where kquant_paired: kquant_range): GGUF's values at its bits (the
+ * layer converts, kernels/kquants/records.py), the 8 blocks of 32 of a super-block laid across each vector of 32
+ * bytes: byte-vector t (t = 0..7) holds, in its lane i, codes 4t..4t+3 of block i. A record:
  *
  *   - Q4_K, 148 bytes: d, dmin (float16), the 8 blocks' scales sc, then their mins m (uint8, 0..63), then 4 vectors
  *     of 32 bytes of 4-bit codes q (0..15): vector v's low nibbles byte-vector v, its high ones byte-vector v + 4; a
