@@ -358,6 +358,19 @@ def quantized_like(layer: nn.Module, new: nn.Module) -> nn.Module:
     return quantize_module(new, layer.quant_config) if isinstance(layer, QuantizedLayer) else new
 
 
+def packed_class(fmt: dict[str, Any]) -> type[nn.Module]:
+    """The packed Linear that holds a weight of ``fmt`` (``storage: packed``): the layer of its format's ``packed``
+    mapping (4-bit codes, a K-quant, GGUF's Q8_0), else MXINT8's."""
+    from mase_lite.kernels.kquants import KQuantLinear
+    from mase_lite.kernels.mxint8 import MXInt8Linear
+    from mase_lite.kernels.packed4 import Packed4Linear
+    from mase_lite.kernels.packed4.module import packed_kind
+    from mase_lite.kernels.q8_0 import Q8_0Linear
+
+    kind = packed_kind(fmt)
+    return {"packed4": Packed4Linear, "kquant": KQuantLinear, "packed8": Q8_0Linear}.get(kind, MXInt8Linear)
+
+
 def quantize_module(module: nn.Module, config: Mapping[str, Any] | QuantConfig) -> nn.Module:
     """The quantized replacement of a Linear, Conv1d or Conv2d (a packed MXINT8 or 4-bit Linear for ``storage: packed``).
 
@@ -369,23 +382,16 @@ def quantize_module(module: nn.Module, config: Mapping[str, Any] | QuantConfig) 
     if parsed.storage == "packed":
         if not isinstance(module, nn.Linear):
             raise QuantConfigError(f"storage 'packed' is available for Linear only, not {type(module).__name__}")
-        weight = parsed.get("weight")
-        from mase_lite.kernels.packed4.module import packed_kind
-
-        kind = packed_kind(weight.format.as_dict(weight.params))
-        if kind in ("packed4", "kquant", "packed8"):  # a 4-bit weight, a K-quant or Q8_0: packed from its codes
-            from mase_lite.kernels.kquants import KQuantLinear
-            from mase_lite.kernels.packed4 import Packed4Linear
-            from mase_lite.kernels.q8_0 import Q8_0Linear
-
-            layer = {"packed4": Packed4Linear, "kquant": KQuantLinear, "packed8": Q8_0Linear}[kind]
-            return layer.from_quantized(QuantizedLinear.from_float(
-                module, parse_quant_config({"weight": weight.format.as_dict(weight.params)}, LAYER_OPERANDS)),
-                activations=parsed.activations)
         from mase_lite.kernels.mxint8 import MXInt8Linear
 
-        return MXInt8Linear.from_linear(module, block_size=weight.params.block_size, scale_rule=weight.params.scale_rule,
-                                        activations=parsed.activations)
+        weight = parsed.get("weight")
+        fmt = weight.format.as_dict(weight.params)
+        layer = packed_class(fmt)
+        if layer is not MXInt8Linear:  # a 4-bit weight, a K-quant or Q8_0: packed from its codes
+            return layer.from_quantized(QuantizedLinear.from_float(
+                module, parse_quant_config({"weight": fmt}, LAYER_OPERANDS)), activations=parsed.activations)
+        return layer.from_linear(module, block_size=weight.params.block_size, scale_rule=weight.params.scale_rule,
+                                 activations=parsed.activations)
     for float_cls, quantized_cls in QUANTIZED_LAYERS:
         if isinstance(module, float_cls):
             return quantized_cls.from_float(module, parsed)

@@ -25,7 +25,7 @@ from typing import Any
 
 from mase_lite.infra.errors import Scope, UserError
 from mase_lite.passes.registry import PassError, get_pass
-from mase_lite.pipeline.preflight import check_targets
+from mase_lite.pipeline.preflight import check_targets, has_checks
 from mase_lite.pipeline.spec import PipelineSpec, check_pipeline, load_spec
 from mase_lite.search.spec import IncludeParam, NodeSelector
 
@@ -308,9 +308,9 @@ class Space:
     def _validate(self, pipeline: Any) -> PipelineSpec:
         spec = load_spec(pipeline, recorded=self.recorded, name=self.source)
         check_pipeline(spec)
-        if not self._varies_the_model() and any(step.pass_name == "export" for step in spec.steps):
+        if not self._varies_the_model() and has_checks(spec.steps):
             key = json.dumps({k: pipeline[k] for k in _CAPTURE_KEYS if k in pipeline}, sort_keys=True, default=str)
-            check_targets(spec.steps, _built(key))  # an export its quantize steps cannot meet, before any trial
+            check_targets(spec.steps, _built(key))  # an export or a packed layer that cannot be, before any trial
         return spec
 
     def _varies_the_model(self) -> bool:

@@ -371,13 +371,13 @@ def _plan(mg, params: QuantizeParams) -> tuple[list[_Planned], list[str], list[d
     return list(layers.values()) + functions, skipped, [{k: e[k] for k in ("node", "operand")} for e in integers]
 
 
-def weight_formats(mg, params: QuantizeParams) -> dict[str, dict[str, Any] | None]:
-    """The weight format dict each Linear/Conv module would get (module path -> format, None: left float), decided
-    as the pass decides but without changing anything; a config the pass would refuse is left out (the pass names
-    it). What a pipeline checks its export targets against before its first step."""
-    formats: dict[str, dict[str, Any] | None] = {}
+def layer_configs(mg, params: QuantizeParams) -> dict[str, QuantConfig | None]:
+    """The config each Linear/Conv module would get (module path -> config, None: left float), decided as the pass
+    decides but without changing anything; a config the pass would refuse is left out (the pass names it). What a
+    pipeline checks its packed layers and export targets against before its first step."""
+    configs: dict[str, QuantConfig | None] = {}
     if params.bypass:
-        return formats
+        return configs
     params = params.for_model(mg)
     for node in mg.nodes:
         if _kind(node, mg.modules) != "layer":
@@ -385,14 +385,22 @@ def weight_formats(mg, params: QuantizeParams) -> dict[str, dict[str, Any] | Non
         rule = _rule_of(node, params)
         raw = params.rules[rule] if rule is not None else params.default
         if raw is None or (params.ignore and _ignored(node, params.ignore)):
-            formats[node.target] = None
+            configs[node.target] = None
             continue
         try:
-            config = resolve(raw, LAYER_OPERANDS, "rules")
+            configs[node.target] = resolve(raw, LAYER_OPERANDS, "rules")
         except (UserError, ValueError):
             continue
+    return configs
+
+
+def weight_formats(mg, params: QuantizeParams) -> dict[str, dict[str, Any] | None]:
+    """The weight format dict each Linear/Conv module would get (module path -> format, None: left float), from
+    :func:`layer_configs`."""
+    formats: dict[str, dict[str, Any] | None] = {}
+    for path, config in layer_configs(mg, params).items():
         weight = config.get("weight") if config is not None else None
-        formats[node.target] = weight.format.as_dict(weight.params) if weight is not None else None
+        formats[path] = weight.format.as_dict(weight.params) if weight is not None else None
     return formats
 
 

@@ -47,6 +47,33 @@ def test_an_export_its_quantize_steps_cannot_meet_is_refused_before_any_step(tmp
     assert report["status"] == "failed" and report["steps"] == []  # the training step never ran
 
 
+@pytest.mark.parametrize(("rule", "message", "layers"), [
+    ({"weight": {"name": "q4_k"}, "storage": "packed", "activations": "int8"},
+     "storage 'packed' cannot hold layer 'model.layers.0.mlp.down_proj' [64, 172] in q4_k: a packed K-quant weight "
+     "takes q2_k, q3_k, q4_k, q5_k or q6_k over inputs a multiple of 256", 7),  # 64 inputs are no super-block either
+    ({"weight": {"name": "q8_0"}, "storage": "packed"},
+     "storage 'packed' cannot hold layer 'model.layers.0.mlp.down_proj' [64, 172] in q8_0: a packed Q8_0 weight takes "
+     "q8_0 over inputs a multiple of 32", 1),
+    ({"weight": {"name": "mxint", "element_width": 8}, "storage": "packed", "activations": "int8"},
+     "storage 'packed' cannot hold layer 'model.layers.0.mlp.down_proj' [64, 172] in mxint: MXInt8Linear with int8 "
+     "activations needs blocks of 32 over inputs a multiple of 32, got block_size=32, in_features=172", 1),
+])
+def test_a_packed_rule_over_a_layer_its_packed_layer_cannot_hold_is_refused_before_any_step(tmp_path, capsys, rule,
+                                                                                            message, layers):
+    """The packed layers' limits (a K-quant's super-blocks of 256 inputs, Q8_0's and int8 activations' blocks of 32)
+    are checked before the first step, as an export target's are: the training step never runs."""
+    steps = [{"pass": "train", "params": {"max_steps": 1}},
+             {"pass": "quantize", "params": {"by": "type", "rules": {"head": None, "linear": rule}}}]
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec(tmp_path, rule, steps=steps)))
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "steps.1.params" in err
+    assert err.count("storage 'packed' cannot hold") == layers
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["status"] == "failed" and report["steps"] == []
+
+
 def test_a_layer_left_float_or_ignored_passes_the_check(tmp_path):
     rule = {"weight": {"name": "scaled_integer", "width": 4, "granularity": "group", "group_size": 32}}
     steps = [{"pass": "quantize", "params": {"by": "type", "rules": {"head": None, "linear": rule},

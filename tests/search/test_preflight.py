@@ -163,3 +163,22 @@ def test_a_space_value_its_export_step_cannot_hold_is_refused_before_the_first_t
     assert "space.0.values.1" in err and ("compressed-tensors cannot hold layer 'model.layers.0.mlp.down_proj' "
                                           "[64, 172] in scaled_integer: groups of 128 over 172 columns") in err
     assert "values.0" not in err
+
+
+def test_a_space_value_its_packed_layer_cannot_hold_is_refused_before_the_first_trial(tmp_path, capsys):
+    """A K-quant packed over 160 inputs (no whole super-block of 256): named with the space entry and the layer before
+    any trial runs; Q8_0's blocks of 32 fit, so that value passes."""
+    pipeline = {"model": {"task": "causal-lm", "hf_config": {"model_type": "llama", "hidden_size": 256,
+                                                              "num_hidden_layers": 1, "num_attention_heads": 2,
+                                                              "num_key_value_heads": 1, "intermediate_size": 160}},
+                "data": {"block_size": 16, "n_train": 16, "n_test": 8},
+                "steps": [{"pass": "quantize", "params": {"by": "type", "rules": {"head": None, "linear": {
+                    "weight": {"name": "q8_0"}, "storage": "packed", "activations": "int8"}}}},
+                          {"pass": "evaluate", "params": {"label": "ptq"}}]}
+    spec = {"pipeline": pipeline, "output_dir": str(tmp_path / "search"), "objectives": [{"metric": "ptq.perplexity"}],
+            "space": [{"path": "steps.quantize.params.rules.linear.weight.name", "type": "choice",
+                       "values": ["q8_0", "q6_k"]}]}
+    err = _refused(tmp_path, spec, capsys)
+    assert "space.0.values.1" in err and ("storage 'packed' cannot hold layer 'model.layers.0.mlp.down_proj' "
+                                          "[256, 160] in q6_k: a packed K-quant weight takes") in err
+    assert "values.0" not in err

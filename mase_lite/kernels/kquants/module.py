@@ -74,6 +74,11 @@ class KQuantLinear(TiledWeights, FormatLayer, nn.Module):
             self.register_parameter("bias", None)
 
     @classmethod
+    def check_packable(cls, fmt: dict[str, Any], in_features: int, activations: str = "float") -> None:
+        """A ``UserError`` where this layer cannot hold a weight of ``fmt`` over ``in_features`` inputs."""
+        _check(fmt, False, in_features)
+
+    @classmethod
     def from_quantized(cls, layer: nn.Module, activations: str = "float") -> KQuantLinear:
         """Pack a Linear fake-quantized to a K-quant (its weight alone), bit for bit its quantized weight."""
         formats = layer.quant_formats()

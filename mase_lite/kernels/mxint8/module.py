@@ -50,9 +50,7 @@ class MXInt8Linear(TiledWeights, nn.Module):
             raise UserError(f"MXInt8Linear needs positive sizes, got in_features={in_features}, "
                             f"out_features={out_features}, block_size={block_size}")
         check_activations("MXInt8Linear", activations)
-        if activations == "int8" and (block_size != 32 or in_features % 32):
-            raise UserError(f"MXInt8Linear with int8 activations needs blocks of 32 over inputs a multiple of 32, got "
-                            f"block_size={block_size}, in_features={in_features}")
+        self.check_packable({"name": "mxint", "element_width": 8, "block_size": block_size}, in_features, activations)
         self.activations = activations
         self.in_features = in_features
         self.out_features = out_features
@@ -65,6 +63,14 @@ class MXInt8Linear(TiledWeights, nn.Module):
             self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device))
         else:
             self.register_parameter("bias", None)
+
+    @classmethod
+    def check_packable(cls, fmt: dict, in_features: int, activations: str = "float") -> None:
+        """A ``UserError`` where this layer cannot hold a weight of ``fmt`` over ``in_features`` inputs."""
+        block_size = fmt.get("block_size") or DEFAULT_BLOCK_SIZE
+        if activations == "int8" and (block_size != 32 or in_features % 32):
+            raise UserError(f"MXInt8Linear with int8 activations needs blocks of 32 over inputs a multiple of 32, got "
+                            f"block_size={block_size}, in_features={in_features}")
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, block_size: int = DEFAULT_BLOCK_SIZE,

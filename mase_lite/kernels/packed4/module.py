@@ -130,6 +130,11 @@ class Packed4Linear(TiledWeights, FormatLayer, nn.Module):
             self.register_parameter("bias", None)
 
     @classmethod
+    def check_packable(cls, fmt: dict[str, Any], in_features: int, activations: str = "float") -> None:
+        """A ``UserError`` where this layer cannot hold a weight of ``fmt`` over ``in_features`` inputs."""
+        _check_packable(fmt, False, in_features, {"weight": fmt})
+
+    @classmethod
     def from_quantized(cls, layer: nn.Module, activations: str = "float") -> Packed4Linear:
         """Pack a fake-quantized Linear's weight (formats: see the module docstring), bit for bit its quantized
         weight; a ``UserError`` naming the format otherwise. Its input and output stay float."""

@@ -61,6 +61,11 @@ class Q8_0Linear(TiledWeights, FormatLayer, nn.Module):
             self.register_parameter("bias", None)
 
     @classmethod
+    def check_packable(cls, fmt: dict, in_features: int, activations: str = "float") -> None:
+        """A ``UserError`` where this layer cannot hold a weight of ``fmt`` over ``in_features`` inputs."""
+        _check(fmt, False, in_features)
+
+    @classmethod
     def from_quantized(cls, layer: nn.Module, activations: str = "float") -> Q8_0Linear:
         """Pack a Linear fake-quantized to ``q8_0`` (its weight alone), bit for bit its quantized weight."""
         formats = layer.quant_formats()
