@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from mase_lite.infra.errors import UserError
 from mase_lite.kernels.cpu import level_index
 from mase_lite.kernels.int8_activations.cpu_kernel import MAX_LAYERS, TILE_ROWS, tile, untile
+from mase_lite.numerics.codes import encode
 
 ACTIVATIONS = ("float", "int8")
 
@@ -124,7 +125,48 @@ class TiledWeights:
 
 
 class FormatLayer:
-    """The graph metadata and the repr of a packed Linear whose weight is bytes of its format ``fmt``."""
+    """The graph metadata and the repr of a packed Linear whose weight is bytes of its format ``fmt``, its float bias,
+    and how it is made from a fake-quantized Linear or a float one where its class gives ``_check`` (a ``UserError``
+    where the format, other quantized operands or the inputs do not fit) and ``_from_encoded`` (the layer from the
+    weight's stored codes, checked against the fake-quantized weight where one is given)."""
+
+    def _float_bias(self, bias: bool, out_features: int, dtype: torch.dtype) -> None:
+        """A float bias parameter of zeros, or none."""
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+
+    @classmethod
+    def check_packable(cls, fmt: dict, in_features: int, activations: str = "float") -> None:
+        """A ``UserError`` where this layer cannot hold a weight of ``fmt`` over ``in_features`` inputs."""
+        cls._check(fmt, False, in_features)
+
+    @classmethod
+    def from_quantized(cls, layer: nn.Module, activations: str = "float") -> nn.Module:
+        """Pack a Linear fake-quantized to this layer's format (its weight alone), bit for bit its quantized weight."""
+        formats = layer.quant_formats()
+        cls._check(formats.get("weight"), set(formats) != {"weight"}, layer.in_features)
+        bias = None if layer.bias is None else layer._operand("bias", layer.bias).detach().clone()
+        return cls._from_encoded(formats["weight"], layer.encode_parameters()["weight"],
+                                 layer._operand("weight", layer.weight).detach(), bias, activations)
+
+    @classmethod
+    def _from_float(cls, linear: nn.Linear, fmt: dict, activations: str) -> nn.Module:
+        """A float Linear's weight packed in ``fmt``: what :meth:`from_quantized` gives for the Linear fake-quantized
+        in ``fmt``."""
+        cls._check(fmt, False, linear.in_features)
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls._from_encoded(fmt, encode(linear.weight.detach(), fmt), None, bias, activations)
+
+    def _checked(self, expected: Tensor | None, bias: Tensor | None) -> nn.Module:
+        """This layer, just made from stored codes, with ``bias``: a ``UserError`` where its weight is not
+        ``expected`` bit for bit."""
+        if expected is not None and not torch.equal(self.dequantized_weight(), expected.float()):
+            raise UserError(f"packing this {self.fmt['name']} weight would change it; it stays fake-quantized")
+        if bias is not None:
+            self.bias = nn.Parameter(bias)
+        return self
 
     def mase_weight_meta(self) -> dict:
         return {"shape": [self.out_features, self.in_features], "dtype": "uint8", "format": dict(self.fmt),

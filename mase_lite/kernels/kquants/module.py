@@ -68,33 +68,13 @@ class KQuantLinear(TiledWeights, FormatLayer, nn.Module):
         self.activations = activations
         self.register_buffer("blocks", torch.zeros(out_features, in_features // SUPER * record_bytes(fmt["name"]),
                                                    dtype=torch.uint8))
-        if bias:
-            self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype))
-        else:
-            self.register_parameter("bias", None)
-
-    @classmethod
-    def check_packable(cls, fmt: dict[str, Any], in_features: int, activations: str = "float") -> None:
-        """A ``UserError`` where this layer cannot hold a weight of ``fmt`` over ``in_features`` inputs."""
-        _check(fmt, False, in_features)
-
-    @classmethod
-    def from_quantized(cls, layer: nn.Module, activations: str = "float") -> KQuantLinear:
-        """Pack a Linear fake-quantized to a K-quant (its weight alone), bit for bit its quantized weight."""
-        formats = layer.quant_formats()
-        _check(formats.get("weight"), set(formats) != {"weight"}, layer.in_features)
-        bias = None if layer.bias is None else layer._operand("bias", layer.bias).detach().clone()
-        return cls._from_encoded(formats["weight"], layer.encode_parameters()["weight"],
-                                 layer._operand("weight", layer.weight).detach(), bias, activations)
+        self._float_bias(bias, out_features, dtype)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, fmt: dict[str, Any], activations: str = "float") -> KQuantLinear:
         """Pack a float Linear's weight in ``fmt`` (``q2_k`` .. ``q6_k``): what :meth:`from_quantized` gives
         for the Linear fake-quantized in ``fmt``."""
-        _check(fmt, False, linear.in_features)
-        encoded = encode(linear.weight.detach(), fmt)
-        bias = None if linear.bias is None else linear.bias.detach().clone()
-        return cls._from_encoded(fmt, encoded, None, bias, activations)
+        return cls._from_float(linear, fmt, activations)
 
     @classmethod
     def _from_encoded(cls, fmt: dict[str, Any], encoded, expected: Tensor | None, bias: Tensor | None,
@@ -102,13 +82,8 @@ class KQuantLinear(TiledWeights, FormatLayer, nn.Module):
         out_features, in_features = encoded.shape
         module = cls(in_features, out_features, fmt, bias=bias is not None,
                      dtype=torch.float32 if bias is None else bias.dtype, activations=activations)
-        codes = encoded.unpacked().reshape(out_features, in_features)
-        module.blocks = to_records(fmt["name"], codes, encoded.side)
-        if expected is not None and not torch.equal(module.dequantized_weight(), expected.float()):
-            raise UserError(f"packing this {fmt['name']} weight would change it; it stays fake-quantized")
-        if bias is not None:
-            module.bias = nn.Parameter(bias)
-        return module
+        module.blocks = to_records(fmt["name"], encoded.unpacked().reshape(out_features, in_features), encoded.side)
+        return module._checked(expected, bias)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.activations == "int8":
@@ -151,8 +126,8 @@ class KQuantLinear(TiledWeights, FormatLayer, nn.Module):
     def dequantized_weight(self) -> Tensor:
         return ggml_values(*self.codes(), self.fmt["name"])
 
-
-def _check(fmt: dict[str, Any] | None, others: bool, in_features: int) -> None:
-    if fmt is None or fmt.get("name") not in KQUANT_KINDS or others or in_features % SUPER:
-        raise UserError(f"a packed K-quant weight takes {_ALLOWED} over inputs a multiple of {SUPER}, "
-                        f"on the weight alone; this layer has {fmt} over {in_features} inputs"[:400])
+    @staticmethod
+    def _check(fmt: dict[str, Any] | None, others: bool, in_features: int) -> None:
+        if fmt is None or fmt.get("name") not in KQUANT_KINDS or others or in_features % SUPER:
+            raise UserError(f"a packed K-quant weight takes {_ALLOWED} over inputs a multiple of {SUPER}, "
+                            f"on the weight alone; this layer has {fmt} over {in_features} inputs"[:400])

@@ -124,10 +124,7 @@ class Packed4Linear(TiledWeights, FormatLayer, nn.Module):
         self.register_buffer("nibbles", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
         self.register_buffer("scales", torch.zeros(out_features, in_features // BLOCK, dtype=scale_dtype(fmt)))
         self.register_buffer("table", torch.zeros(16))
-        if bias:
-            self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype))
-        else:
-            self.register_parameter("bias", None)
+        self._float_bias(bias, out_features, dtype)
 
     @classmethod
     def check_packable(cls, fmt: dict[str, Any], in_features: int, activations: str = "float") -> None:

@@ -55,45 +55,23 @@ class Q8_0Linear(TiledWeights, FormatLayer, nn.Module):
         self.activations = activations
         self.register_buffer("codes", torch.zeros(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.zeros(out_features, in_features // BLOCK, dtype=torch.float16))
-        if bias:
-            self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype))
-        else:
-            self.register_parameter("bias", None)
-
-    @classmethod
-    def check_packable(cls, fmt: dict, in_features: int, activations: str = "float") -> None:
-        """A ``UserError`` where this layer cannot hold a weight of ``fmt`` over ``in_features`` inputs."""
-        _check(fmt, False, in_features)
-
-    @classmethod
-    def from_quantized(cls, layer: nn.Module, activations: str = "float") -> Q8_0Linear:
-        """Pack a Linear fake-quantized to ``q8_0`` (its weight alone), bit for bit its quantized weight."""
-        formats = layer.quant_formats()
-        _check(formats.get("weight"), set(formats) != {"weight"}, layer.in_features)
-        bias = None if layer.bias is None else layer._operand("bias", layer.bias).detach().clone()
-        return cls._from_encoded(layer.encode_parameters()["weight"], layer._operand("weight", layer.weight).detach(),
-                                 bias, activations)
+        self._float_bias(bias, out_features, dtype)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, activations: str = "float") -> Q8_0Linear:
         """Pack a float Linear's weight in Q8_0: what :meth:`from_quantized` gives for the Linear fake-quantized in
         ``q8_0``."""
-        _check(FORMAT, False, linear.in_features)
-        bias = None if linear.bias is None else linear.bias.detach().clone()
-        return cls._from_encoded(encode(linear.weight.detach(), FORMAT), None, bias, activations)
+        return cls._from_float(linear, FORMAT, activations)
 
     @classmethod
-    def _from_encoded(cls, encoded, expected: Tensor | None, bias: Tensor | None, activations: str) -> Q8_0Linear:
+    def _from_encoded(cls, fmt: dict, encoded, expected: Tensor | None, bias: Tensor | None,
+                      activations: str) -> Q8_0Linear:
         out_features, in_features = encoded.shape
         module = cls(in_features, out_features, bias=bias is not None,
                      dtype=torch.float32 if bias is None else bias.dtype, activations=activations)
         module.codes = (encoded.unpacked().reshape(out_features, in_features) - OFFSET).to(torch.int8)
         module.scales = encoded.side["d"].reshape(out_features, -1).to(torch.float16).contiguous()
-        if expected is not None and not torch.equal(module.dequantized_weight(), expected.float()):
-            raise UserError("packing this q8_0 weight would change it; it stays fake-quantized")
-        if bias is not None:
-            module.bias = nn.Parameter(bias)
-        return module
+        return module._checked(expected, bias)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.activations == "int8":
@@ -116,6 +94,12 @@ class Q8_0Linear(TiledWeights, FormatLayer, nn.Module):
             return None
         tiled = self._tile()
         return Int8Weights(False, self.codes, self.scales, self.bias, None, 1.0, tiled)
+
+    @staticmethod
+    def _check(fmt: dict | None, others: bool, in_features: int) -> None:
+        if packed_kind(fmt) != "packed8" or others or in_features % BLOCK:  # the format's packed mapping: Q8_0
+            raise UserError(f"a packed Q8_0 weight takes q8_0 over inputs a multiple of {BLOCK}, on the weight "
+                            f"alone; this layer has {fmt} over {in_features} inputs"[:400])
 
     def encoded(self):
         """The weight as stored codes of ``q8_0``: what an export writes."""
@@ -149,9 +133,3 @@ def pack_linears(model: nn.Module, skip: tuple[str, ...] = (), activations: str 
         setattr(parent, child, Q8_0Linear.from_linear(getattr(parent, child), activations))
     return_free_memory()
     return len(names)
-
-
-def _check(fmt: dict | None, others: bool, in_features: int) -> None:
-    if packed_kind(fmt) != "packed8" or others or in_features % BLOCK:  # the format's packed mapping: Q8_0
-        raise UserError(f"a packed Q8_0 weight takes q8_0 over inputs a multiple of {BLOCK}, on the weight alone; "
-                        f"this layer has {fmt} over {in_features} inputs"[:400])
