@@ -164,6 +164,56 @@ AVX2 INLINE void transpose8(const __m256i w[8], __m256i t[8]) {
     }
 }
 
+/* The largest of a vector's lanes (exact in any order). */
+AVX2 INLINE float max8_avx2(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+/* The sum of a vector's int32 lanes. */
+AVX2 INLINE int32_t sum8_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1))));
+}
+
+/* quantize_x at the vector levels, the same codes, scales and corrections: amax by max (exact in any order; its value
+ * is not used where the block is not finite), the codes by cvtps (round half to even under the default rounding, as
+ * round_even), a block holding an infinity or a NaN all zero, as round_even gives there. */
+AVX2 static void quantize_x_avx2(const float *x, int64_t k, int64_t first, int64_t last, int interleaved, int c,
+                                 int8_t *xq, float *xs, int32_t *corr) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), most = _mm256_set1_ps(FLT_MAX);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* packs' dwords back in order */
+    const __m256i evens_odds = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                                0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    for (int64_t i = first * k; i < last * k; i += BLOCK) {
+        __m256 v[4], amax = _mm256_setzero_ps(), finite = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+        for (int j = 0; j < 4; j++) {
+            v[j] = _mm256_loadu_ps(x + i + 8 * j);
+            __m256 a = _mm256_and_ps(v[j], magnitude);
+            finite = _mm256_and_ps(finite, _mm256_cmp_ps(a, most, _CMP_LE_OQ));
+            amax = _mm256_max_ps(amax, a);
+        }
+        if (_mm256_movemask_ps(finite) != 0xFF) {
+            _mm256_storeu_si256((__m256i *)(xq + i), _mm256_setzero_si256());
+            xs[i / BLOCK] = NAN, corr[i / BLOCK] = 0;
+            continue;
+        }
+        float m = max8_avx2(amax);
+        __m256 inverse = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+        __m256i q[4];
+        for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inverse));
+        __m256i codes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        codes = _mm256_permutevar8x32_epi32(codes, order);
+        if (interleaved) /* the even elements, then the odd ones */
+            codes = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(codes, evens_odds), _MM_SHUFFLE(3, 1, 2, 0));
+        _mm256_storeu_si256((__m256i *)(xq + i), codes);
+        xs[i / BLOCK] = m / 127.0f;
+        corr[i / BLOCK] = c * sum8_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+    }
+}
+
 /* Four bytes in every dword. */
 AVX2 INLINE __m256i bytes4(const int8_t *p) {
     int32_t v;
@@ -502,6 +552,13 @@ static int correction(const struct linear_args *a) {
 /* Rows [first, last) of x (a->k columns) quantized into xq, xs, corr for a's layers. */
 static void quantize_rows(const struct linear_args *a, const float *x, int64_t first, int64_t last, int8_t *xq,
                           float *xs, int32_t *corr) {
+#ifdef CPU_X86
+    if (a->level >= LEVEL_AVX2) {
+        quantize_x_avx2(x, a->k, first, last, a->nibbles, correction(a), xq, xs, corr);
+        if (a->kinds) kquant_x_avx2(xq, corr, a->k, first, last);
+        return;
+    }
+#endif
     quantize_x(x, a->k, first, last, a->nibbles, correction(a), xq, xs, corr);
     if (a->kinds) kquant_x(xq, corr, a->k, first, last);
 }

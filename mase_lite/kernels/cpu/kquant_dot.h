@@ -86,6 +86,26 @@ static void kquant_x(int8_t *xq, int32_t *corr, int64_t k, int64_t first, int64_
     }
 }
 
+#ifdef CPU_X86
+/* kquant_x at the vector levels: a super-block's 8 blocks (a vector each, in dwords of 4 codes) transposed by dwords
+ * into its byte-vectors, and each block's halves summed in its lane. */
+AVX2 static void kquant_x_avx2(int8_t *xq, int32_t *corr, int64_t k, int64_t first, int64_t last) {
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1), low16 = _mm256_set1_epi32(0xFFFF);
+    for (int64_t at = first * k; at < last * k; at += SUPER) {
+        __m256i blocks[8], vectors[8], half[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int i = 0; i < 8; i++) blocks[i] = _mm256_loadu_si256((const __m256i *)(xq + at) + i);
+        transpose8(blocks, vectors);
+        for (int t = 0; t < 8; t++) {
+            _mm256_storeu_si256((__m256i *)(xq + at) + t, vectors[t]);
+            __m256i quad = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, vectors[t]), ones16); /* each dword's sum */
+            half[t / 4] = _mm256_add_epi32(half[t / 4], quad);
+        }
+        __m256i both = _mm256_or_si256(_mm256_and_si256(half[0], low16), _mm256_slli_epi32(half[1], 16));
+        _mm256_storeu_si256((__m256i *)(corr + at / BLOCK), both);
+    }
+}
+#endif
+
 /* The sum of a block's codes of x from its corr. */
 static inline int32_t block_sum(int32_t corr) { return (int16_t)(corr & 0xFFFF) + (int16_t)((uint32_t)corr >> 16); }
 
