@@ -153,6 +153,25 @@ def test_saturation_zero_and_non_finite_blocks(level, kind, monkeypatch):
     assert torch.equal(zero[0], packed.bias.detach())  # a zero block adds nothing
 
 
+def test_blocks_too_small_for_127_over_their_amax_quantize_to_zero_at_every_level(monkeypatch):
+    """127 / amax overflows float32 below amax = 127 / FLT_MAX (about 3.7e-37): such a block's codes are 0 at every
+    level, as the reference states (not the -128 a vector conversion of an infinity gives), subnormals too. Q8_0's
+    weights of d = 1024 keep the products of any nonzero code in float32's range."""
+    x = torch.zeros(2, 96)
+    x[0, :4] = torch.tensor([1e-40, -5e-41, 0.0, 3e-41])  # subnormal
+    x[0, 32:35] = torch.tensor([1e-38, -1e-38, 2e-39])  # normal, still below 127 / FLT_MAX
+    x[1, 64:66] = torch.tensor([4e-37, -1e-37])  # just above: 127 / amax is finite
+    codes, _ = cpu_kernel.quantize_activations(x)
+    assert not codes[0].any() and codes[1, 64:66].tolist() == [127, -32]
+    weights = torch.full((8, 96), 127, dtype=torch.int8)
+    d = torch.full((8, 3), 1024.0, dtype=torch.float16)
+    for level in LEVELS:
+        monkeypatch.setenv(cpu.LEVEL_ENV, level)
+        y = cpu_kernel.linear_codes(x, weights, d, None)
+        assert torch.equal(y[0], torch.zeros(8)), level  # the tiny blocks add nothing
+        assert torch.equal(y[1], cpu_kernel.linear_codes(x[1:], weights, d, None)[0]) and bool((y[1] > 0).all())
+
+
 def test_half_precision_inputs_and_shapes():
     packed = layer("q4_0", 5, 64)
     x = torch.randn(2, 3, 64)

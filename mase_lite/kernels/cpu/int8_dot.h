@@ -37,6 +37,7 @@ static void quantize_x(const float *x, int64_t k, int64_t first, int64_t last, i
             amax = a > amax ? a : amax;
         }
         float inverse = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+        inverse = inverse <= FLT_MAX ? inverse : 0.0f; /* amax below 127 / FLT_MAX: codes 0 */
         int8_t *q = xq + i;
         int32_t sum = 0;
         xs[i / BLOCK] = finite ? amax / 127.0f : NAN;
@@ -201,7 +202,8 @@ AVX2 static void quantize_x_avx2(const float *x, int64_t k, int64_t first, int64
             continue;
         }
         float m = max8_avx2(amax);
-        __m256 inverse = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+        float scale = m > 0.0f ? 127.0f / m : 0.0f;
+        __m256 inverse = _mm256_set1_ps(scale <= FLT_MAX ? scale : 0.0f); /* as quantize_x */
         __m256i q[4];
         for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inverse));
         __m256i codes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));

@@ -7,7 +7,8 @@
  *     per block of 32.
  *
  * x's block: scale amax / 127, codes round-half-even(x * (127 / amax)) in -127..127 (a block holding an infinity
- * or a NaN: codes 0, scale NaN, so the outputs it reaches are NaN). For nibbles the codes are stored as the
+ * or a NaN: codes 0, scale NaN, so the outputs it reaches are NaN; a block whose 127 / amax overflows, amax below
+ * 127 / FLT_MAX: codes 0). For nibbles the codes are stored as the
  * block's even elements, then its odd ones (the nibbles' order). A block's 32 products are summed exactly in int32,
  * and each output accumulates its blocks in order in one float32 chain by a fused multiply-add with the two blocks'
  * scales multiplied (fmaf(sum, xs * ws, acc)), then times the table's unit and plus the bias: every level computes the

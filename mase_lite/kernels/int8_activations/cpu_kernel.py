@@ -211,8 +211,9 @@ def untile(data: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
 
 def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor]:
     """``x`` (``[rows, in]``, float32) as the int8 codes (-127..127) and float32 scales of each block of 32, as the
-    kernel forms them: ``amax / 127`` and round-half-even(``x * (127 / amax)``), zero for an all-zero block; a
-    block holding an infinity or a NaN has codes 0 and scale NaN (the outputs it reaches are NaN).
+    kernel forms them: ``amax / 127`` and round-half-even(``x * (127 / amax)``), zero for an all-zero block and for
+    one whose ``127 / amax`` overflows float32 (``amax`` below ``127 / FLT_MAX``); a block holding an infinity or a NaN
+    has codes 0 and scale NaN (the outputs it reaches are NaN).
 
     >>> codes, scales = quantize_activations(torch.tensor([[127.0, 2.5, -0.5] + [0.0] * 29]))
     >>> codes[0, :3].tolist(), scales.tolist()
@@ -222,6 +223,7 @@ def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor]:
     finite = blocks.isfinite().all(-1, keepdim=True)
     amax = blocks.abs().amax(-1, keepdim=True)
     inverse = torch.where(finite & (amax > 0), 127 / amax, torch.zeros_like(amax))
+    inverse = torch.where(inverse.isfinite(), inverse, 0)
     codes = torch.round(torch.where(finite, blocks, 0) * inverse).to(torch.int8)
     return codes.reshape(x.shape), torch.where(finite, amax / 127, float("nan")).squeeze(-1)
 
