@@ -4,7 +4,8 @@ run both by the tool's decoder (every Linear packed with int8 activations; mase_
 ``llama-bench`` on that very file. The types: Q4_0 (the tool's 4-bit groups of 32 with float16 scales, which GGUF's Q4_0
 holds exactly), Q8_0 (GGUF's own, int8 codes with a float16 d per block, packed as such), Q4_K_M and Q5_K_M (the tool's
 presets of those names: Q4_K or Q5_K, with Q6_K for the head and some value and down projections, as llama-quantize
-chooses; the decoder holds them as K-quant records, mase_lite.kernels.kquants).
+chooses; the decoder holds them as K-quant records, mase_lite.kernels.kquants); on request (``--types``), IQ4_NL (the
+tool's ``iq4_nl``, packed as 4-bit codes with its 16-value table).
 
 Each round times every (type, threads) pair once per tool, the tools in turn, so drifting load hits them alike:
 prefill is tokens per second over a 512-token prompt (llama-bench's pp512; its n_batch 512), decode is tokens per second
@@ -48,7 +49,9 @@ TYPES = {  # GGUF's type: the tool's format that it holds exactly, and how the t
     "Q8_0": ({"name": "q8_0"}, "q8_0"),  # GGUF's own: int8 codes, a float16 d per block of 32
     "Q4_K_M": ("Q4_K_M", "Q4_K_M"),  # llama-quantize's mixtures, Q4_K or Q5_K and Q6_K: the same preset for both
     "Q5_K_M": ("Q5_K_M", "Q5_K_M"),
+    "IQ4_NL": ({"name": "iq4_nl"}, {"name": "iq4_nl"}),  # a 16-value table: the 4-bit layers' kernel of looked-up values
 }
+DEFAULT_TYPES = ("Q4_0", "Q8_0", "Q4_K_M", "Q5_K_M")  # the issue's; IQ4_NL on request (--types)
 
 
 def build_model(layers: int) -> torch.nn.Module:
@@ -122,7 +125,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--types", nargs="+", default=list(TYPES), choices=list(TYPES))
+    parser.add_argument("--types", nargs="+", default=list(DEFAULT_TYPES), choices=list(TYPES))
     parser.add_argument("--busy", type=int, default=0, help="busy processes (while True: pass) during the run")
     add_record_flag(parser)
     args = parser.parse_args()
