@@ -26,8 +26,10 @@
  * operations in this order: the same bits at every level and thread count. The vector levels take a byte-vector of W
  * against the same byte-vector of x: each lane's products are block i's, so each block's sum builds in its own lane,
  * with no sum across lanes: the unsigned codes meet x by VNNI's vpdpbusd where the CPU has it, else AVX2's vpmaddubsw
- * (a code u - c as u less c times the half's sum of x, then times the half's scale). A tile of up to 4 rows of x and 2
- * rows of W forms each super-block's codes once for its rows of x and loads x's once for its rows of W. */
+ * (a code u - c as u less c times the half's sum of x, then times the half's scale). A decoding step forms each
+ * super-block's codes from the records as it meets them (AFFINE_TILE, HALVES_TILE); a prompt forms each row's codes and
+ * scales once per run of rows of x (kquant_form_row) and meets them with tiles of 2 rows of W and up to 4 rows of x
+ * (FORMED_TILE): the same integers and float operations, so the same bits. */
 #ifndef KQUANT_DOT_H
 #define KQUANT_DOT_H
 
@@ -165,7 +167,7 @@ AVX2 INLINE float half_f16c(const uint8_t *p) {
 #define TILE_OUT(R, C)                                                                                                 \
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) out[r * C + c] = sum8_avx2(acc[r][c]);
 
-/* NAME(t, out): Q4_K or Q5_K (KIND), R rows of W against C rows of x into out[r * C + c]: each
+/* NAME(t, out): Q4_K or Q5_K (KIND), R rows of W against C rows of x into out[r * C + c] (decoding: C = 1): each
  * super-block's codes formed once for the C rows of x, each vector of x's codes and its block scales loaded once for
  * the R rows of W. Q5_K's fifth bits: byte-vector b's bit b of their vector, moved to bit 4 as Q6_K's crumbs are. */
 #define AFFINE_TILE(NAME, TARGET, MADD, R, C, KIND)                                                                    \
@@ -297,15 +299,11 @@ AVX2 INLINE __m256i halves_codes(int kind, const uint8_t *rec, int b) {
         TILE_OUT(R, C)                                                                                                 \
     }
 
-/* A kind's kernels at a level: [0][c - 1] one row of W against c rows of x, [1][c - 1] two rows. */
+/* A kind's kernels at a level for one row of x: [0] one row of W, [1] two rows. */
 typedef void (*kquant_fn)(const struct kquant_rows *, float *);
 #define KQUANT_SET(TILE, NAME, TARGET, MADD, KIND)                                                                     \
-    TILE(NAME##_1x1, TARGET, MADD, 1, 1, KIND) TILE(NAME##_1x2, TARGET, MADD, 1, 2, KIND)                              \
-    TILE(NAME##_1x3, TARGET, MADD, 1, 3, KIND) TILE(NAME##_1x4, TARGET, MADD, 1, 4, KIND)                              \
-    TILE(NAME##_2x1, TARGET, MADD, 2, 1, KIND) TILE(NAME##_2x2, TARGET, MADD, 2, 2, KIND)                              \
-    TILE(NAME##_2x3, TARGET, MADD, 2, 3, KIND) TILE(NAME##_2x4, TARGET, MADD, 2, 4, KIND)                              \
-    static const kquant_fn NAME[2][4] = {{NAME##_1x1, NAME##_1x2, NAME##_1x3, NAME##_1x4},                             \
-                                         {NAME##_2x1, NAME##_2x2, NAME##_2x3, NAME##_2x4}};
+    TILE(NAME##_1x1, TARGET, MADD, 1, 1, KIND) TILE(NAME##_2x1, TARGET, MADD, 2, 1, KIND)                              \
+    static const kquant_fn NAME[2] = {NAME##_1x1, NAME##_2x1};
 KQUANT_SET(AFFINE_TILE, q4_k_avx2, AVX2, madd_avx2, KIND_Q4_K)
 KQUANT_SET(AFFINE_TILE, q4_k_vnni, VNNI, madd_vnni, KIND_Q4_K)
 KQUANT_SET(AFFINE_TILE, q5_k_avx2, AVX2, madd_avx2, KIND_Q5_K)
@@ -317,10 +315,139 @@ KQUANT_SET(HALVES_TILE, q3_k_vnni, VNNI, madd_vnni, KIND_Q3_K)
 KQUANT_SET(HALVES_TILE, q2_k_avx2, AVX2, madd_avx2, KIND_Q2_K)
 KQUANT_SET(HALVES_TILE, q2_k_vnni, VNNI, madd_vnni, KIND_Q2_K)
 
-static const kquant_fn (*kquant_kernels(int kind, int level))[4] {
-    static const kquant_fn (*const sets[KINDS][2])[4] = {
+static const kquant_fn *kquant_kernels(int kind, int level) {
+    static const kquant_fn *const sets[KINDS][2] = {
         {NULL, NULL},         {q4_k_avx2, q4_k_vnni}, {q6_k_avx2, q6_k_vnni},
         {q5_k_avx2, q5_k_vnni}, {q2_k_avx2, q2_k_vnni}, {q3_k_avx2, q3_k_vnni}};
+    return sets[kind][vnni_at(level)];
+}
+
+/* Prompts: a row's super-blocks formed once per run of rows of x (kquant_form_row: each byte-vector of codes and the
+ * scales as the tiles above form them) and met by every group of up to 4 rows of x there; the same integers and
+ * float operations as the tiles above, so the same bits. */
+struct kquant_formed {
+    __m256i codes[8];                         /* byte-vector b of the super-block's codes u */
+    __m256 scale, min;                        /* Q4_K, Q5_K: d * sc and dmin * m of each block */
+    __m256i first, second, first_m, second_m; /* the halves' kinds: each half's scale (Q2_K: and min) */
+    __m256 d, dmin;                           /* the halves' kinds: d, dmin (Q2_K) */
+};
+
+/* Byte-vector b of a Q4_K or Q5_K record's codes, as AFFINE_TILE forms it. */
+AVX2 INLINE __m256i affine_codes(int kind, const uint8_t *rec, int b) {
+    __m256i w = _mm256_loadu_si256((const __m256i *)(rec + 20) + b % 4);
+    __m256i low = _mm256_and_si256(b / 4 ? _mm256_srli_epi16(w, 4) : w, _mm256_set1_epi8(15));
+    if (kind != KIND_Q5_K) return low;
+    __m256i fifth = _mm256_loadu_si256((const __m256i *)(rec + 148)); /* byte-vector b's bit b, to bit 4 */
+    fifth = b < 4 ? _mm256_slli_epi16(fifth, 4 - b) : b > 4 ? _mm256_srli_epi16(fifth, b - 4) : fifth;
+    return _mm256_or_si256(low, _mm256_and_si256(fifth, _mm256_set1_epi8(16)));
+}
+
+/* The nsb super-blocks of a row (row: its first record, the next stride bytes on) as kquant_formed. */
+AVX2 static void kquant_form_row(int kind, const uint8_t *row, int64_t stride, int64_t nsb, struct kquant_formed *f) {
+    for (int64_t s = 0; s < nsb; s++, f++) {
+        const uint8_t *rec = row + s * stride;
+        for (int b = 0; b < 8; b++)
+            f->codes[b] = by_halves(kind) ? halves_codes(kind, rec, b) : affine_codes(kind, rec, b);
+        f->d = _mm256_set1_ps(half_f16c(rec));
+        f->scale = f->min = f->dmin = _mm256_setzero_ps();
+        f->first = f->second = f->first_m = f->second_m = _mm256_setzero_si256();
+        if (!by_halves(kind)) {
+            __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 4))));
+            __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 12))));
+            f->scale = _mm256_mul_ps(f->d, sc), f->min = _mm256_mul_ps(_mm256_set1_ps(half_f16c(rec + 2)), m);
+        } else if (kind == KIND_Q2_K) {
+            __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 4)));
+            __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 12)));
+            f->first = _mm256_and_si256(a, _mm256_set1_epi32(15)), f->first_m = _mm256_srli_epi32(a, 4);
+            f->second = _mm256_and_si256(z, _mm256_set1_epi32(15)), f->second_m = _mm256_srli_epi32(z, 4);
+            f->dmin = _mm256_set1_ps(half_f16c(rec + 2));
+        } else {
+            f->first = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 2)));
+            f->second = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 10)));
+        }
+    }
+}
+
+/* What a formed tile takes: R formed rows of W against C rows of x (k codes, nb scales and sums apart). */
+struct kquant_formed_rows {
+    const struct kquant_formed *rows[2];
+    const int8_t *xq;
+    const float *xs;
+    const int32_t *xsum;
+    int64_t nsb, k, nb;
+};
+
+/* NAME(t, out): R formed rows of KIND against C rows of x into out[r * C + c], as AFFINE_TILE or HALVES_TILE. */
+#define FORMED_TILE(NAME, TARGET, MADD, R, C, KIND)                                                                    \
+    TARGET static void NAME(const struct kquant_formed_rows *t, float *out) {                                          \
+        const __m256i ones = _mm256_set1_epi16(1);                                                                     \
+        __m256 acc[R][C];                                                                                              \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();         \
+        for (int64_t s = 0; s < t->nsb; s++) {                                                                         \
+            ZERO_SUMS(R, C)                                                                                            \
+            const struct kquant_formed *f[R];                                                                          \
+            UNROLL for (int r = 0; r < R; r++) f[r] = t->rows[r] + s;                                                  \
+            UNROLL for (int b = 0; b < 8; b++) UNROLL for (int c = 0; c < C; c++) {                                    \
+                __m256i x = X_VECTOR(c, s, b);                                                                         \
+                UNROLL for (int r = 0; r < R; r++) sums[r][c][b / 4] = MADD(sums[r][c][b / 4], f[r]->codes[b], x);     \
+            }                                                                                                          \
+            UNROLL for (int c = 0; c < C; c++) {                                                                       \
+                __m256i halves = _mm256_loadu_si256((const __m256i *)(t->xsum + c * t->nb + 8 * s));                   \
+                __m256 x8 = _mm256_loadu_ps(t->xs + c * t->nb + 8 * s);                                                \
+                if (!by_halves(KIND)) {                                                                                \
+                    __m256 xsum8 = _mm256_cvtepi32_ps(_mm256_madd_epi16(halves, ones)); /* the two halves added */     \
+                    UNROLL for (int r = 0; r < R; r++) {                                                               \
+                        __m256 total = _mm256_cvtepi32_ps(_mm256_add_epi32(sums[r][c][0], sums[r][c][1]));             \
+                        acc[r][c] = _mm256_fmadd_ps(total, _mm256_mul_ps(x8, f[r]->scale), acc[r][c]);                 \
+                        acc[r][c] = _mm256_fnmadd_ps(xsum8, _mm256_mul_ps(x8, f[r]->min), acc[r][c]);                  \
+                    }                                                                                                  \
+                    continue;                                                                                          \
+                }                                                                                                      \
+                __m256i xa = _mm256_srai_epi32(_mm256_slli_epi32(halves, 16), 16), xb = _mm256_srai_epi32(halves, 16); \
+                __m256i offa = _mm256_mullo_epi32(xa, _mm256_set1_epi32(code_offset(KIND)));                           \
+                __m256i offb = _mm256_mullo_epi32(xb, _mm256_set1_epi32(code_offset(KIND)));                           \
+                UNROLL for (int r = 0; r < R; r++) {                                                                   \
+                    __m256i total = _mm256_add_epi32(                                                                  \
+                        _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][c][0], offa), f[r]->first),                        \
+                        _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][c][1], offb), f[r]->second));                      \
+                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(x8, f[r]->d), acc[r][c]);     \
+                    if (KIND == KIND_Q2_K) {                                                                           \
+                        __m256i m = _mm256_add_epi32(_mm256_mullo_epi32(xa, f[r]->first_m),                           \
+                                                     _mm256_mullo_epi32(xb, f[r]->second_m));                          \
+                        acc[r][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(x8, f[r]->dmin), acc[r][c]); \
+                    }                                                                                                  \
+                }                                                                                                      \
+            }                                                                                                          \
+        }                                                                                                              \
+        TILE_OUT(R, C)                                                                                                 \
+    }
+
+typedef void (*kquant_formed_fn)(const struct kquant_formed_rows *, float *);
+#define FORMED_SET(NAME, TARGET, MADD, KIND)                                                                           \
+    FORMED_TILE(NAME##_1x1, TARGET, MADD, 1, 1, KIND) FORMED_TILE(NAME##_1x2, TARGET, MADD, 1, 2, KIND)                \
+    FORMED_TILE(NAME##_1x3, TARGET, MADD, 1, 3, KIND) FORMED_TILE(NAME##_1x4, TARGET, MADD, 1, 4, KIND)                \
+    FORMED_TILE(NAME##_2x1, TARGET, MADD, 2, 1, KIND) FORMED_TILE(NAME##_2x2, TARGET, MADD, 2, 2, KIND)                \
+    FORMED_TILE(NAME##_2x3, TARGET, MADD, 2, 3, KIND) FORMED_TILE(NAME##_2x4, TARGET, MADD, 2, 4, KIND)                \
+    static const kquant_formed_fn NAME[2][4] = {{NAME##_1x1, NAME##_1x2, NAME##_1x3, NAME##_1x4},                      \
+                                                {NAME##_2x1, NAME##_2x2, NAME##_2x3, NAME##_2x4}};
+FORMED_SET(q4_k_formed_avx2, AVX2, madd_avx2, KIND_Q4_K)
+FORMED_SET(q4_k_formed_vnni, VNNI, madd_vnni, KIND_Q4_K)
+FORMED_SET(q6_k_formed_avx2, AVX2, madd_avx2, KIND_Q6_K)
+FORMED_SET(q6_k_formed_vnni, VNNI, madd_vnni, KIND_Q6_K)
+FORMED_SET(q3_k_formed_avx2, AVX2, madd_avx2, KIND_Q3_K)
+FORMED_SET(q3_k_formed_vnni, VNNI, madd_vnni, KIND_Q3_K)
+FORMED_SET(q2_k_formed_avx2, AVX2, madd_avx2, KIND_Q2_K)
+FORMED_SET(q2_k_formed_vnni, VNNI, madd_vnni, KIND_Q2_K)
+
+static const kquant_formed_fn (*kquant_formed_kernels(int kind, int level))[4] {
+    /* Q5_K's formed codes meet x as Q4_K's: only the forming differs */
+    static const kquant_formed_fn (*const sets[KINDS][2])[4] = {
+        {NULL, NULL},
+        {q4_k_formed_avx2, q4_k_formed_vnni},
+        {q6_k_formed_avx2, q6_k_formed_vnni},
+        {q4_k_formed_avx2, q4_k_formed_vnni},
+        {q2_k_formed_avx2, q2_k_formed_vnni},
+        {q3_k_formed_avx2, q3_k_formed_vnni}};
     return sets[kind][vnni_at(level)];
 }
 #endif
@@ -331,50 +458,66 @@ static const kquant_fn (*kquant_kernels(int kind, int level))[4] {
  * 1.4-1.9 on 8000 x 4096, beyond the L2 cache. */
 static inline int kquant_paired(int kind) { return kind != KIND_Q6_K; }
 
-/* Rows [first, last) of K-quant layer l (kind) against x's m rows: runs of rows of x that stay in the core's cache
- * (int8_dot.h's), each row of W read once per run, two rows of W at a time met by up to 4 rows of x at a time. Its
- * records in rows (nsb a row, in order) or paired (a->tiled and kquant_paired: rows 2p and 2p + 1 with their records
- * interleaved, super-block s of row j at record 2(p nsb + s) + j % 2), so that two rows are one stream; a single row
- * of x (a decoding step) reads two rows of W at a time where they are paired, else one. */
+/* Rows [first, last) of K-quant layer l (kind) against x's m rows, its records in rows (nsb a row, in order) or paired
+ * (a->tiled and kquant_paired: rows 2p and 2p + 1 with their records interleaved, super-block s of row j at record
+ * 2(p nsb + s) + j % 2), so that two rows are one stream. A prompt takes runs of rows of x that stay in the core's
+ * cache (int8_dot.h's): each pair of rows of W formed once per run (kquant_form_row), then met by up to 4 rows of x at
+ * a time. A decoding step (one row of x), or a prompt where no memory is left to form rows, reads the records as they
+ * are: two rows of W at a time where they are paired (or for a prompt), else one. */
 static void kquant_range(const struct linear_args *a, int l, int64_t first, int64_t last) {
     int kind = a->kinds[l];
     int64_t k = a->k, nb = k / BLOCK, nsb = k / SUPER, n = a->n[l], bytes = kquant_bytes(kind);
     int pairs = a->tiled && kquant_paired(kind);
     int64_t stride = pairs ? 2 * bytes : bytes, next = pairs ? bytes : nsb * bytes; /* next: row j + 1's */
-    int64_t rows_x = max64(1, min64(MAX_X_ROWS, X_BLOCK_BYTES / k));
+    int64_t rows_x = max64(1, min64(MAX_X_ROWS, X_BLOCK_BYTES / k)), tall = 1;  /* tall: rows of W a kernel takes */
     const float *bias = a->bias[l];
     float *out = a->out[l];
 #ifdef CPU_X86
-    const kquant_fn(*kernels)[4] = a->level >= LEVEL_AVX2 ? kquant_kernels(kind, a->level) : NULL;
+    const kquant_fn *kernels = a->level >= LEVEL_AVX2 ? kquant_kernels(kind, a->level) : NULL;
+    const kquant_formed_fn(*prompt)[4] = kernels ? kquant_formed_kernels(kind, a->level) : NULL;
+    struct kquant_formed *formed = kernels && a->m > 1 ? aligned_alloc(32, 2 * (size_t)nsb * sizeof *formed) : NULL;
+    if (kernels) tall = a->m > 1 || pairs ? 2 : 1;
 #endif
     for (int64_t i0 = 0; i0 < a->m; i0 += rows_x) {
-        int64_t end = min64(a->m, i0 + rows_x), tall = 1; /* rows of W a kernel takes */
-#ifdef CPU_X86
-        if (kernels) tall = end - i0 > 1 || pairs ? 2 : 1;
-#endif
+        int64_t end = min64(a->m, i0 + rows_x);
         for (int64_t j = first; j < last;) {
             int64_t rows = tall == 2 && last - j >= 2 && (!pairs || j % 2 == 0) ? 2 : 1;
             const uint8_t *row = a->q[l] + (pairs ? (j - j % 2) * nsb * bytes + j % 2 * bytes : j * nsb * bytes);
-            for (int64_t i = i0; i < end;) {
-                float totals[8];
-                int64_t c = 1;
+            float totals[8];
+#ifdef CPU_X86
+            if (formed) {
+                for (int64_t r = 0; r < rows; r++) kquant_form_row(kind, row + r * next, stride, nsb, formed + r * nsb);
+                struct kquant_formed_rows t = {{formed, formed + nsb}, NULL, NULL, NULL, nsb, k, nb};
+                for (int64_t i = i0; i < end;) {
+                    int64_t c = min64(4, end - i);
+                    t.xq = a->xq + i * k, t.xs = a->xs + i * nb, t.xsum = a->corr + i * nb;
+                    prompt[rows - 1][c - 1](&t, totals);
+                    for (int64_t r = 0; r < rows; r++)
+                        for (int64_t e = 0; e < c; e++)
+                            out[(i + e) * n + j + r] = bias ? totals[r * c + e] + bias[j + r] : totals[r * c + e];
+                    i += c;
+                }
+                j += rows;
+                continue;
+            }
+#endif
+            for (int64_t i = i0; i < end; i++) {
 #ifdef CPU_X86
                 if (kernels) {
-                    c = min64(4, end - i);
                     struct kquant_rows t = {row, a->xq + i * k, a->xs + i * nb, a->corr + i * nb, nsb, k, nb, next,
                                             stride};
-                    kernels[rows - 1][c - 1](&t, totals);
+                    kernels[rows - 1](&t, totals);
                 } else
 #endif
                     totals[0] = kquant_dot_c(kind, row, stride, a->xq + i * k, a->xs + i * nb, a->corr + i * nb, nsb);
-                for (int64_t r = 0; r < rows; r++)
-                    for (int64_t e = 0; e < c; e++)
-                        out[(i + e) * n + j + r] = bias ? totals[r * c + e] + bias[j + r] : totals[r * c + e];
-                i += c;
+                for (int64_t r = 0; r < rows; r++) out[i * n + j + r] = bias ? totals[r] + bias[j + r] : totals[r];
             }
             j += rows;
         }
     }
+#ifdef CPU_X86
+    free(formed);
+#endif
 }
 
 #endif
