@@ -329,7 +329,7 @@ struct kquant_formed {
     __m256i codes[8];                         /* byte-vector b of the super-block's codes u */
     __m256 scale, min;                        /* Q4_K, Q5_K: d * sc and dmin * m of each block */
     __m256i first, second, first_m, second_m; /* the halves' kinds: each half's scale (Q2_K: and min) */
-    __m256 d, dmin;                           /* the halves' kinds: d, dmin (Q2_K) */
+    __m256 d, dmin;                           /* d (every kind); Q2_K: dmin */
 };
 
 /* Byte-vector b of a Q4_K or Q5_K record's codes, as AFFINE_TILE forms it. */
