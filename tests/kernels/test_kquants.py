@@ -21,7 +21,7 @@ from mase_lite.kernels.kquants.records import from_records, to_records
 from mase_lite.layers.presets import mixed_types
 from mase_lite.layers.quantized import quantize_module
 from mase_lite.numerics.ggml import ggml_quantize, ggml_values, to_ggml_blocks
-from tests.kernels.levels import every_level_and_thread_count
+from tests.kernels.levels import assert_same_bits_everywhere, bits32
 from tests.kernels.native_decoding import assert_decodes_natively
 
 native = pytest.mark.skipif(not cpu.available_levels(), reason="no C compiler: the kernels are not built")
@@ -31,10 +31,6 @@ KINDS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k")
 def packed(kind, rows=8, columns=512, seed=0, bias=True):
     torch.manual_seed(seed)
     return KQuantLinear.from_linear(torch.nn.Linear(columns, rows, bias=bias), {"name": kind}, activations="int8")
-
-
-def bits32(t):
-    return t.float().contiguous().view(torch.int32)
 
 
 # ------------------------------------------------------------------ records
@@ -225,17 +221,7 @@ def test_hand_derived_q4_k_output():
 @native
 @pytest.mark.parametrize("kind", KINDS)
 def test_same_bits_at_every_level_thread_count_and_batch(kind, monkeypatch):
-    layer = packed(kind, rows=37, columns=768)  # rows that split unevenly
-    x = torch.randn(9, 768) * 4
-    x[2, 100] = float("inf")  # its blocks' outputs are NaN
-    first = None
-    for level, threads in every_level_and_thread_count(monkeypatch):
-        with torch.no_grad():
-            out = torch.cat([layer(x), layer(x[4:5])])
-        first = out if first is None else first
-        assert torch.equal(bits32(out), bits32(first)), (level, threads)
-    assert torch.equal(bits32(first[4]), bits32(first[9]))  # a row alone gives the bits it gives in a batch
-    assert bool(first[2].isnan().all()) and not bool(first[[0, 1, 3]].isnan().any())
+    assert_same_bits_everywhere(packed(kind, rows=37, columns=768), 768, monkeypatch)  # rows that split unevenly
 
 
 @native

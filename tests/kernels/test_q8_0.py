@@ -18,14 +18,10 @@ from mase_lite.kernels.int8_activations.cpu_kernel import quantize_activations
 from mase_lite.kernels.q8_0 import Q8_0Linear, pack_linears
 from mase_lite.layers.quantized import quantize_module
 from mase_lite.numerics.ggml import ggml_quantize, to_ggml_blocks
-from tests.kernels.levels import every_level_and_thread_count
+from tests.kernels.levels import assert_same_bits_everywhere, bits32
 from tests.kernels.native_decoding import assert_decodes_natively
 
 native = pytest.mark.skipif(not cpu.available_levels(), reason="no C compiler: the kernels are not built")
-
-
-def bits32(t):
-    return t.float().contiguous().view(torch.int32)
 
 
 def packed(rows, columns=256, seed=0):
@@ -106,17 +102,7 @@ def test_every_output_is_the_documented_arithmetic_exactly(rows, monkeypatch):
 
 @native
 def test_same_bits_at_every_level_thread_count_and_batch(monkeypatch):
-    layer = packed(40, 512)
-    x = torch.randn(9, 512) * 4
-    x[2, 100] = float("inf")  # its block's outputs are NaN
-    first = None
-    for level, threads in every_level_and_thread_count(monkeypatch):
-        with torch.no_grad():
-            out = torch.cat([layer(x), layer(x[4:5])])
-        first = out if first is None else first
-        assert torch.equal(bits32(out), bits32(first)), (level, threads)
-    assert torch.equal(bits32(first[4]), bits32(first[9]))
-    assert bool(first[2].isnan().all()) and not bool(first[[0, 1, 3]].isnan().any())
+    assert_same_bits_everywhere(packed(40, 512), 512, monkeypatch)
 
 
 @native
