@@ -32,8 +32,9 @@ def check_targets(steps: list[Any], mg) -> None:
     problems = []
     for i, step in enumerate(steps):
         if step.pass_name == "quantize":
-            problems += _unpackable(layer_configs(mg, step.params), modules, i)
-            formats.update(weight_formats(mg, step.params))
+            configs = layer_configs(mg, step.params)
+            problems += _unpackable(configs, modules, i)
+            formats.update(weight_formats(configs))
         elif step.pass_name == "export":
             target = step.params.format
             for path, fmt in formats.items():

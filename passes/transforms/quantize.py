@@ -394,11 +394,10 @@ def layer_configs(mg, params: QuantizeParams) -> dict[str, QuantConfig | None]:
     return configs
 
 
-def weight_formats(mg, params: QuantizeParams) -> dict[str, dict[str, Any] | None]:
-    """The weight format dict each Linear/Conv module would get (module path -> format, None: left float), from
-    :func:`layer_configs`."""
+def weight_formats(configs: dict[str, QuantConfig | None]) -> dict[str, dict[str, Any] | None]:
+    """The weight format dict of each of :func:`layer_configs`' configs (module path -> format, None: left float)."""
     formats: dict[str, dict[str, Any] | None] = {}
-    for path, config in layer_configs(mg, params).items():
+    for path, config in configs.items():
         weight = config.get("weight") if config is not None else None
         formats[path] = weight.format.as_dict(weight.params) if weight is not None else None
     return formats
