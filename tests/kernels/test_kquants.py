@@ -155,34 +155,32 @@ def _mul(a, b):
 
 
 def transcribed(kind, layer, x_row):
-    """One output as kquant_dot.h documents it: exact integer sums, then its float32 operations in its order."""
+    """One output as kquant_dot.h documents it: exact integer sums per super-block, then its float32 operations in its
+    order."""
     codes, side = layer.codes()
-    xq, xs = quantize_activations(x_row[None])
+    xq, xs = quantize_activations(x_row[None], 256)
     xq, xs = xq[0].long(), [float(v) for v in xs[0]]
+    off = {"q2_k": 0, "q3_k": 4, "q4_k": 0, "q5_k": 0, "q6_k": 32}[kind]
     out = []
     for j in range(codes.shape[0]):
-        lanes = [Fraction(0)] * 8
+        acc = Fraction(0)
         for s in range(codes.shape[1] // 256):
-            d = float(side["d"][j, s])
-            for i in range(8):
-                b = 8 * s + i
-                q = codes[j, 32 * b:32 * b + 32]
-                xb = xq[32 * b:32 * b + 32]
-                if kind in ("q4_k", "q5_k"):  # a scale and a min per block
-                    lanes[i] = _fma(int((q * xb).sum()), _mul(xs[b], _mul(d, int(side["scales"][j, b]))), lanes[i])
-                    dmin, m = float(side["dmin"][j, s]), int(side["mins"][j, b])
-                    lanes[i] = _fma(-int(xb.sum()), _mul(xs[b], _mul(dmin, m)), lanes[i])
-                    continue
-                off, sc = {"q2_k": 0, "q3_k": 4, "q6_k": 32}[kind], side["scales"][j, 2 * b:2 * b + 2].long()
-                total = int(sc[0] * ((q[:16] - off) * xb[:16]).sum() + sc[1] * ((q[16:] - off) * xb[16:]).sum())
-                lanes[i] = _fma(total, _mul(xs[b], d), lanes[i])
-                if kind == "q2_k":  # and a min per half
-                    m = side["mins"][j, 2 * b:2 * b + 2].long()
-                    mins = int(m[0] * xb[:16].sum() + m[1] * xb[16:].sum())
-                    lanes[i] = _fma(-mins, _mul(xs[b], float(side["dmin"][j, s])), lanes[i])
-        l = lanes
-        total = _f32(_f32(_f32(l[0] + l[4]) + _f32(l[2] + l[6])) + _f32(_f32(l[1] + l[5]) + _f32(l[3] + l[7])))
-        out.append(_f32(total + Fraction(float(layer.bias.detach()[j]))))
+            total = pairs = 0
+            for h in range(16):  # halves of 16: each one's scale, and its pair weight (a min, or the scale)
+                u, xh = codes[j, 256 * s + 16 * h:256 * s + 16 * h + 16], xq[256 * s + 16 * h:256 * s + 16 * h + 16]
+                if kind in ("q4_k", "q5_k"):  # a scale and a min per block of 32
+                    sc = int(side["scales"][j, 8 * s + h // 2])
+                    m = int(side["mins"][j, 8 * s + h // 2])
+                else:
+                    sc = int(side["scales"][j, 16 * s + h])
+                    m = int(side["mins"][j, 16 * s + h]) if kind == "q2_k" else sc
+                total += sc * int((u * xh).sum())
+                pairs += m * int(xh.sum())
+            total -= off * pairs
+            acc = _fma(total, _mul(xs[s], float(side["d"][j, s])), acc)
+            if kind in ("q2_k", "q4_k", "q5_k"):
+                acc = _fma(-pairs, _mul(xs[s], float(side["dmin"][j, s])), acc)
+        out.append(_f32(acc + Fraction(float(layer.bias.detach()[j]))))
     return torch.tensor([float(v) for v in out], dtype=torch.float32)
 
 

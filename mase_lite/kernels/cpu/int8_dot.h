@@ -25,28 +25,31 @@ static inline int8_t round_even(float v) {
     return (int8_t)(int)((v + magic) - magic);
 }
 
-/* Rows [first, last) of x quantized: xq, xs as int8_linear.c says (interleaved: a block's even elements, then its
- * odd ones); corr: per block, c times the sum of its codes. */
-static void quantize_x(const float *x, int64_t k, int64_t first, int64_t last, int interleaved, int c, int8_t *xq,
-                       float *xs, int32_t *corr) {
-    for (int64_t i = first * k; i < last * k; i += BLOCK) {
+/* Rows [first, last) of x quantized: xq, xs as int8_linear.c says, a scale per span of 32 or (K-quants) 256
+ * elements (interleaved: a block's even elements, then its odd ones); corr: per block of 32, c times the sum of its
+ * codes. */
+static void quantize_x(const float *x, int64_t k, int64_t first, int64_t last, int interleaved, int c, int span,
+                       int8_t *xq, float *xs, int32_t *corr) {
+    for (int64_t i = first * k; i < last * k; i += span) {
         float amax = 0.0f;
         int finite = 1;
-        for (int t = 0; t < BLOCK; t++) {
+        for (int t = 0; t < span; t++) {
             float a = fabsf(x[i + t]);
             finite &= a <= FLT_MAX;
             amax = a > amax ? a : amax;
         }
         float inverse = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
         inverse = inverse <= FLT_MAX ? inverse : 0.0f; /* amax below 127 / FLT_MAX: codes 0 */
-        int8_t *q = xq + i;
-        int32_t sum = 0;
-        xs[i / BLOCK] = finite ? amax / 127.0f : NAN;
-        for (int t = 0; t < BLOCK; t++) {
-            q[t] = round_even(x[i + (interleaved ? (t % 16) * 2 + t / 16 : t)] * inverse);
-            sum += q[t];
+        xs[i / span] = finite ? amax / 127.0f : NAN;
+        for (int64_t b = i; b < i + span; b += BLOCK) {
+            int8_t *q = xq + b;
+            int32_t sum = 0;
+            for (int t = 0; t < BLOCK; t++) {
+                q[t] = round_even(x[b + (interleaved ? (t % 16) * 2 + t / 16 : t)] * inverse);
+                sum += q[t];
+            }
+            corr[b / BLOCK] = c * sum;
         }
-        corr[i / BLOCK] = c * sum;
     }
 }
 
@@ -181,39 +184,45 @@ AVX2 INLINE int32_t sum8_epi32(__m256i v) {
 }
 
 /* quantize_x at the vector levels, the same codes, scales and corrections: amax by max (exact in any order; its value
- * is not used where the block is not finite), the codes by cvtps (round half to even under the default rounding, as
- * round_even), a block holding an infinity or a NaN all zero, as round_even gives there. */
+ * is not used where the span is not finite), the codes by cvtps (round half to even under the default rounding, as
+ * round_even), a span holding an infinity or a NaN all zero, as round_even gives there. */
 AVX2 static void quantize_x_avx2(const float *x, int64_t k, int64_t first, int64_t last, int interleaved, int c,
-                                 int8_t *xq, float *xs, int32_t *corr) {
+                                 int span, int8_t *xq, float *xs, int32_t *corr) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), most = _mm256_set1_ps(FLT_MAX);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* packs' dwords back in order */
     const __m256i evens_odds = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
                                                 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    for (int64_t i = first * k; i < last * k; i += BLOCK) {
-        __m256 v[4], amax = _mm256_setzero_ps(), finite = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-        for (int j = 0; j < 4; j++) {
-            v[j] = _mm256_loadu_ps(x + i + 8 * j);
-            __m256 a = _mm256_and_ps(v[j], magnitude);
+    for (int64_t i = first * k; i < last * k; i += span) {
+        __m256 amax = _mm256_setzero_ps(), finite = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+        for (int j = 0; j < span; j += 8) {
+            __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i + j), magnitude);
             finite = _mm256_and_ps(finite, _mm256_cmp_ps(a, most, _CMP_LE_OQ));
             amax = _mm256_max_ps(amax, a);
         }
         if (_mm256_movemask_ps(finite) != 0xFF) {
-            _mm256_storeu_si256((__m256i *)(xq + i), _mm256_setzero_si256());
-            xs[i / BLOCK] = NAN, corr[i / BLOCK] = 0;
+            for (int64_t b = i; b < i + span; b += BLOCK) {
+                _mm256_storeu_si256((__m256i *)(xq + b), _mm256_setzero_si256());
+                corr[b / BLOCK] = 0;
+            }
+            xs[i / span] = NAN;
             continue;
         }
         float m = max8_avx2(amax);
         float scale = m > 0.0f ? 127.0f / m : 0.0f;
         __m256 inverse = _mm256_set1_ps(scale <= FLT_MAX ? scale : 0.0f); /* as quantize_x */
-        __m256i q[4];
-        for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inverse));
-        __m256i codes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-        codes = _mm256_permutevar8x32_epi32(codes, order);
-        if (interleaved) /* the even elements, then the odd ones */
-            codes = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(codes, evens_odds), _MM_SHUFFLE(3, 1, 2, 0));
-        _mm256_storeu_si256((__m256i *)(xq + i), codes);
-        xs[i / BLOCK] = m / 127.0f;
-        corr[i / BLOCK] = c * sum8_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+        xs[i / span] = m / 127.0f;
+        for (int64_t b = i; b < i + span; b += BLOCK) {
+            __m256i q[4];
+            for (int j = 0; j < 4; j++)
+                q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + b + 8 * j), inverse));
+            __m256i codes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            codes = _mm256_permutevar8x32_epi32(codes, order);
+            if (interleaved) /* the even elements, then the odd ones */
+                codes = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(codes, evens_odds), _MM_SHUFFLE(3, 1, 2, 0));
+            _mm256_storeu_si256((__m256i *)(xq + b), codes);
+            __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            corr[b / BLOCK] = c * sum8_epi32(sum);
+        }
     }
 }
 
@@ -459,6 +468,7 @@ struct linear_args {
     const int8_t *xq;
     const float *xs;
     const int32_t *corr;
+    const void *bands; /* K-quants: a prompt's x in bands (kquant_dot.h's struct kquant_band), or NULL */
     int64_t m, k;
     int level;
 };
@@ -557,12 +567,12 @@ static void quantize_rows(const struct linear_args *a, const float *x, int64_t f
                           float *xs, int32_t *corr) {
 #ifdef CPU_X86
     if (a->level >= LEVEL_AVX2) {
-        quantize_x_avx2(x, a->k, first, last, a->nibbles, correction(a), xq, xs, corr);
+        quantize_x_avx2(x, a->k, first, last, a->nibbles, correction(a), a->kinds ? SUPER : BLOCK, xq, xs, corr);
         if (a->kinds) kquant_x_avx2(xq, corr, a->k, first, last);
         return;
     }
 #endif
-    quantize_x(x, a->k, first, last, a->nibbles, correction(a), xq, xs, corr);
+    quantize_x(x, a->k, first, last, a->nibbles, correction(a), a->kinds ? SUPER : BLOCK, xq, xs, corr);
     if (a->kinds) kquant_x(xq, corr, a->k, first, last);
 }
 

@@ -60,13 +60,31 @@ static int whole_tiles(const int64_t *n, int count, int tiled, int64_t rows) {
     return 1;
 }
 
+#ifdef CPU_X86
+static void bands_part(const void *p, int part, int64_t first, int64_t last) {
+    const struct linear_args *a = p;
+    (void)part;
+    kquant_bands(a->xq, a->xs, a->corr, a->m, a->k, first, last, (struct kquant_band *)a->bands);
+}
+#endif
+
 static void run(struct linear_args *a, const float *x, int threads, void *scratch) {
     int64_t mk = a->m * a->k;
     float *xs = (float *)((char *)scratch + mk);
     struct quantize_args q = {a, x, scratch, xs, (int32_t *)(xs + mk / BLOCK)};
     split_rows(quantize_part, &q, a->m, 1, mk >= QUANTIZE_PARALLEL ? threads : 1);
     a->xq = q.xq, a->xs = q.xs, a->corr = q.corr;
+    void *bands = NULL;
+#ifdef CPU_X86
+    if (a->kinds && a->m > 1 && a->level >= LEVEL_AVX2) { /* a K-quant prompt: x in bands, where memory is left */
+        int64_t count = (a->m + 7) / 8;
+        bands = aligned_alloc(32, (size_t)count * (size_t)(a->k / SUPER) * sizeof(struct kquant_band));
+        a->bands = bands;
+        if (bands) split_rows(bands_part, a, count, 1, mk >= QUANTIZE_PARALLEL ? threads : 1);
+    }
+#endif
     split_rows(rows_part, a, total_rows(a), row_align(a), threads);
+    free(bands);
 }
 
 /* out[l][i * n[l] + j] = sum_t x[i * k + t] * W_l[j, t] (+ bias[l][j]) for the `count` layers (at most 8) that

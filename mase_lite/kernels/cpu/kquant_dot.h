@@ -1,9 +1,10 @@
-/* GGML's K-quants Q2_K to Q6_K against int8 activations (x quantized per block of 32: int8_dot.h's quantize_x, then
- * each super-block of 256 codes transposed as the weights are, and corr holding per block the sums of its first and
- * last 16 codes as two int16 halves, low and high). A row of W is its super-blocks of 256 weights, one record each (in
- * a tiled layer, two rows' records interleaved where kquant_paired: kquant_range): GGUF's values at its bits (the
- * layer converts, kernels/kquants/records.py), the 8 blocks of 32 of a super-block laid across each vector of 32
- * bytes: byte-vector t (t = 0..7) holds, in its lane i, codes 4t..4t+3 of block i. A record:
+/* GGML's K-quants Q2_K to Q6_K against int8 activations, as llama.cpp meets them with its Q8_K: x quantized per
+ * super-block of 256 (int8_dot.h's quantize_x with span 256: one scale xs a super-block), each super-block's codes then
+ * transposed as the weights are, and corr holding per block of 32 the sums of its first and last 16 codes as two int16
+ * halves, low and high. A row of W is its super-blocks of 256 weights, one record each (in a tiled layer, two rows'
+ * records interleaved where kquant_paired: kquant_range): GGUF's values at its bits (the layer converts,
+ * kernels/kquants/records.py), the 8 blocks of 32 of a super-block laid across each vector of 32 bytes: byte-vector t
+ * (t = 0..7) holds, in its lane i, codes 4t..4t+3 of block i. A record:
  *
  *   - Q4_K, 148 bytes: d, dmin (float16), the 8 blocks' scales sc, then their mins m (uint8, 0..63), then 4 vectors
  *     of 32 bytes of 4-bit codes q (0..15): vector v's low nibbles byte-vector v, its high ones byte-vector v + 4; a
@@ -18,18 +19,18 @@
  *   - Q2_K, 84 bytes (GGUF's size): d, dmin (float16), each half's scale sc and min m (4 bits each, sc low) in Q6_K's
  *     order of halves, 2 vectors of the 2-bit codes q (crumbs); a weight is d*sc*q - dmin*m.
  *
- * One output: block i of every super-block accumulates into float32 lane i: its exact integer sum S by
- * fmaf(S, xs * (d * sc), lane), then fmaf(-X, xs * (dmin * m), lane) with X the sum of the block's codes of x (Q4_K,
- * Q5_K); or, where each half of a block has its scale (Q6_K, Q3_K, Q2_K), S the halves' sums each times its scale
- * (in int32) by fmaf(S, xs * d, lane), then for Q2_K fmaf(-M, xs * dmin, lane) with M the halves' sums of x each times
- * its min. The lanes are summed (sum8) at the end of the row. Every level computes these integers and float
- * operations in this order: the same bits at every level and thread count. The vector levels take a byte-vector of W
- * against the same byte-vector of x: each lane's products are block i's, so each block's sum builds in its own lane,
- * with no sum across lanes: the unsigned codes meet x by VNNI's vpdpbusd where the CPU has it, else AVX2's vpmaddubsw
- * (a code u - c as u less c times the half's sum of x, then times the half's scale). A decoding step forms each
- * super-block's codes from the records as it meets them (AFFINE_TILE, HALVES_TILE); a prompt forms each row's codes and
- * scales once per run of rows of x (kquant_form_row) and meets them with tiles of 2 rows of W and up to 4 rows of x
- * (FORMED_TILE): the same integers and float operations, so the same bits. */
+ * One output is one float32 chain over the super-blocks in order. Per super-block, exactly in int32: T, each half's
+ * scale times the sum of its 16 products of the unsigned codes u (a block's scale for both of its halves, Q4_K and
+ * Q5_K), and P, each half's sum of x times its pair weight: its block's min (Q4_K, Q5_K), its min (Q2_K) or its scale
+ * (Q6_K, Q3_K, whose T then loses the codes' offset times P). Then acc = fmaf(T, xs * d, acc), and where the kind has
+ * mins acc = fmaf(-P, xs * dmin, acc); the bias is added last. Every level computes these integers (exact in any
+ * order) and float operations in this order: the same bits at every level and thread count, and for a row of x
+ * alone or in a batch. The vector levels: unsigned codes meet x by VNNI's vpdpbusd where the CPU has it, else AVX2's
+ * vpmaddubsw; P's pairs of halves by vpdpwssd or vpmaddwd. A decoding step (one row of x) reads the records as it
+ * meets them, each vector's lane a block (AFFINE_TILE, HALVES_TILE), T and P summed across the lanes. A prompt meets
+ * x in bands of 8 rows, each vector's lane a row of x (kquant_band), against rows of W formed once per run of bands
+ * (kquant_form_row): the 4 codes of a block broadcast, each block's sum scaled in int32, and the float operations
+ * once per super-block for 8 rows of x. */
 #ifndef KQUANT_DOT_H
 #define KQUANT_DOT_H
 
@@ -45,6 +46,19 @@ static inline int64_t kquant_bytes(int kind) {
  * block its scale and min). */
 static inline int code_offset(int kind) { return kind == KIND_Q6_K ? 32 : kind == KIND_Q3_K ? 4 : 0; }
 static inline int by_halves(int kind) { return kind == KIND_Q6_K || kind == KIND_Q3_K || kind == KIND_Q2_K; }
+static inline int has_mins(int kind) { return kind == KIND_Q4_K || kind == KIND_Q5_K || kind == KIND_Q2_K; }
+
+/* Half h of block i of record r: its scale (in T) and its pair weight (in P). */
+static inline int half_scale(int kind, const uint8_t *r, int i, int h) {
+    if (!by_halves(kind)) return r[4 + i];
+    if (kind == KIND_Q2_K) return r[4 + 8 * h + i] & 15;
+    return (int8_t)r[2 + 8 * h + i];
+}
+static inline int half_pair(int kind, const uint8_t *r, int i, int h) {
+    if (!by_halves(kind)) return r[12 + i];
+    if (kind == KIND_Q2_K) return r[4 + 8 * h + i] >> 4;
+    return (int8_t)r[2 + 8 * h + i];
+}
 
 static inline float half_at(const uint8_t *p) {
     uint16_t h;
@@ -111,45 +125,40 @@ AVX2 static void kquant_x_avx2(int8_t *xq, int32_t *corr, int64_t k, int64_t fir
 /* The sum of a block's codes of x from its corr. */
 static inline int32_t block_sum(int32_t corr) { return (int16_t)(corr & 0xFFFF) + (int16_t)((uint32_t)corr >> 16); }
 
-/* One output in plain C: row (nsb records, stride bytes apart) against one row of x (its codes transposed). */
+/* One output in plain C: row (nsb records, stride bytes apart) against one row of x (its codes transposed, xs a
+ * scale per super-block, xsum the halves' sums of each block). */
 static float kquant_dot_c(int kind, const uint8_t *row, int64_t stride, const int8_t *xq, const float *xs,
                           const int32_t *xsum, int64_t nsb) {
-    float lanes[8] = {0};
+    float acc = 0.0f;
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *r = row + s * stride;
         const int8_t *x = xq + s * SUPER;
-        float d = half_at(r);
+        int32_t total = 0, pairs = 0;
         for (int i = 0; i < 8; i++) {
-            int64_t b = 8 * s + i;
-            int32_t half[2] = {0, 0};
-            for (int e = 0; e < BLOCK; e++)
-                half[e / 16] += (code_at(kind, r, i, e) - code_offset(kind)) * x[transposed(i, e)];
-            if (!by_halves(kind)) {
-                lanes[i] = fmaf((float)(half[0] + half[1]), xs[b] * (d * (float)r[4 + i]), lanes[i]);
-                lanes[i] = fmaf(-(float)block_sum(xsum[b]), xs[b] * (half_at(r + 2) * (float)r[12 + i]), lanes[i]);
-            } else if (kind != KIND_Q2_K) {
-                const int8_t *sc = (const int8_t *)r + 2;
-                lanes[i] = fmaf((float)(sc[i] * half[0] + sc[8 + i] * half[1]), xs[b] * d, lanes[i]);
-            } else { /* Q2_K: the halves' scales and mins, 4 bits each */
-                int32_t x0 = (int16_t)(xsum[b] & 0xFFFF), x1 = (int16_t)((uint32_t)xsum[b] >> 16);
-                int first = r[4 + i], second = r[12 + i];
-                lanes[i] = fmaf((float)((first & 15) * half[0] + (second & 15) * half[1]), xs[b] * d, lanes[i]);
-                lanes[i] = fmaf(-(float)((first >> 4) * x0 + (second >> 4) * x1), xs[b] * half_at(r + 2), lanes[i]);
+            int32_t corr = xsum[8 * s + i], xh[2] = {(int16_t)(corr & 0xFFFF), (int16_t)((uint32_t)corr >> 16)};
+            for (int h = 0; h < 2; h++) {
+                int32_t sum = 0;
+                for (int e = 16 * h; e < 16 * h + 16; e++) sum += code_at(kind, r, i, e) * x[transposed(i, e)];
+                total += half_scale(kind, r, i, h) * sum;
+                pairs += half_pair(kind, r, i, h) * xh[h];
             }
         }
+        total -= code_offset(kind) * pairs;
+        acc = fmaf((float)total, xs[s] * half_at(r), acc);
+        if (has_mins(kind)) acc = fmaf(-(float)pairs, xs[s] * half_at(r + 2), acc);
     }
-    return sum8(lanes);
+    return acc;
 }
 
 #ifdef CPU_X86
-/* What a vector kernel takes: R rows of W (nsb records each, a row's records stride bytes apart, the next row's
- * row_bytes on) against C rows of x (k codes, nb scales and sums apart). */
+/* What a decoding kernel takes: R rows of W (nsb records each, a row's records stride bytes apart, the next row's
+ * row_bytes on) against one row of x. */
 struct kquant_rows {
     const uint8_t *row;
     const int8_t *xq;
     const float *xs;
     const int32_t *xsum;
-    int64_t nsb, k, nb, row_bytes, stride;
+    int64_t nsb, row_bytes, stride;
 };
 
 AVX2 INLINE float half_f16c(const uint8_t *p) {
@@ -158,69 +167,76 @@ AVX2 INLINE float half_f16c(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
-#define X_VECTOR(c, s, vector) _mm256_loadu_si256((const __m256i *)(t->xq + (c) * t->k + (s) * SUPER) + (vector))
-#define RECORD(r, s) (t->row + (r) * t->row_bytes + (s) * t->stride)
-#define ZERO_SUMS(R, C)                                                                                                \
-    __m256i sums[R][C][2];                                                                                             \
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++)                                              \
-        sums[r][c][0] = sums[r][c][1] = _mm256_setzero_si256();
-#define TILE_OUT(R, C)                                                                                                 \
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) out[r * C + c] = sum8_avx2(acc[r][c]);
+/* Eight bytes from p widened to int32 lanes, unsigned or signed. */
+AVX2 INLINE __m256i bytes_u32(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+AVX2 INLINE __m256i bytes_i32(const uint8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
 
-/* NAME(t, out): Q4_K or Q5_K (KIND), R rows of W against C rows of x into out[r * C + c] (decoding: C = 1): each
- * super-block's codes formed once for the C rows of x, each vector of x's codes and its block scales loaded once for
- * the R rows of W. Q5_K's fifth bits: byte-vector b's bit b of their vector, moved to bit 4 as Q6_K's crumbs are. */
-#define AFFINE_TILE(NAME, TARGET, MADD, R, C, KIND)                                                                    \
+/* Record rec's half scales (first[i], second[i]: block i's halves) and pair weights (each block's two, as int16
+ * halves of its lane). */
+AVX2 INLINE void half_sides(int kind, const uint8_t *rec, __m256i *first, __m256i *second, __m256i *pairs) {
+    if (!by_halves(kind)) {
+        __m256i m = bytes_u32(rec + 12);
+        *first = *second = bytes_u32(rec + 4), *pairs = _mm256_or_si256(m, _mm256_slli_epi32(m, 16));
+    } else if (kind == KIND_Q2_K) {
+        __m256i a = bytes_u32(rec + 4), z = bytes_u32(rec + 12), low4 = _mm256_set1_epi32(15);
+        *first = _mm256_and_si256(a, low4), *second = _mm256_and_si256(z, low4);
+        *pairs = _mm256_or_si256(_mm256_srli_epi32(a, 4), _mm256_slli_epi32(_mm256_srli_epi32(z, 4), 16));
+    } else {
+        *first = bytes_i32(rec + 2), *second = bytes_i32(rec + 10);
+        *pairs = _mm256_or_si256(_mm256_and_si256(*first, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(*second, 16));
+    }
+}
+
+/* A decoding step's super-block s of row r into its chain: the halves' sums (sums[0] the first halves, lane i block
+ * i) scaled and summed across the lanes, then the float operations. */
+AVX2 INLINE float kquant_step(int kind, const uint8_t *rec, const __m256i sums[2], __m256i corr, float xs,
+                              float acc) {
+    __m256i first, second, pairs;
+    half_sides(kind, rec, &first, &second, &pairs);
+    int32_t total = sum8_epi32(_mm256_add_epi32(_mm256_mullo_epi32(sums[0], first),
+                                                _mm256_mullo_epi32(sums[1], second)));
+    int32_t paired = sum8_epi32(_mm256_madd_epi16(corr, pairs));
+    total -= code_offset(kind) * paired;
+    acc = fmaf((float)total, xs * half_f16c(rec), acc);
+    return has_mins(kind) ? fmaf(-(float)paired, xs * half_f16c(rec + 2), acc) : acc;
+}
+
+#define X_VECTOR(s, vector) _mm256_loadu_si256((const __m256i *)(t->xq + (s) * SUPER) + (vector))
+#define RECORD(r, s) (t->row + (r) * t->row_bytes + (s) * t->stride)
+
+/* NAME(t, out): Q4_K or Q5_K (KIND), R rows of W against one row of x into out[r]: each vector of x's codes loaded
+ * once for the R rows. Q5_K's fifth bits: byte-vector b's bit b of their vector, moved to bit 4 as Q6_K's crumbs
+ * are. */
+#define AFFINE_TILE(NAME, TARGET, MADD, R, KIND)                                                                       \
     TARGET static void NAME(const struct kquant_rows *t, float *out) {                                                 \
         const int FIFTH = KIND == KIND_Q5_K;                                                                           \
-        const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1), bit4 = _mm256_set1_epi8(16);           \
-        __m256 acc[R][C];                                                                                              \
-        UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();         \
+        const __m256i low4 = _mm256_set1_epi8(15), bit4 = _mm256_set1_epi8(16);                                       \
+        float acc[R] = {0};                                                                                            \
         for (int64_t s = 0; s < t->nsb; s++) {                                                                         \
-            ZERO_SUMS(R, C)                                                                                            \
-            __m256i fifth[R];                                                                                          \
-            UNROLL for (int r = 0; r < R; r++)                                                                         \
+            __m256i sums[R][2], fifth[R];                                                                              \
+            UNROLL for (int r = 0; r < R; r++) {                                                                       \
+                sums[r][0] = sums[r][1] = _mm256_setzero_si256();                                                      \
                 fifth[r] = FIFTH ? _mm256_loadu_si256((const __m256i *)(RECORD(r, s) + 148)) : low4;                   \
+            }                                                                                                          \
             UNROLL for (int v = 0; v < 4; v++) {                                                                       \
-                __m256i low[R], high[R];                                                                               \
+                __m256i x_low = X_VECTOR(s, v), x_high = X_VECTOR(s, v + 4);                                           \
                 UNROLL for (int r = 0; r < R; r++) {                                                                   \
                     __m256i w = _mm256_loadu_si256((const __m256i *)(RECORD(r, s) + 20) + v);                          \
-                    low[r] = _mm256_and_si256(w, low4), high[r] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);     \
+                    __m256i low = _mm256_and_si256(w, low4), high = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);   \
                     if (FIFTH) { /* byte-vectors v (bit v to 4) and v + 4 (bit v + 4 to 4) */                          \
                         __m256i up = v ? _mm256_srli_epi16(fifth[r], v) : fifth[r];                                    \
                         __m256i down = _mm256_slli_epi16(fifth[r], 4 - v);                                             \
-                        low[r] = _mm256_or_si256(low[r], _mm256_and_si256(down, bit4));                                \
-                        high[r] = _mm256_or_si256(high[r], _mm256_and_si256(up, bit4));                                \
+                        low = _mm256_or_si256(low, _mm256_and_si256(down, bit4));                                      \
+                        high = _mm256_or_si256(high, _mm256_and_si256(up, bit4));                                      \
                     }                                                                                                  \
-                }                                                                                                      \
-                UNROLL for (int c = 0; c < C; c++) {                                                                   \
-                    __m256i x_low = X_VECTOR(c, s, v), x_high = X_VECTOR(c, s, v + 4);                                 \
-                    UNROLL for (int r = 0; r < R; r++) {                                                               \
-                        sums[r][c][0] = MADD(sums[r][c][0], low[r], x_low);                                            \
-                        sums[r][c][1] = MADD(sums[r][c][1], high[r], x_high);                                          \
-                    }                                                                                                  \
+                    sums[r][0] = MADD(sums[r][0], low, x_low), sums[r][1] = MADD(sums[r][1], high, x_high);            \
                 }                                                                                                      \
             }                                                                                                          \
-            __m256 dsc[R], dm[R];                                                                                      \
-            UNROLL for (int r = 0; r < R; r++) {                                                                       \
-                const uint8_t *rec = RECORD(r, s);                                                                     \
-                __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 4))));     \
-                __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 12))));     \
-                dsc[r] = _mm256_mul_ps(_mm256_set1_ps(half_f16c(rec)), sc);                                            \
-                dm[r] = _mm256_mul_ps(_mm256_set1_ps(half_f16c(rec + 2)), m);                                          \
-            }                                                                                                          \
-            UNROLL for (int c = 0; c < C; c++) {                                                                       \
-                __m256 x8 = _mm256_loadu_ps(t->xs + c * t->nb + 8 * s);                                                \
-                __m256i halves = _mm256_loadu_si256((const __m256i *)(t->xsum + c * t->nb + 8 * s));                   \
-                __m256 xsum8 = _mm256_cvtepi32_ps(_mm256_madd_epi16(halves, ones)); /* the two halves added */         \
-                UNROLL for (int r = 0; r < R; r++) {                                                                   \
-                    __m256 total = _mm256_cvtepi32_ps(_mm256_add_epi32(sums[r][c][0], sums[r][c][1]));                 \
-                    acc[r][c] = _mm256_fmadd_ps(total, _mm256_mul_ps(x8, dsc[r]), acc[r][c]);                          \
-                    acc[r][c] = _mm256_fnmadd_ps(xsum8, _mm256_mul_ps(x8, dm[r]), acc[r][c]);                          \
-                }                                                                                                      \
-            }                                                                                                          \
+            __m256i corr = _mm256_loadu_si256((const __m256i *)(t->xsum + 8 * s));                                     \
+            UNROLL for (int r = 0; r < R; r++)                                                                         \
+                acc[r] = kquant_step(KIND, RECORD(r, s), sums[r], corr, t->xs[s], acc[r]);                             \
         }                                                                                                              \
-        TILE_OUT(R, C)                                                                                                 \
+        UNROLL for (int r = 0; r < R; r++) out[r] = acc[r];                                                            \
     }
 
 /* Byte-vector b of a record's codes u, for the kinds whose blocks' halves have their scales: Q6_K's (its nibbles and
@@ -242,68 +258,31 @@ AVX2 INLINE __m256i halves_codes(int kind, const uint8_t *rec, int b) {
     return _mm256_or_si256(low, _mm256_and_si256(third, _mm256_set1_epi8(4)));
 }
 
-/* NAME(t, out): a kind whose blocks' halves have their scales (Q6_K, Q3_K, Q2_K), R rows of W against C rows of x,
- * as AFFINE_TILE: the unsigned codes u meet x, byte-vectors 0-3 summing the blocks' first halves and 4-7 their
- * second; the offset times the halves' sums of x is taken off before their scales multiply them (Q2_K: the halves'
- * sums of x times their mins make M). */
-#define HALVES_TILE(NAME, TARGET, MADD, R, C, KIND)                                                                    \
+/* NAME(t, out): a kind whose blocks' halves have their scales (Q6_K, Q3_K, Q2_K), R rows of W against one row of x,
+ * as AFFINE_TILE: byte-vectors 0-3 sum the blocks' first halves, 4-7 their second. */
+#define HALVES_TILE(NAME, TARGET, MADD, R, KIND)                                                                       \
     TARGET static void NAME(const struct kquant_rows *t, float *out) {                                                 \
-        __m256 acc[R][C];                                                                                              \
-        UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();         \
+        float acc[R] = {0};                                                                                            \
         for (int64_t s = 0; s < t->nsb; s++) {                                                                         \
-            ZERO_SUMS(R, C)                                                                                            \
+            __m256i sums[R][2];                                                                                        \
+            UNROLL for (int r = 0; r < R; r++) sums[r][0] = sums[r][1] = _mm256_setzero_si256();                       \
             UNROLL for (int b = 0; b < 8; b++) {                                                                       \
-                __m256i u[R];                                                                                          \
-                UNROLL for (int r = 0; r < R; r++) u[r] = halves_codes(KIND, RECORD(r, s), b);                         \
-                UNROLL for (int c = 0; c < C; c++) {                                                                   \
-                    __m256i x = X_VECTOR(c, s, b);                                                                     \
-                    UNROLL for (int r = 0; r < R; r++) sums[r][c][b / 4] = MADD(sums[r][c][b / 4], u[r], x);           \
-                }                                                                                                      \
+                __m256i x = X_VECTOR(s, b);                                                                            \
+                UNROLL for (int r = 0; r < R; r++)                                                                     \
+                    sums[r][b / 4] = MADD(sums[r][b / 4], halves_codes(KIND, RECORD(r, s), b), x);                     \
             }                                                                                                          \
-            __m256i first[R], second[R], first_m[R], second_m[R];                                                      \
-            __m256 d[R], dmin[R];                                                                                      \
-            UNROLL for (int r = 0; r < R; r++) {                                                                       \
-                const uint8_t *rec = RECORD(r, s);                                                                     \
-                d[r] = _mm256_set1_ps(half_f16c(rec));                                                                 \
-                if (KIND == KIND_Q2_K) {                                                                               \
-                    __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 4)));                     \
-                    __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 12)));                    \
-                    first[r] = _mm256_and_si256(a, _mm256_set1_epi32(15)), first_m[r] = _mm256_srli_epi32(a, 4);       \
-                    second[r] = _mm256_and_si256(z, _mm256_set1_epi32(15)), second_m[r] = _mm256_srli_epi32(z, 4);     \
-                    dmin[r] = _mm256_set1_ps(half_f16c(rec + 2));                                                      \
-                } else {                                                                                               \
-                    first[r] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 2)));                      \
-                    second[r] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 10)));                    \
-                    first_m[r] = second_m[r] = _mm256_setzero_si256(), dmin[r] = _mm256_setzero_ps();                  \
-                }                                                                                                      \
-            }                                                                                                          \
-            UNROLL for (int c = 0; c < C; c++) {                                                                       \
-                __m256i halves = _mm256_loadu_si256((const __m256i *)(t->xsum + c * t->nb + 8 * s));                   \
-                __m256i xa = _mm256_srai_epi32(_mm256_slli_epi32(halves, 16), 16), xb = _mm256_srai_epi32(halves, 16); \
-                __m256i offa = _mm256_mullo_epi32(xa, _mm256_set1_epi32(code_offset(KIND)));                           \
-                __m256i offb = _mm256_mullo_epi32(xb, _mm256_set1_epi32(code_offset(KIND)));                           \
-                __m256 x8 = _mm256_loadu_ps(t->xs + c * t->nb + 8 * s);                                                \
-                UNROLL for (int r = 0; r < R; r++) {                                                                   \
-                    __m256i total = _mm256_add_epi32(                                                                  \
-                        _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][c][0], offa), first[r]),                           \
-                        _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][c][1], offb), second[r]));                         \
-                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(x8, d[r]), acc[r][c]);        \
-                    if (KIND == KIND_Q2_K) {                                                                           \
-                        __m256i m = _mm256_add_epi32(_mm256_mullo_epi32(xa, first_m[r]),                               \
-                                                     _mm256_mullo_epi32(xb, second_m[r]));                             \
-                        acc[r][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(x8, dmin[r]), acc[r][c]);    \
-                    }                                                                                                  \
-                }                                                                                                      \
-            }                                                                                                          \
+            __m256i corr = _mm256_loadu_si256((const __m256i *)(t->xsum + 8 * s));                                     \
+            UNROLL for (int r = 0; r < R; r++)                                                                         \
+                acc[r] = kquant_step(KIND, RECORD(r, s), sums[r], corr, t->xs[s], acc[r]);                             \
         }                                                                                                              \
-        TILE_OUT(R, C)                                                                                                 \
+        UNROLL for (int r = 0; r < R; r++) out[r] = acc[r];                                                            \
     }
 
-/* A kind's kernels at a level for one row of x: [0] one row of W, [1] two rows. */
+/* A kind's decoding kernels at a level: [0] one row of W, [1] two rows. */
 typedef void (*kquant_fn)(const struct kquant_rows *, float *);
 #define KQUANT_SET(TILE, NAME, TARGET, MADD, KIND)                                                                     \
-    TILE(NAME##_1x1, TARGET, MADD, 1, 1, KIND) TILE(NAME##_2x1, TARGET, MADD, 2, 1, KIND)                              \
-    static const kquant_fn NAME[2] = {NAME##_1x1, NAME##_2x1};
+    TILE(NAME##_1, TARGET, MADD, 1, KIND) TILE(NAME##_2, TARGET, MADD, 2, KIND)                                        \
+    static const kquant_fn NAME[2] = {NAME##_1, NAME##_2};
 KQUANT_SET(AFFINE_TILE, q4_k_avx2, AVX2, madd_avx2, KIND_Q4_K)
 KQUANT_SET(AFFINE_TILE, q4_k_vnni, VNNI, madd_vnni, KIND_Q4_K)
 KQUANT_SET(AFFINE_TILE, q5_k_avx2, AVX2, madd_avx2, KIND_Q5_K)
@@ -322,14 +301,48 @@ static const kquant_fn *kquant_kernels(int kind, int level) {
     return sets[kind][vnni_at(level)];
 }
 
-/* Prompts: a row's super-blocks formed once per run of rows of x (kquant_form_row: each byte-vector of codes and the
- * scales as the tiles above form them) and met by every group of up to 4 rows of x there; the same integers and
- * float operations as the tiles above, so the same bits. */
+/* Prompts. x in bands of 8 rows (rows past m zero), a band's super-block as kquant_band: vector i * 8 + t holds in
+ * lane j the 4 codes of row j's byte-vector t, lane i (codes 4t..4t+3 of block i); corr[i] in lane j row j's corr of
+ * block i; xs in lane j row j's scale. */
+struct kquant_band {
+    __m256i q[64];
+    __m256i corr[8];
+    __m256 xs;
+};
+
+/* Bands [first, last) of x's m rows (codes transposed, k a multiple of 256) as kquant_band, nsb super-blocks each. */
+AVX2 static void kquant_bands(const int8_t *xq, const float *xs, const int32_t *corr, int64_t m, int64_t k,
+                              int64_t first, int64_t last, struct kquant_band *bands) {
+    int64_t nsb = k / SUPER;
+    for (int64_t band = first; band < last; band++)
+        for (int64_t s = 0; s < nsb; s++) {
+            struct kquant_band *out = bands + band * nsb + s;
+            int64_t rows = min64(8, m - 8 * band);
+            __m256i v[8], w[8];
+            float scales[8] = {0};
+            for (int t = 0; t < 8; t++) {
+                for (int j = 0; j < 8; j++)
+                    v[j] = j < rows ? _mm256_loadu_si256((const __m256i *)(xq + (8 * band + j) * k + s * SUPER) + t)
+                                    : _mm256_setzero_si256();
+                transpose8(v, w);
+                for (int i = 0; i < 8; i++) out->q[8 * i + t] = w[i];
+            }
+            for (int j = 0; j < 8; j++) {
+                v[j] = j < rows ? _mm256_loadu_si256((const __m256i *)(corr + (8 * band + j) * (k / BLOCK) + 8 * s))
+                                : _mm256_setzero_si256();
+                if (j < rows) scales[j] = xs[(8 * band + j) * nsb + s];
+            }
+            transpose8(v, out->corr);
+            out->xs = _mm256_loadu_ps(scales);
+        }
+}
+
+/* A row of W formed for the bands, a super-block each: its byte-vectors of codes u, and per block its halves' scales
+ * and its pair weights (as int16 halves), as broadcasts want them. */
 struct kquant_formed {
-    __m256i codes[8];                         /* byte-vector b of the super-block's codes u */
-    __m256 scale, min;                        /* Q4_K, Q5_K: d * sc and dmin * m of each block */
-    __m256i first, second, first_m, second_m; /* the halves' kinds: each half's scale (Q2_K: and min) */
-    __m256 d, dmin;                           /* d (every kind); Q2_K: dmin */
+    __m256i codes[8];
+    int32_t scale[2][8], pairs[8];
+    float d, dmin;
 };
 
 /* Byte-vector b of a Q4_K or Q5_K record's codes, as AFFINE_TILE forms it. */
@@ -348,106 +361,107 @@ AVX2 static void kquant_form_row(int kind, const uint8_t *row, int64_t stride, i
         const uint8_t *rec = row + s * stride;
         for (int b = 0; b < 8; b++)
             f->codes[b] = by_halves(kind) ? halves_codes(kind, rec, b) : affine_codes(kind, rec, b);
-        f->d = _mm256_set1_ps(half_f16c(rec));
-        f->scale = f->min = f->dmin = _mm256_setzero_ps();
-        f->first = f->second = f->first_m = f->second_m = _mm256_setzero_si256();
-        if (!by_halves(kind)) {
-            __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 4))));
-            __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 12))));
-            f->scale = _mm256_mul_ps(f->d, sc), f->min = _mm256_mul_ps(_mm256_set1_ps(half_f16c(rec + 2)), m);
-        } else if (kind == KIND_Q2_K) {
-            __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 4)));
-            __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 12)));
-            f->first = _mm256_and_si256(a, _mm256_set1_epi32(15)), f->first_m = _mm256_srli_epi32(a, 4);
-            f->second = _mm256_and_si256(z, _mm256_set1_epi32(15)), f->second_m = _mm256_srli_epi32(z, 4);
-            f->dmin = _mm256_set1_ps(half_f16c(rec + 2));
-        } else {
-            f->first = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 2)));
-            f->second = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 10)));
-        }
+        __m256i first, second, pairs;
+        half_sides(kind, rec, &first, &second, &pairs);
+        _mm256_storeu_si256((__m256i *)f->scale[0], first), _mm256_storeu_si256((__m256i *)f->scale[1], second);
+        _mm256_storeu_si256((__m256i *)f->pairs, pairs);
+        f->d = half_f16c(rec), f->dmin = has_mins(kind) ? half_f16c(rec + 2) : 0.0f;
     }
 }
 
-/* What a formed tile takes: R formed rows of W against C rows of x (k codes, nb scales and sums apart). */
-struct kquant_formed_rows {
-    const struct kquant_formed *rows[2];
-    const int8_t *xq;
-    const float *xs;
-    const int32_t *xsum;
-    int64_t nsb, k, nb;
+AVX2 INLINE __m256i pairs_avx2(__m256i acc, __m256i a, __m256i b) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+}
+VNNI INLINE __m256i pairs_vnni(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_epi32(acc, a, b); }
+
+/* What a band tile takes: R formed rows of W against B bands of x, nsb super-blocks. */
+struct kquant_band_rows {
+    const struct kquant_formed *rows[4];
+    const struct kquant_band *bands[2];
+    int64_t nsb;
 };
 
-/* NAME(t, out): R formed rows of KIND against C rows of x into out[r * C + c], as AFFINE_TILE or HALVES_TILE. */
-#define FORMED_TILE(NAME, TARGET, MADD, R, C, KIND)                                                                    \
-    TARGET static void NAME(const struct kquant_formed_rows *t, float *out) {                                          \
-        const __m256i ones = _mm256_set1_epi16(1);                                                                     \
-        __m256 acc[R][C];                                                                                              \
-        UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();         \
+/* The 4 codes of block i in byte-vector t of formed super-block f, in every lane. */
+#define CODES4(f, t, i) _mm256_set1_epi32(((const int32_t *)&(f)->codes[t])[i])
+
+/* NAME(t, out): R formed rows of KIND against B bands of x into out[(r * B + c) * 8 + j] (row j of band c): per
+ * block, each half's products (or the block's, where both halves share its scale) summed in int32 and scaled into T;
+ * per super-block, P by pairs of halves, then the float operations for the band's 8 rows at once. */
+#define BAND_TILE(NAME, TARGET, MADD, PAIRS, R, B, KIND)                                                               \
+    TARGET static void NAME(const struct kquant_band_rows *t, float *out) {                                            \
+        __m256 acc[R][B];                                                                                              \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < B; c++) acc[r][c] = _mm256_setzero_ps();         \
         for (int64_t s = 0; s < t->nsb; s++) {                                                                         \
-            ZERO_SUMS(R, C)                                                                                            \
             const struct kquant_formed *f[R];                                                                          \
+            const struct kquant_band *x[B];                                                                            \
+            __m256i total[R][B];                                                                                       \
             UNROLL for (int r = 0; r < R; r++) f[r] = t->rows[r] + s;                                                  \
-            UNROLL for (int b = 0; b < 8; b++) UNROLL for (int c = 0; c < C; c++) {                                    \
-                __m256i x = X_VECTOR(c, s, b);                                                                         \
-                UNROLL for (int r = 0; r < R; r++) sums[r][c][b / 4] = MADD(sums[r][c][b / 4], f[r]->codes[b], x);     \
-            }                                                                                                          \
-            UNROLL for (int c = 0; c < C; c++) {                                                                       \
-                __m256i halves = _mm256_loadu_si256((const __m256i *)(t->xsum + c * t->nb + 8 * s));                   \
-                __m256 x8 = _mm256_loadu_ps(t->xs + c * t->nb + 8 * s);                                                \
-                if (!by_halves(KIND)) {                                                                                \
-                    __m256 xsum8 = _mm256_cvtepi32_ps(_mm256_madd_epi16(halves, ones)); /* the two halves added */     \
+            UNROLL for (int c = 0; c < B; c++) x[c] = t->bands[c] + s;                                                 \
+            UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < B; c++)                                      \
+                total[r][c] = _mm256_setzero_si256();                                                                  \
+            UNROLL for (int i = 0; i < 8; i++) UNROLL for (int h = 0; h < 2; h += by_halves(KIND) ? 1 : 2) {           \
+                __m256i sums[R][B];                                                                                    \
+                UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < B; c++)                                  \
+                    sums[r][c] = _mm256_setzero_si256();                                                               \
+                UNROLL for (int v = 4 * h; v < (by_halves(KIND) ? 4 * h + 4 : 8); v++) {                               \
+                    __m256i xv[B];                                                                                     \
+                    UNROLL for (int c = 0; c < B; c++) xv[c] = x[c]->q[8 * i + v];                                     \
                     UNROLL for (int r = 0; r < R; r++) {                                                               \
-                        __m256 total = _mm256_cvtepi32_ps(_mm256_add_epi32(sums[r][c][0], sums[r][c][1]));             \
-                        acc[r][c] = _mm256_fmadd_ps(total, _mm256_mul_ps(x8, f[r]->scale), acc[r][c]);                 \
-                        acc[r][c] = _mm256_fnmadd_ps(xsum8, _mm256_mul_ps(x8, f[r]->min), acc[r][c]);                  \
+                        __m256i w = CODES4(f[r], v, i);                                                                \
+                        UNROLL for (int c = 0; c < B; c++) sums[r][c] = MADD(sums[r][c], w, xv[c]);                    \
                     }                                                                                                  \
-                    continue;                                                                                          \
                 }                                                                                                      \
-                __m256i xa = _mm256_srai_epi32(_mm256_slli_epi32(halves, 16), 16), xb = _mm256_srai_epi32(halves, 16); \
-                __m256i offa = _mm256_mullo_epi32(xa, _mm256_set1_epi32(code_offset(KIND)));                           \
-                __m256i offb = _mm256_mullo_epi32(xb, _mm256_set1_epi32(code_offset(KIND)));                           \
                 UNROLL for (int r = 0; r < R; r++) {                                                                   \
-                    __m256i total = _mm256_add_epi32(                                                                  \
-                        _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][c][0], offa), f[r]->first),                        \
-                        _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][c][1], offb), f[r]->second));                      \
-                    acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(x8, f[r]->d), acc[r][c]);     \
-                    if (KIND == KIND_Q2_K) {                                                                           \
-                        __m256i m = _mm256_add_epi32(_mm256_mullo_epi32(xa, f[r]->first_m),                           \
-                                                     _mm256_mullo_epi32(xb, f[r]->second_m));                          \
-                        acc[r][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(x8, f[r]->dmin), acc[r][c]); \
-                    }                                                                                                  \
+                    __m256i scale = _mm256_set1_epi32(f[r]->scale[h][i]);                                              \
+                    UNROLL for (int c = 0; c < B; c++)                                                                 \
+                        total[r][c] = _mm256_add_epi32(total[r][c], _mm256_mullo_epi32(sums[r][c], scale));            \
                 }                                                                                                      \
+            }                                                                                                          \
+            UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < B; c++) {                                    \
+                __m256i paired = _mm256_setzero_si256();                                                               \
+                UNROLL for (int i = 0; i < 8; i++)                                                                     \
+                    paired = PAIRS(paired, x[c]->corr[i], _mm256_set1_epi32(f[r]->pairs[i]));                          \
+                if (code_offset(KIND)) /* 32 or 4 */                                                                   \
+                    total[r][c] = _mm256_sub_epi32(total[r][c],                                                        \
+                                                   _mm256_slli_epi32(paired, KIND == KIND_Q6_K ? 5 : 2));              \
+                __m256 xs = x[c]->xs;                                                                                  \
+                __m256 scale = _mm256_mul_ps(xs, _mm256_set1_ps(f[r]->d));                                             \
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[r][c]), scale, acc[r][c]);                        \
+                if (has_mins(KIND))                                                                                    \
+                    acc[r][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(paired),                                           \
+                                                 _mm256_mul_ps(xs, _mm256_set1_ps(f[r]->dmin)), acc[r][c]);            \
             }                                                                                                          \
         }                                                                                                              \
-        TILE_OUT(R, C)                                                                                                 \
+        UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < B; c++)                                          \
+            _mm256_storeu_ps(out + (r * B + c) * 8, acc[r][c]);                                                        \
     }
 
-typedef void (*kquant_formed_fn)(const struct kquant_formed_rows *, float *);
-#define FORMED_SET(NAME, TARGET, MADD, KIND)                                                                           \
-    FORMED_TILE(NAME##_1x1, TARGET, MADD, 1, 1, KIND) FORMED_TILE(NAME##_1x2, TARGET, MADD, 1, 2, KIND)                \
-    FORMED_TILE(NAME##_1x3, TARGET, MADD, 1, 3, KIND) FORMED_TILE(NAME##_1x4, TARGET, MADD, 1, 4, KIND)                \
-    FORMED_TILE(NAME##_2x1, TARGET, MADD, 2, 1, KIND) FORMED_TILE(NAME##_2x2, TARGET, MADD, 2, 2, KIND)                \
-    FORMED_TILE(NAME##_2x3, TARGET, MADD, 2, 3, KIND) FORMED_TILE(NAME##_2x4, TARGET, MADD, 2, 4, KIND)                \
-    static const kquant_formed_fn NAME[2][4] = {{NAME##_1x1, NAME##_1x2, NAME##_1x3, NAME##_1x4},                      \
-                                                {NAME##_2x1, NAME##_2x2, NAME##_2x3, NAME##_2x4}};
-FORMED_SET(q4_k_formed_avx2, AVX2, madd_avx2, KIND_Q4_K)
-FORMED_SET(q4_k_formed_vnni, VNNI, madd_vnni, KIND_Q4_K)
-FORMED_SET(q6_k_formed_avx2, AVX2, madd_avx2, KIND_Q6_K)
-FORMED_SET(q6_k_formed_vnni, VNNI, madd_vnni, KIND_Q6_K)
-FORMED_SET(q3_k_formed_avx2, AVX2, madd_avx2, KIND_Q3_K)
-FORMED_SET(q3_k_formed_vnni, VNNI, madd_vnni, KIND_Q3_K)
-FORMED_SET(q2_k_formed_avx2, AVX2, madd_avx2, KIND_Q2_K)
-FORMED_SET(q2_k_formed_vnni, VNNI, madd_vnni, KIND_Q2_K)
+/* A kind's band tiles at a level, [rows of W: 1, 2, 4][bands: 1, 2]. */
+typedef void (*kquant_band_fn)(const struct kquant_band_rows *, float *);
+#define BAND_SET(NAME, TARGET, MADD, PAIRS, KIND)                                                                      \
+    BAND_TILE(NAME##_1x1, TARGET, MADD, PAIRS, 1, 1, KIND) BAND_TILE(NAME##_1x2, TARGET, MADD, PAIRS, 1, 2, KIND)      \
+    BAND_TILE(NAME##_2x1, TARGET, MADD, PAIRS, 2, 1, KIND) BAND_TILE(NAME##_2x2, TARGET, MADD, PAIRS, 2, 2, KIND)      \
+    BAND_TILE(NAME##_4x1, TARGET, MADD, PAIRS, 4, 1, KIND) BAND_TILE(NAME##_4x2, TARGET, MADD, PAIRS, 4, 2, KIND)      \
+    static const kquant_band_fn NAME[3][2] = {{NAME##_1x1, NAME##_1x2}, {NAME##_2x1, NAME##_2x2},                      \
+                                              {NAME##_4x1, NAME##_4x2}};
+BAND_SET(q4_k_band_avx2, AVX2, madd_avx2, pairs_avx2, KIND_Q4_K)
+BAND_SET(q4_k_band_vnni, VNNI, madd_vnni, pairs_vnni, KIND_Q4_K)
+BAND_SET(q6_k_band_avx2, AVX2, madd_avx2, pairs_avx2, KIND_Q6_K)
+BAND_SET(q6_k_band_vnni, VNNI, madd_vnni, pairs_vnni, KIND_Q6_K)
+BAND_SET(q3_k_band_avx2, AVX2, madd_avx2, pairs_avx2, KIND_Q3_K)
+BAND_SET(q3_k_band_vnni, VNNI, madd_vnni, pairs_vnni, KIND_Q3_K)
+BAND_SET(q2_k_band_avx2, AVX2, madd_avx2, pairs_avx2, KIND_Q2_K)
+BAND_SET(q2_k_band_vnni, VNNI, madd_vnni, pairs_vnni, KIND_Q2_K)
 
-static const kquant_formed_fn (*kquant_formed_kernels(int kind, int level))[4] {
+static const kquant_band_fn (*kquant_band_kernels(int kind, int level))[2] {
     /* Q5_K's formed codes meet x as Q4_K's: only the forming differs */
-    static const kquant_formed_fn (*const sets[KINDS][2])[4] = {
+    static const kquant_band_fn (*const sets[KINDS][2])[2] = {
         {NULL, NULL},
-        {q4_k_formed_avx2, q4_k_formed_vnni},
-        {q6_k_formed_avx2, q6_k_formed_vnni},
-        {q4_k_formed_avx2, q4_k_formed_vnni},
-        {q2_k_formed_avx2, q2_k_formed_vnni},
-        {q3_k_formed_avx2, q3_k_formed_vnni}};
+        {q4_k_band_avx2, q4_k_band_vnni},
+        {q6_k_band_avx2, q6_k_band_vnni},
+        {q4_k_band_avx2, q4_k_band_vnni},
+        {q2_k_band_avx2, q2_k_band_vnni},
+        {q3_k_band_avx2, q3_k_band_vnni}};
     return sets[kind][vnni_at(level)];
 }
 #endif
@@ -458,66 +472,110 @@ static const kquant_formed_fn (*kquant_formed_kernels(int kind, int level))[4] {
  * 1.4-1.9 on 8000 x 4096, beyond the L2 cache. */
 static inline int kquant_paired(int kind) { return kind != KIND_Q6_K; }
 
+/* Row j of K-quant layer l: its first record (the next super-block's stride bytes on). */
+static inline const uint8_t *kquant_row(const struct linear_args *a, int l, int64_t j, int pairs) {
+    int64_t bytes = kquant_bytes(a->kinds[l]), nsb = a->k / SUPER;
+    return a->q[l] + (pairs ? (j - j % 2) * nsb * bytes + j % 2 * bytes : j * nsb * bytes);
+}
+
+#ifdef CPU_X86
+/* A band tile's outputs (totals: row r of W's 8 lanes `apart` floats after row r - 1's) for `count` rows of x into
+ * out (row i of x n floats after row i - 1), plus the bias where there is one: 4 rows of W by a transpose, each row of
+ * x's 4 outputs stored together. */
+AVX2 static void kquant_store(const float *totals, int64_t apart, int64_t rows, int64_t count, const float *bias,
+                              float *out, int64_t n) {
+    if (rows != 4) {
+        for (int64_t i = 0; i < count; i++)
+            for (int64_t r = 0; r < rows; r++)
+                out[i * n + r] = bias ? totals[r * apart + i] + bias[r] : totals[r * apart + i];
+        return;
+    }
+    __m256 v[4], u[4];
+    for (int r = 0; r < 4; r++) v[r] = _mm256_loadu_ps(totals + r * apart);
+    __m256 low01 = _mm256_unpacklo_ps(v[0], v[1]), high01 = _mm256_unpackhi_ps(v[0], v[1]);
+    __m256 low23 = _mm256_unpacklo_ps(v[2], v[3]), high23 = _mm256_unpackhi_ps(v[2], v[3]);
+    /* u[i]: lane i of the 4 rows (and lane i + 4 in the high half) */
+    u[0] = _mm256_shuffle_ps(low01, low23, 0x44), u[1] = _mm256_shuffle_ps(low01, low23, 0xEE);
+    u[2] = _mm256_shuffle_ps(high01, high23, 0x44), u[3] = _mm256_shuffle_ps(high01, high23, 0xEE);
+    __m128 add = bias ? _mm_loadu_ps(bias) : _mm_setzero_ps();
+    for (int64_t i = 0; i < count; i++) {
+        __m128 four = i < 4 ? _mm256_castps256_ps128(u[i]) : _mm256_extractf128_ps(u[i - 4], 1);
+        _mm_storeu_ps(out + i * n, bias ? _mm_add_ps(four, add) : four);
+    }
+}
+
+/* The bands' rows [first, last) of layer l (a prompt): runs of bands that stay in the core's cache, each met by
+ * every group of up to 4 rows of W formed once for the run (kquant_form_row). Returns 0 where no memory is left to
+ * form rows (nothing done). */
+static int kquant_band_range(const struct linear_args *a, int l, int64_t first, int64_t last) {
+    int kind = a->kinds[l], wide = vnni_at(a->level); /* VNNI's 32 registers take 4 rows of W by 2 bands */
+    int64_t k = a->k, nsb = k / SUPER, n = a->n[l], bands = (a->m + 7) / 8;
+    int64_t stride = a->tiled && kquant_paired(kind) ? 2 * kquant_bytes(kind) : kquant_bytes(kind);
+    int64_t run = max64(1, min64(MAX_X_ROWS, X_BLOCK_BYTES / k) / 8);
+    struct kquant_formed *formed = aligned_alloc(32, 4 * (size_t)nsb * sizeof *formed);
+    if (!formed) return 0;
+    const kquant_band_fn(*tiles)[2] = kquant_band_kernels(kind, a->level);
+    const struct kquant_band *all = (const struct kquant_band *)a->bands;
+    const float *bias = a->bias[l];
+    float *out = a->out[l], totals[4 * 2 * 8];
+    for (int64_t c0 = 0; c0 < bands; c0 += run) {
+        int64_t c_end = min64(bands, c0 + run);
+        for (int64_t j = first; j < last;) {
+            int64_t rows = last - j >= 4 ? 4 : last - j >= 2 ? 2 : 1;
+            struct kquant_band_rows t = {{formed, formed + nsb, formed + 2 * nsb, formed + 3 * nsb}, {NULL, NULL}, nsb};
+            for (int64_t r = 0; r < rows; r++)
+                kquant_form_row(kind, kquant_row(a, l, j + r, a->tiled && kquant_paired(kind)), stride, nsb,
+                                formed + r * nsb);
+            for (int64_t c = c0; c < c_end;) {
+                int64_t width = wide && c_end - c >= 2 ? 2 : 1;
+                t.bands[0] = all + c * nsb, t.bands[1] = all + (c + width - 1) * nsb;
+                tiles[rows == 4 ? 2 : rows - 1][width - 1](&t, totals);
+                for (int64_t e = 0; e < width; e++)
+                    kquant_store(totals + e * 8, width * 8, rows, min64(8, a->m - 8 * (c + e)), bias ? bias + j : NULL,
+                                 out + 8 * (c + e) * n + j, n);
+                c += width;
+            }
+            j += rows;
+        }
+    }
+    free(formed);
+    return 1;
+}
+#endif
+
 /* Rows [first, last) of K-quant layer l (kind) against x's m rows, its records in rows (nsb a row, in order) or paired
  * (a->tiled and kquant_paired: rows 2p and 2p + 1 with their records interleaved, super-block s of row j at record
- * 2(p nsb + s) + j % 2), so that two rows are one stream. A prompt takes runs of rows of x that stay in the core's
- * cache (int8_dot.h's): each pair of rows of W formed once per run (kquant_form_row), then met by up to 4 rows of x at
- * a time. A decoding step (one row of x), or a prompt where no memory is left to form rows, reads the records as they
- * are: two rows of W at a time where they are paired (or for a prompt), else one. */
+ * 2(p nsb + s) + j % 2), so that two rows are one stream. A prompt with x in bands takes them (kquant_band_range); a
+ * decoding step (one row of x), or a prompt where no memory is left, reads the records as they are: two rows of W at
+ * a time where they are paired, else one. */
 static void kquant_range(const struct linear_args *a, int l, int64_t first, int64_t last) {
     int kind = a->kinds[l];
     int64_t k = a->k, nb = k / BLOCK, nsb = k / SUPER, n = a->n[l], bytes = kquant_bytes(kind);
     int pairs = a->tiled && kquant_paired(kind);
     int64_t stride = pairs ? 2 * bytes : bytes, next = pairs ? bytes : nsb * bytes; /* next: row j + 1's */
-    int64_t rows_x = max64(1, min64(MAX_X_ROWS, X_BLOCK_BYTES / k)), tall = 1;  /* tall: rows of W a kernel takes */
     const float *bias = a->bias[l];
     float *out = a->out[l];
 #ifdef CPU_X86
+    if (a->bands && kquant_band_range(a, l, first, last)) return;
     const kquant_fn *kernels = a->level >= LEVEL_AVX2 ? kquant_kernels(kind, a->level) : NULL;
-    const kquant_formed_fn(*prompt)[4] = kernels ? kquant_formed_kernels(kind, a->level) : NULL;
-    struct kquant_formed *formed = kernels && a->m > 1 ? aligned_alloc(32, 2 * (size_t)nsb * sizeof *formed) : NULL;
-    if (kernels) tall = a->m > 1 || pairs ? 2 : 1;
 #endif
-    for (int64_t i0 = 0; i0 < a->m; i0 += rows_x) {
-        int64_t end = min64(a->m, i0 + rows_x);
-        for (int64_t j = first; j < last;) {
-            int64_t rows = tall == 2 && last - j >= 2 && (!pairs || j % 2 == 0) ? 2 : 1;
-            const uint8_t *row = a->q[l] + (pairs ? (j - j % 2) * nsb * bytes + j % 2 * bytes : j * nsb * bytes);
-            float totals[8];
+    for (int64_t j = first; j < last;) {
+        int64_t rows = 1;
+        const uint8_t *row = kquant_row(a, l, j, pairs);
+        float totals[2];
+        for (int64_t i = 0; i < a->m; i++) {
 #ifdef CPU_X86
-            if (formed) {
-                for (int64_t r = 0; r < rows; r++) kquant_form_row(kind, row + r * next, stride, nsb, formed + r * nsb);
-                struct kquant_formed_rows t = {{formed, formed + nsb}, NULL, NULL, NULL, nsb, k, nb};
-                for (int64_t i = i0; i < end;) {
-                    int64_t c = min64(4, end - i);
-                    t.xq = a->xq + i * k, t.xs = a->xs + i * nb, t.xsum = a->corr + i * nb;
-                    prompt[rows - 1][c - 1](&t, totals);
-                    for (int64_t r = 0; r < rows; r++)
-                        for (int64_t e = 0; e < c; e++)
-                            out[(i + e) * n + j + r] = bias ? totals[r * c + e] + bias[j + r] : totals[r * c + e];
-                    i += c;
-                }
-                j += rows;
-                continue;
-            }
+            if (kernels) {
+                rows = pairs && j % 2 == 0 && last - j >= 2 ? 2 : 1;
+                struct kquant_rows t = {row, a->xq + i * k, a->xs + i * nsb, a->corr + i * nb, nsb, next, stride};
+                kernels[rows - 1](&t, totals);
+            } else
 #endif
-            for (int64_t i = i0; i < end; i++) {
-#ifdef CPU_X86
-                if (kernels) {
-                    struct kquant_rows t = {row, a->xq + i * k, a->xs + i * nb, a->corr + i * nb, nsb, k, nb, next,
-                                            stride};
-                    kernels[rows - 1](&t, totals);
-                } else
-#endif
-                    totals[0] = kquant_dot_c(kind, row, stride, a->xq + i * k, a->xs + i * nb, a->corr + i * nb, nsb);
-                for (int64_t r = 0; r < rows; r++) out[i * n + j + r] = bias ? totals[r] + bias[j + r] : totals[r];
-            }
-            j += rows;
+                totals[0] = kquant_dot_c(kind, row, stride, a->xq + i * k, a->xs + i * nsb, a->corr + i * nb, nsb);
+            for (int64_t r = 0; r < rows; r++) out[i * n + j + r] = bias ? totals[r] + bias[j + r] : totals[r];
         }
+        j += rows;
     }
-#ifdef CPU_X86
-    free(formed);
-#endif
 }
 
 #endif

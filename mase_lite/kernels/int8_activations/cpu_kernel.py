@@ -157,8 +157,8 @@ def linear_kquants_many(x: Tensor, layers: list[tuple[Tensor, str, Tensor | None
     """Each layer's ``x @ W.T + bias`` for K-quant W (``layers``: records ``[out, in / 256 * bytes]`` in
     ``kquant_dot.h``'s layout, the format's name in :data:`KQUANT_KINDS`, bias; at most 8, ``in`` a multiple of 256;
     ``tiled``: every layer's records paired where :func:`kquant_paired`, ``kernels/kquants/records.py``), ``x``
-    quantized to int8 per block of 32 (:func:`quantize_activations`), from one call; in ``x``'s dtype. None where the
-    kernel does not apply."""
+    quantized to int8 per super-block of 256 (:func:`quantize_activations`, as llama.cpp's Q8_K), from one call; in
+    ``x``'s dtype. None where the kernel does not apply."""
     if len(layers) > MAX_LAYERS:
         return None
     first, name = layers[0][0], layers[0][1]
@@ -209,17 +209,18 @@ def untile(data: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
             scales.reshape(rows // TILE_ROWS, blocks, TILE_ROWS).permute(0, 2, 1).contiguous().view(rows, blocks))
 
 
-def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor]:
-    """``x`` (``[rows, in]``, float32) as the int8 codes (-127..127) and float32 scales of each block of 32, as the
-    kernel forms them: ``amax / 127`` and round-half-even(``x * (127 / amax)``), zero for an all-zero block and for
-    one whose ``127 / amax`` overflows float32 (``amax`` below ``127 / FLT_MAX``); a block holding an infinity or a NaN
-    has codes 0 and scale NaN (the outputs it reaches are NaN).
+def quantize_activations(x: Tensor, block: int = BLOCK) -> tuple[Tensor, Tensor]:
+    """``x`` (``[rows, in]``, float32) as the int8 codes (-127..127) and float32 scales of each block of ``block``
+    (32; the K-quants' 256, :data:`SUPER`), as the kernel forms them: ``amax / 127`` and
+    round-half-even(``x * (127 / amax)``), zero for an all-zero block and for one whose ``127 / amax`` overflows
+    float32 (``amax`` below ``127 / FLT_MAX``); a block holding an infinity or a NaN has codes 0 and scale NaN (the
+    outputs it reaches are NaN).
 
     >>> codes, scales = quantize_activations(torch.tensor([[127.0, 2.5, -0.5] + [0.0] * 29]))
     >>> codes[0, :3].tolist(), scales.tolist()
     ([127, 2, 0], [[1.0]])
     """
-    blocks = x.reshape(x.shape[0], -1, BLOCK)
+    blocks = x.reshape(x.shape[0], -1, block)
     finite = blocks.isfinite().all(-1, keepdim=True)
     amax = blocks.abs().amax(-1, keepdim=True)
     inverse = torch.where(finite & (amax > 0), 127 / amax, torch.zeros_like(amax))

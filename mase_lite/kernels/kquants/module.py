@@ -3,8 +3,9 @@ bits (its records, :mod:`mase_lite.kernels.kquants.records`: 2.625 to 6.5625 bit
 the weight of the fake-quantized layer it packs; the bias stays a float parameter.
 
 With ``activations="int8"`` (inference, as llama.cpp multiplies its K-quants) the input is quantized to int8 per
-block of 32 and each block's products are exact integer sums, on the CPU kernel library (``kquant_dot.h``: the same
-bits at every vector level and thread count); the weight then never exists in float. With ``"float"`` the weight is
+super-block of 256 (llama.cpp's Q8_K) and each super-block's products are exact integer sums, on the CPU kernel
+library (``kquant_dot.h``: the same bits at every vector level and thread count); the weight then never exists in
+float. With ``"float"`` the weight is
 decoded and multiplied in ``x``'s dtype.
 
 >>> import torch
@@ -37,10 +38,10 @@ _ALLOWED = " or ".join([", ".join(list(KQUANT_KINDS)[:-1]), list(KQUANT_KINDS)[-
 
 def reference_int8(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """The product with int8 activations in torch, within float32 accumulation of the kernel: ``x``'s int8 codes
-    times their block scales against the decoded ``weight``, summed in float64; in ``x``'s dtype."""
+    times their super-block scales against the decoded ``weight``, summed in float64; in ``x``'s dtype."""
     rows = x.numel() // weight.shape[1]
-    codes, xs = int8_kernel.quantize_activations(x.reshape(rows, weight.shape[1]).to(torch.float32))
-    x_hat = (codes.double().reshape(rows, -1, 32) * xs.double().unsqueeze(-1)).reshape(rows, -1)
+    codes, xs = int8_kernel.quantize_activations(x.reshape(rows, weight.shape[1]).to(torch.float32), SUPER)
+    x_hat = (codes.double().reshape(rows, -1, SUPER) * xs.double().unsqueeze(-1)).reshape(rows, -1)
     out = x_hat @ weight.double().T + (0 if bias is None else bias.double())
     return out.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
 
