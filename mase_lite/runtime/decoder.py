@@ -157,33 +157,43 @@ class Decoder:
             if out is not None:
                 self.length = stop
                 return out if self.step.head else self.head(out[None])[0]
+        runs = self._runs(start, stop, ids.device)
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(_rms_norm(x, *layer.norms[0]))
             q = self._rotate(q.view(n, self.heads, self.head_dim).transpose(0, 1), cos, sin)
             self.keys[i, :, start:stop] = self._rotate(k.view(n, self.kv_heads, self.head_dim).transpose(0, 1), cos, sin)
             self.values[i, :, start:stop] = v.view(n, self.kv_heads, self.head_dim).transpose(0, 1)
-            x = x + layer.o(self._attend(q, i, start).transpose(0, 1).reshape(n, -1))
+            x = x + layer.o(self._attend(q, i, start, runs))
             gate, up = layer.gate_up(_rms_norm(x, *layer.norms[1]))
             x = x + layer.down(F.silu(gate) * up)
         self.length = stop
         return self.head(_rms_norm(x[-1:], *self.norm))[0]
 
-    def _attend(self, q: Tensor, layer: int, start: int) -> Tensor:
-        """Layer ``layer``'s attention of the queries ``q`` (``[heads, n, head_dim]``, positions ``start`` on) over
-        the cache, each position seeing itself and those before it. A prompt goes by runs of ``QUERY_RUN`` positions,
-        each over the keys up to its last: the keys past a run, which the causal mask would drop, are never
-        multiplied (a 512-token prompt: 10 ms a layer against 14 as one causal call, one thread)."""
+    @staticmethod
+    def _runs(start: int, stop: int, device: torch.device) -> list[tuple[int, int, Tensor | None]]:
+        """A prompt's runs of ``QUERY_RUN`` positions from ``start``: each one's first and last and the mask by which
+        each of its positions sees the keys up to itself (None for a single position)."""
         runs = []
-        for first in range(start, start + q.shape[1], QUERY_RUN):
-            last = min(first + QUERY_RUN, start + q.shape[1])
-            mask = None
-            if last - first > 1:  # each position sees the keys up to itself
-                mask = torch.arange(last, device=q.device) <= torch.arange(first, last, device=q.device)[:, None]
-            runs.append(F.scaled_dot_product_attention(
+        for first in range(start, stop, QUERY_RUN):
+            last = min(first + QUERY_RUN, stop)
+            mask = None if last - first == 1 else (
+                torch.arange(last, device=device) <= torch.arange(first, last, device=device)[:, None])
+            runs.append((first, last, mask))
+        return runs
+
+    def _attend(self, q: Tensor, layer: int, start: int, runs: list[tuple[int, int, Tensor | None]]) -> Tensor:
+        """Layer ``layer``'s attention of the queries ``q`` (``[heads, n, head_dim]``, positions ``start`` on) over
+        the cache, ``[n, heads * head_dim]``: a prompt by its runs (:meth:`_runs`), each over the keys up to its last,
+        so the keys past a run, which the causal mask would drop, are never multiplied (a 512-token prompt: 10 ms a
+        layer against 14 as one causal call, one thread)."""
+        n = q.shape[1]
+        out = torch.empty(n, self.heads, self.head_dim, dtype=q.dtype, device=q.device)
+        for first, last, mask in runs:
+            out[first - start:last - start] = F.scaled_dot_product_attention(
                 q[None, :, first - start:last - start], self.keys[layer, None, :, :last],
                 self.values[layer, None, :, :last], attn_mask=mask, scale=self.scaling,
-                enable_gqa=self.heads != self.kv_heads)[0])
-        return runs[0] if len(runs) == 1 else torch.cat(runs, 1)
+                enable_gqa=self.heads != self.kv_heads)[0].transpose(0, 1)
+        return out.view(n, -1)
 
     @staticmethod
     def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

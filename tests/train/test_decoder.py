@@ -47,6 +47,23 @@ def test_logits_equal_the_models_forward_at_every_step(kind, extra):
         torch.testing.assert_close(steps(Decoder.of(m, 16), ids, tokens), whole(m, ids, tokens), rtol=1e-5, atol=1e-5)
 
 
+def test_a_long_prompt_attends_by_runs_as_the_models_forward():
+    """150 positions go by runs of 64 (64, 64 and 22), each over the keys up to its last; a prompt after 40 earlier
+    positions starts its runs there (40-104, 104-140); each ends with the model's own logits."""
+    from mase_lite.runtime import decoder as module
+    assert module.QUERY_RUN == 64
+    m = model()
+    ids = torch.randint(0, 97, (1, 150), generator=torch.Generator().manual_seed(0))
+    decoder = Decoder.of(m, 160)
+    with torch.no_grad():
+        expected = m(input_ids=ids).logits[0]
+        torch.testing.assert_close(decoder(ids), expected[-1], rtol=1e-5, atol=1e-5)
+        decoder.reset()
+        torch.testing.assert_close(decoder(ids[:, :40]), expected[39], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(decoder(ids[:, 40:140]), expected[139], rtol=1e-5, atol=1e-5)
+    assert [(first, last) for first, last, _ in Decoder._runs(40, 140, "cpu")] == [(40, 104), (104, 140)]
+
+
 def test_a_prompt_in_parts_equals_it_at_once():
     m = model()
     decoder = Decoder.of(m, 12)
