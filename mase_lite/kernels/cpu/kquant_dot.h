@@ -187,18 +187,33 @@ AVX2 INLINE void half_sides(int kind, const uint8_t *rec, __m256i *first, __m256
     }
 }
 
-/* A decoding step's super-block s of row r into its chain: the halves' sums (sums[0] the first halves, lane i block
- * i) scaled and summed across the lanes, then the float operations. */
-AVX2 INLINE float kquant_step(int kind, const uint8_t *rec, const __m256i sums[2], __m256i corr, float xs,
-                              float acc) {
-    __m256i first, second, pairs;
-    half_sides(kind, rec, &first, &second, &pairs);
-    int32_t total = sum8_epi32(_mm256_add_epi32(_mm256_mullo_epi32(sums[0], first),
-                                                _mm256_mullo_epi32(sums[1], second)));
-    int32_t paired = sum8_epi32(_mm256_madd_epi16(corr, pairs));
-    total -= code_offset(kind) * paired;
-    acc = fmaf((float)total, xs * half_f16c(rec), acc);
-    return has_mins(kind) ? fmaf(-(float)paired, xs * half_f16c(rec + 2), acc) : acc;
+/* A decoding step's super-block of R rows (R <= 2; records rec[r], the halves' sums sums[r][0] of the first halves,
+ * [1] of the second, lane i block i) into their chains, lane r of acc: each row's T and P summed across the lanes
+ * together, then the float operations of both rows at once. */
+AVX2 INLINE __m128 kquant_step(int kind, int R, const uint8_t *const *rec, const __m256i (*sums)[2], __m256i corr,
+                               float xs, __m128 acc) {
+    __m256i total[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, paired[2] = {total[0], total[1]};
+    int32_t sides[2] = {0, 0}; /* each row's d and dmin (float16) */
+    for (int r = 0; r < R; r++) {
+        __m256i first, second, pairs;
+        half_sides(kind, rec[r], &first, &second, &pairs);
+        total[r] = by_halves(kind) ? _mm256_add_epi32(_mm256_mullo_epi32(sums[r][0], first),
+                                                      _mm256_mullo_epi32(sums[r][1], second))
+                                   : _mm256_mullo_epi32(_mm256_add_epi32(sums[r][0], sums[r][1]), first);
+        paired[r] = _mm256_madd_epi16(corr, pairs);
+        memcpy(&sides[r], rec[r], has_mins(kind) ? 4 : 2);
+    }
+    /* [T0 T1 P0 P1], each the sum of its vector's lanes */
+    __m256i both = _mm256_hadd_epi32(_mm256_hadd_epi32(total[0], total[1]), _mm256_hadd_epi32(paired[0], paired[1]));
+    __m128i ints = _mm_add_epi32(_mm256_castsi256_si128(both), _mm256_extracti128_si256(both, 1));
+    if (code_offset(kind)) /* T less the offset times P */
+        ints = _mm_sub_epi32(ints, _mm_slli_epi32(_mm_unpackhi_epi64(ints, ints), kind == KIND_Q6_K ? 5 : 2));
+    __m128 values = _mm_cvtepi32_ps(ints);
+    __m128 halves = _mm_cvtph_ps(_mm_setr_epi32(sides[0], sides[1], 0, 0)); /* d0 dmin0 d1 dmin1 */
+    __m128 scales = _mm_mul_ps(_mm_shuffle_ps(halves, halves, _MM_SHUFFLE(3, 1, 2, 0)), _mm_set1_ps(xs));
+    acc = _mm_fmadd_ps(values, scales, acc); /* lanes 0, 1: fmaf(T, xs * d, acc) */
+    if (has_mins(kind)) acc = _mm_fnmadd_ps(_mm_movehl_ps(values, values), _mm_movehl_ps(scales, scales), acc);
+    return acc;
 }
 
 #define X_VECTOR(s, vector) _mm256_loadu_si256((const __m256i *)(t->xq + (s) * SUPER) + (vector))
@@ -211,7 +226,7 @@ AVX2 INLINE float kquant_step(int kind, const uint8_t *rec, const __m256i sums[2
     TARGET static void NAME(const struct kquant_rows *t, float *out) {                                                 \
         const int FIFTH = KIND == KIND_Q5_K;                                                                           \
         const __m256i low4 = _mm256_set1_epi8(15), bit4 = _mm256_set1_epi8(16);                                       \
-        float acc[R] = {0};                                                                                            \
+        __m128 acc = _mm_setzero_ps();                                                                                 \
         for (int64_t s = 0; s < t->nsb; s++) {                                                                         \
             __m256i sums[R][2], fifth[R];                                                                              \
             UNROLL for (int r = 0; r < R; r++) {                                                                       \
@@ -232,11 +247,14 @@ AVX2 INLINE float kquant_step(int kind, const uint8_t *rec, const __m256i sums[2
                     sums[r][0] = MADD(sums[r][0], low, x_low), sums[r][1] = MADD(sums[r][1], high, x_high);            \
                 }                                                                                                      \
             }                                                                                                          \
+            const uint8_t *rec[R];                                                                                     \
+            UNROLL for (int r = 0; r < R; r++) rec[r] = RECORD(r, s);                                                  \
             __m256i corr = _mm256_loadu_si256((const __m256i *)(t->xsum + 8 * s));                                     \
-            UNROLL for (int r = 0; r < R; r++)                                                                         \
-                acc[r] = kquant_step(KIND, RECORD(r, s), sums[r], corr, t->xs[s], acc[r]);                             \
+            acc = kquant_step(KIND, R, rec, sums, corr, t->xs[s], acc);                                                \
         }                                                                                                              \
-        UNROLL for (int r = 0; r < R; r++) out[r] = acc[r];                                                            \
+        float lanes[4];                                                                                                \
+        _mm_storeu_ps(lanes, acc);                                                                                     \
+        UNROLL for (int r = 0; r < R; r++) out[r] = lanes[r];                                                          \
     }
 
 /* Byte-vector b of a record's codes u, for the kinds whose blocks' halves have their scales: Q6_K's (its nibbles and
@@ -262,7 +280,7 @@ AVX2 INLINE __m256i halves_codes(int kind, const uint8_t *rec, int b) {
  * as AFFINE_TILE: byte-vectors 0-3 sum the blocks' first halves, 4-7 their second. */
 #define HALVES_TILE(NAME, TARGET, MADD, R, KIND)                                                                       \
     TARGET static void NAME(const struct kquant_rows *t, float *out) {                                                 \
-        float acc[R] = {0};                                                                                            \
+        __m128 acc = _mm_setzero_ps();                                                                                 \
         for (int64_t s = 0; s < t->nsb; s++) {                                                                         \
             __m256i sums[R][2];                                                                                        \
             UNROLL for (int r = 0; r < R; r++) sums[r][0] = sums[r][1] = _mm256_setzero_si256();                       \
@@ -271,11 +289,14 @@ AVX2 INLINE __m256i halves_codes(int kind, const uint8_t *rec, int b) {
                 UNROLL for (int r = 0; r < R; r++)                                                                     \
                     sums[r][b / 4] = MADD(sums[r][b / 4], halves_codes(KIND, RECORD(r, s), b), x);                     \
             }                                                                                                          \
+            const uint8_t *rec[R];                                                                                     \
+            UNROLL for (int r = 0; r < R; r++) rec[r] = RECORD(r, s);                                                  \
             __m256i corr = _mm256_loadu_si256((const __m256i *)(t->xsum + 8 * s));                                     \
-            UNROLL for (int r = 0; r < R; r++)                                                                         \
-                acc[r] = kquant_step(KIND, RECORD(r, s), sums[r], corr, t->xs[s], acc[r]);                             \
+            acc = kquant_step(KIND, R, rec, sums, corr, t->xs[s], acc);                                                \
         }                                                                                                              \
-        UNROLL for (int r = 0; r < R; r++) out[r] = acc[r];                                                            \
+        float lanes[4];                                                                                                \
+        _mm_storeu_ps(lanes, acc);                                                                                     \
+        UNROLL for (int r = 0; r < R; r++) out[r] = lanes[r];                                                          \
     }
 
 /* A kind's decoding kernels at a level: [0] one row of W, [1] two rows. */
