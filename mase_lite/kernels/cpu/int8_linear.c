@@ -74,22 +74,28 @@ static void run(struct linear_args *a, const float *x, int threads, void *scratc
     struct quantize_args q = {a, x, scratch, xs, (int32_t *)(xs + mk / BLOCK)};
     split_rows(quantize_part, &q, a->m, 1, mk >= QUANTIZE_PARALLEL ? threads : 1);
     a->xq = q.xq, a->xs = q.xs, a->corr = q.corr;
-    void *bands = NULL;
 #ifdef CPU_X86
-    if (a->kinds && a->m > 1 && a->level >= LEVEL_AVX2) { /* a K-quant prompt: x in bands, where memory is left */
-        int64_t count = (a->m + 7) / 8;
-        bands = aligned_alloc(32, (size_t)count * (size_t)(a->k / SUPER) * sizeof(struct kquant_band));
-        a->bands = bands;
-        if (bands) split_rows(bands_part, a, count, 1, mk >= QUANTIZE_PARALLEL ? threads : 1);
+    if (a->kinds && a->m > 1 && a->level >= LEVEL_AVX2) { /* a K-quant prompt: x in bands, after x's codes */
+        a->bands = (void *)(((uintptr_t)scratch + (size_t)(mk + mk / 4) + 31) & ~(uintptr_t)31);
+        split_rows(bands_part, a, (a->m + 7) / 8, 1, mk >= QUANTIZE_PARALLEL ? threads : 1);
     }
 #endif
     split_rows(rows_part, a, total_rows(a), row_align(a), threads);
-    free(bands);
+}
+
+/* The bytes of scratch a call of m rows of x of k columns takes (int8_linear_*'s scratch): x's codes, a float32
+ * scale and an int32 correction per block of 32; for K-quants (`kquants`), a prompt's bands too. */
+size_t int8_scratch_bytes(int64_t m, int64_t k, int kquants) {
+    size_t bytes = (size_t)(m * k + m * k / 4);
+#ifdef CPU_X86
+    if (kquants && m > 1) bytes += 31 + (size_t)((m + 7) / 8) * (size_t)(k / SUPER) * sizeof(struct kquant_band);
+#endif
+    return bytes;
 }
 
 /* out[l][i * n[l] + j] = sum_t x[i * k + t] * W_l[j, t] (+ bias[l][j]) for the `count` layers (at most 8) that
  * share x, x quantized as above: the m rows of x (k a multiple of 32) and the n[l] rows of each W_l, on `threads`
- * threads (OpenMP builds). scratch: m * k + m * k / 4 bytes (x's codes, then a float32 scale and an int32
+ * threads (OpenMP builds). scratch: int8_scratch_bytes(m, k, 0) bytes (x's codes, then a float32 scale and an int32
  * correction per block), 4-byte aligned. Nibbles: q[l] n[l] rows of
  * k / 2 bytes, scales[l] n[l] rows of k / 32 float32 (float16 where `half`), itable the 16 integers of every
  * layer, unit the power of two they are multiplied by; `tiled`: every layer's weights and scales tiled (int8_dot.h's
@@ -123,8 +129,8 @@ int int8_linear_codes(const float *x, int64_t m, int64_t k, int count, const int
 
 /* The same for GGML's K-quants (kquant_dot.h: x quantized per super-block of 256, as llama.cpp's Q8_K): q[l] n[l] rows
  * of k / 256 records of kinds[l] (KIND_Q2_K .. KIND_Q6_K; k a multiple of 256); `tiled`: every layer's records paired
- * where its kind's are (int8_kquant_paired; n[l] even). A prompt (m > 1, a vector level) also takes x in bands of 8
- * rows, in memory of its own (without it, the records are read row by row). */
+ * where its kind's are (int8_kquant_paired; n[l] even). scratch: int8_scratch_bytes(m, k, 1) bytes, where a prompt
+ * (m > 1, a vector level) also lays x out in bands of 8 rows. */
 int int8_linear_kquants(const float *x, int64_t m, int64_t k, int count, const uint8_t *const *q, const int *kinds,
                         const float *const *bias, float *const *out, const int64_t *n, int tiled, int level,
                         int threads, void *scratch) {

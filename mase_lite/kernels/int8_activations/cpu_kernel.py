@@ -95,7 +95,8 @@ def _many(kind: str, x: Tensor, in_features: int, layers: list[tuple[Tensor, Ten
         weights[i], scale_ptrs[i], out_ptrs[i], counts[i] = w.data_ptr(), s.data_ptr(), o.data_ptr(), o.shape[1]
         bias_ptrs[i] = None if b is None else b.data_ptr()
     status = launch(lib, x32.data_ptr(), rows, len(layers), weights, scale_ptrs, bias_ptrs, out_ptrs, counts, lvl,
-                    workers if lib.openmp else 1, scratch(rows * in_features + rows * in_features // 4).data_ptr())
+                    workers if lib.openmp else 1,
+                    scratch(lib.int8_scratch_bytes(rows, in_features, int(kind == "int8_kquants"))).data_ptr())
     threads.end(probe)
     return None if status else [_out(o, x) for o in outs]
 
