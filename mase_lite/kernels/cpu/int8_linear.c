@@ -60,6 +60,16 @@ static int whole_tiles(const int64_t *n, int count, int tiled, int64_t rows) {
     return 1;
 }
 
+/* The bytes of scratch a call of m rows of x of k columns takes (int8_linear_*'s scratch): x's codes, a float32
+ * scale and an int32 correction per block of 32; for K-quants (`kquants`), a prompt's bands too. */
+size_t int8_scratch_bytes(int64_t m, int64_t k, int kquants) {
+    size_t bytes = (size_t)(m * k + m * k / 4);
+#ifdef CPU_X86
+    if (kquants && m > 1) bytes += 31 + (size_t)((m + 7) / 8) * (size_t)(k / SUPER) * sizeof(struct kquant_band);
+#endif
+    return bytes;
+}
+
 #ifdef CPU_X86
 static void bands_part(const void *p, int part, int64_t first, int64_t last) {
     const struct linear_args *a = p;
@@ -76,21 +86,12 @@ static void run(struct linear_args *a, const float *x, int threads, void *scratc
     a->xq = q.xq, a->xs = q.xs, a->corr = q.corr;
 #ifdef CPU_X86
     if (a->kinds && a->m > 1 && a->level >= LEVEL_AVX2) { /* a K-quant prompt: x in bands, after x's codes */
-        a->bands = (void *)(((uintptr_t)scratch + (size_t)(mk + mk / 4) + 31) & ~(uintptr_t)31);
+        size_t codes = int8_scratch_bytes(a->m, a->k, 0);
+        a->bands = (void *)(((uintptr_t)scratch + codes + 31) & ~(uintptr_t)31);
         split_rows(bands_part, a, (a->m + 7) / 8, 1, mk >= QUANTIZE_PARALLEL ? threads : 1);
     }
 #endif
     split_rows(rows_part, a, total_rows(a), row_align(a), threads);
-}
-
-/* The bytes of scratch a call of m rows of x of k columns takes (int8_linear_*'s scratch): x's codes, a float32
- * scale and an int32 correction per block of 32; for K-quants (`kquants`), a prompt's bands too. */
-size_t int8_scratch_bytes(int64_t m, int64_t k, int kquants) {
-    size_t bytes = (size_t)(m * k + m * k / 4);
-#ifdef CPU_X86
-    if (kquants && m > 1) bytes += 31 + (size_t)((m + 7) / 8) * (size_t)(k / SUPER) * sizeof(struct kquant_band);
-#endif
-    return bytes;
 }
 
 /* out[l][i * n[l] + j] = sum_t x[i * k + t] * W_l[j, t] (+ bias[l][j]) for the `count` layers (at most 8) that

@@ -42,9 +42,10 @@ static inline int64_t kquant_bytes(int kind) {
     return bytes[kind];
 }
 
-/* What a kind's codes stand for: the offset taken off them, and whether each half of a block has its scale (else each
- * block its scale and min). */
-static inline int code_offset(int kind) { return kind == KIND_Q6_K ? 32 : kind == KIND_Q3_K ? 4 : 0; }
+/* What a kind's codes stand for: the offset taken off them (a power of two), and whether each half of a block has
+ * its scale (else each block its scale and min). */
+static inline int code_offset_bits(int kind) { return kind == KIND_Q6_K ? 5 : kind == KIND_Q3_K ? 2 : 0; }
+static inline int code_offset(int kind) { return code_offset_bits(kind) ? 1 << code_offset_bits(kind) : 0; }
 static inline int by_halves(int kind) { return kind == KIND_Q6_K || kind == KIND_Q3_K || kind == KIND_Q2_K; }
 static inline int has_mins(int kind) { return kind == KIND_Q4_K || kind == KIND_Q5_K || kind == KIND_Q2_K; }
 
@@ -122,8 +123,8 @@ AVX2 static void kquant_x_avx2(int8_t *xq, int32_t *corr, int64_t k, int64_t fir
 }
 #endif
 
-/* The sum of a block's codes of x from its corr. */
-static inline int32_t block_sum(int32_t corr) { return (int16_t)(corr & 0xFFFF) + (int16_t)((uint32_t)corr >> 16); }
+/* Half h (0: the first 16 codes) of a block's sums of x, from its corr. */
+static inline int32_t corr_half(int32_t corr, int h) { return (int16_t)(uint16_t)((uint32_t)corr >> (16 * h)); }
 
 /* One output in plain C: row (nsb records, stride bytes apart) against one row of x (its codes transposed, xs a
  * scale per super-block, xsum the halves' sums of each block). */
@@ -135,12 +136,11 @@ static float kquant_dot_c(int kind, const uint8_t *row, int64_t stride, const in
         const int8_t *x = xq + s * SUPER;
         int32_t total = 0, pairs = 0;
         for (int i = 0; i < 8; i++) {
-            int32_t corr = xsum[8 * s + i], xh[2] = {(int16_t)(corr & 0xFFFF), (int16_t)((uint32_t)corr >> 16)};
             for (int h = 0; h < 2; h++) {
                 int32_t sum = 0;
                 for (int e = 16 * h; e < 16 * h + 16; e++) sum += code_at(kind, r, i, e) * x[transposed(i, e)];
                 total += half_scale(kind, r, i, h) * sum;
-                pairs += half_pair(kind, r, i, h) * xh[h];
+                pairs += half_pair(kind, r, i, h) * corr_half(xsum[8 * s + i], h);
             }
         }
         total -= code_offset(kind) * pairs;
@@ -207,7 +207,7 @@ AVX2 INLINE __m128 kquant_step(int kind, int R, const uint8_t *const *rec, const
     __m256i both = _mm256_hadd_epi32(_mm256_hadd_epi32(total[0], total[1]), _mm256_hadd_epi32(paired[0], paired[1]));
     __m128i ints = _mm_add_epi32(_mm256_castsi256_si128(both), _mm256_extracti128_si256(both, 1));
     if (code_offset(kind)) /* T less the offset times P */
-        ints = _mm_sub_epi32(ints, _mm_slli_epi32(_mm_unpackhi_epi64(ints, ints), kind == KIND_Q6_K ? 5 : 2));
+        ints = _mm_sub_epi32(ints, _mm_slli_epi32(_mm_unpackhi_epi64(ints, ints), code_offset_bits(kind)));
     __m128 values = _mm_cvtepi32_ps(ints);
     __m128 halves = _mm_cvtph_ps(_mm_setr_epi32(sides[0], sides[1], 0, 0)); /* d0 dmin0 d1 dmin1 */
     __m128 scales = _mm_mul_ps(_mm_shuffle_ps(halves, halves, _MM_SHUFFLE(3, 1, 2, 0)), _mm_set1_ps(xs));
@@ -442,9 +442,8 @@ struct kquant_band_rows {
                 __m256i paired = _mm256_setzero_si256();                                                               \
                 UNROLL for (int i = 0; i < 8; i++)                                                                     \
                     paired = PAIRS(paired, x[c]->corr[i], _mm256_set1_epi32(f[r]->pairs[i]));                          \
-                if (code_offset(KIND)) /* 32 or 4 */                                                                   \
-                    total[r][c] = _mm256_sub_epi32(total[r][c],                                                        \
-                                                   _mm256_slli_epi32(paired, KIND == KIND_Q6_K ? 5 : 2));              \
+                if (code_offset(KIND))                                                                                 \
+                    total[r][c] = _mm256_sub_epi32(total[r][c], _mm256_slli_epi32(paired, code_offset_bits(KIND)));    \
                 __m256 xs = x[c]->xs;                                                                                  \
                 __m256 scale = _mm256_mul_ps(xs, _mm256_set1_ps(f[r]->d));                                             \
                 acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total[r][c]), scale, acc[r][c]);                        \
@@ -525,13 +524,13 @@ AVX2 static void kquant_store(const float *totals, int64_t apart, int64_t rows, 
     }
 }
 
-/* The bands' rows [first, last) of layer l (a prompt): runs of bands that stay in the core's cache, each met by
- * every group of up to 4 rows of W formed once for the run (kquant_form_row). Returns 0 where no memory is left to
- * form rows (nothing done). */
-static int kquant_band_range(const struct linear_args *a, int l, int64_t first, int64_t last) {
+/* The bands' rows [first, last) of layer l (a prompt; its records paired or not, a row's stride bytes apart): runs of
+ * bands that stay in the core's cache, each met by every group of up to 4 rows of W formed once for the run
+ * (kquant_form_row). Returns 0 where no memory is left to form rows (nothing done). */
+static int kquant_band_range(const struct linear_args *a, int l, int64_t first, int64_t last, int pairs,
+                             int64_t stride) {
     int kind = a->kinds[l], wide = vnni_at(a->level); /* VNNI's 32 registers take 4 rows of W by 2 bands */
     int64_t k = a->k, nsb = k / SUPER, n = a->n[l], bands = (a->m + 7) / 8;
-    int64_t stride = a->tiled && kquant_paired(kind) ? 2 * kquant_bytes(kind) : kquant_bytes(kind);
     int64_t run = max64(1, min64(MAX_X_ROWS, X_BLOCK_BYTES / k) / 8);
     struct kquant_formed *formed = aligned_alloc(32, 4 * (size_t)nsb * sizeof *formed);
     if (!formed) return 0;
@@ -545,8 +544,7 @@ static int kquant_band_range(const struct linear_args *a, int l, int64_t first, 
             int64_t rows = last - j >= 4 ? 4 : last - j >= 2 ? 2 : 1;
             struct kquant_band_rows t = {{formed, formed + nsb, formed + 2 * nsb, formed + 3 * nsb}, {NULL, NULL}, nsb};
             for (int64_t r = 0; r < rows; r++)
-                kquant_form_row(kind, kquant_row(a, l, j + r, a->tiled && kquant_paired(kind)), stride, nsb,
-                                formed + r * nsb);
+                kquant_form_row(kind, kquant_row(a, l, j + r, pairs), stride, nsb, formed + r * nsb);
             for (int64_t c = c0; c < c_end;) {
                 int64_t width = wide && c_end - c >= 2 ? 2 : 1;
                 t.bands[0] = all + c * nsb, t.bands[1] = all + (c + width - 1) * nsb;
@@ -577,17 +575,19 @@ static void kquant_range(const struct linear_args *a, int l, int64_t first, int6
     const float *bias = a->bias[l];
     float *out = a->out[l];
 #ifdef CPU_X86
-    if (a->bands && kquant_band_range(a, l, first, last)) return;
+    if (a->bands && kquant_band_range(a, l, first, last, pairs, stride)) return;
     const kquant_fn *kernels = a->level >= LEVEL_AVX2 ? kquant_kernels(kind, a->level) : NULL;
 #endif
     for (int64_t j = first; j < last;) {
-        int64_t rows = 1;
+        int64_t rows = 1; /* two where they are paired and a kernel takes them */
+#ifdef CPU_X86
+        if (kernels && pairs && j % 2 == 0 && last - j >= 2) rows = 2;
+#endif
         const uint8_t *row = kquant_row(a, l, j, pairs);
         float totals[2];
         for (int64_t i = 0; i < a->m; i++) {
 #ifdef CPU_X86
             if (kernels) {
-                rows = pairs && j % 2 == 0 && last - j >= 2 ? 2 : 1;
                 struct kquant_rows t = {row, a->xq + i * k, a->xs + i * nsb, a->corr + i * nb, nsb, next, stride};
                 kernels[rows - 1](&t, totals);
             } else

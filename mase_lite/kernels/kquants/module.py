@@ -5,8 +5,7 @@ the weight of the fake-quantized layer it packs; the bias stays a float paramete
 With ``activations="int8"`` (inference, as llama.cpp multiplies its K-quants) the input is quantized to int8 per
 super-block of 256 (llama.cpp's Q8_K) and each super-block's products are exact integer sums, on the CPU kernel
 library (``kquant_dot.h``: the same bits at every vector level and thread count); the weight then never exists in
-float. With ``"float"`` the weight is
-decoded and multiplied in ``x``'s dtype.
+float. With ``"float"`` the weight is decoded and multiplied in ``x``'s dtype.
 
 >>> import torch
 >>> packed = KQuantLinear.from_linear(torch.nn.Linear(256, 8), {"name": "q4_k"}, activations="int8")
