@@ -165,7 +165,7 @@ def main() -> None:
     print(f"CPU: {cpu_model()}, {os.cpu_count()} logical CPUs; busy processes beside: {args.busy}; "
           f"load average before {load_before:.2f}, after {load_after:.2f}; {args.rounds} rounds, interleaved\n")
     print(f"llama-bench on the tool's GGUF exports of the {args.layers}-layer Llama, the tool's decoder on the same "
-          "weights (int8 activations; Q4_0, Q8_0 tiled, K-quants as records, paired but Q6_K); tool / llama.cpp per "
+          "weights (int8 activations; Q4_0, Q8_0 tiled, K-quants as records, paired); tool / llama.cpp per "
           f"round, median (range); decode {args.tokens} tokens.\n")
     print(f"| type | threads | tool prefill t/s | llama.cpp pp{args.prompt} t/s | prefill ratio | tool decode t/s | "
           f"llama.cpp tg{args.tokens} t/s | decode ratio |")

@@ -252,17 +252,17 @@ def test_k_quant_layers_fused_in_one_call_give_their_own_bits():
 
 
 @native
-def test_records_are_paired_in_place_by_the_first_call_where_the_kernels_take_them_so():
+def test_records_are_paired_in_place_by_the_first_call():
     layers = {kind: packed(kind, rows=4, columns=512) for kind in ("q4_k", "q6_k")}
     rows = {kind: layer.blocks.clone() for kind, layer in layers.items()}
     with torch.no_grad():
         for layer in layers.values():
             layer(torch.randn(1, 512))
-    r = rows["q4_k"].view(4, 2, 148)  # row, super-block, record
-    expected = torch.stack([r[0, 0], r[1, 0], r[0, 1], r[1, 1], r[2, 0], r[3, 0], r[2, 1], r[3, 1]]).view(4, 296)
-    assert torch.equal(layers["q4_k"].blocks, expected)  # pair p: its super-blocks in turn, row 2p's record first
-    assert torch.equal(layers["q6_k"].blocks, rows["q6_k"])  # Q6_K's decoding reads one row at a time: in rows
-    assert torch.equal(layers["q4_k"].state_dict()["blocks"], rows["q4_k"])
+    for kind, size in (("q4_k", 148), ("q6_k", 210)):
+        r = rows[kind].view(4, 2, size)  # row, super-block, record
+        expected = torch.stack([r[0, 0], r[1, 0], r[0, 1], r[1, 1], r[2, 0], r[3, 0], r[2, 1], r[3, 1]])
+        assert torch.equal(layers[kind].blocks, expected.view(4, 2 * size))  # pair p: its super-blocks in turn
+        assert torch.equal(layers[kind].state_dict()["blocks"], rows[kind])
 
 
 def test_state_dict_round_trip():

@@ -39,7 +39,6 @@ _SIGNATURES = {  # function: (argument types, result type)
                              _ptr], _int),
     "int8_linear_codes": ([_ptr, _i64, _i64, _int, _ptr, _ptr, _int, _ptr, _ptr, _ptr, _int, _int, _int, _ptr], _int),
     "int8_linear_kquants": ([_ptr, _i64, _i64, _int, _ptr, _ptr, _ptr, _ptr, _ptr, _int, _int, _int, _ptr], _int),
-    "int8_kquant_paired": ([_int], _int),
     "int8_scratch_bytes": ([_i64, _i64, _int], ctypes.c_size_t),
     "int8_decoder_scratch": ([_ptr], ctypes.c_size_t),  # the model structure by reference (decoder_step.py)
     "int8_decoder_step": ([_ptr, _ptr, _i64, _ptr, _int, _ptr], _int),

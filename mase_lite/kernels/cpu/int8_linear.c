@@ -130,7 +130,7 @@ int int8_linear_codes(const float *x, int64_t m, int64_t k, int count, const int
 
 /* The same for GGML's K-quants (kquant_dot.h: x quantized per super-block of 256, as llama.cpp's Q8_K): q[l] n[l] rows
  * of k / 256 records of kinds[l] (KIND_Q2_K .. KIND_Q6_K; k a multiple of 256); `tiled`: every layer's records paired
- * where its kind's are (int8_kquant_paired; n[l] even). scratch: int8_scratch_bytes(m, k, 1) bytes, where a prompt
+ * (n[l] even). scratch: int8_scratch_bytes(m, k, 1) bytes, where a prompt
  * (m > 1, a vector level) also lays x out in bands of 8 rows. */
 int int8_linear_kquants(const float *x, int64_t m, int64_t k, int count, const uint8_t *const *q, const int *kinds,
                         const float *const *bias, float *const *out, const int64_t *n, int tiled, int level,
@@ -143,6 +143,3 @@ int int8_linear_kquants(const float *x, int64_t m, int64_t k, int count, const u
     run(&a, x, threads, scratch);
     return 0;
 }
-
-/* Whether records of kind (KIND_Q2_K .. KIND_Q6_K) are paired in a tiled layer (kquant_dot.h's kquant_paired). */
-int int8_kquant_paired(int kind) { return kind >= KIND_Q4_K && kind < KINDS && kquant_paired(kind); }

@@ -2,7 +2,7 @@
  * super-block of 256 (int8_dot.h's quantize_x with span 256: one scale xs a super-block), each super-block's codes then
  * transposed as the weights are, and corr holding per block of 32 the sums of its first and last 16 codes as two int16
  * halves, low and high. A row of W is its super-blocks of 256 weights, one record each (in a tiled layer, two rows'
- * records interleaved where kquant_paired: kquant_range): GGUF's values at its bits (the layer converts,
+ * records interleaved: kquant_range): GGUF's values at its bits (the layer converts,
  * kernels/kquants/records.py), the 8 blocks of 32 of a super-block laid across each vector of 32 bytes: byte-vector t
  * (t = 0..7) holds, in its lane i, codes 4t..4t+3 of block i. A record:
  *
@@ -151,14 +151,15 @@ static float kquant_dot_c(int kind, const uint8_t *row, int64_t stride, const in
 }
 
 #ifdef CPU_X86
-/* What a decoding kernel takes: R rows of W (nsb records each, a row's records stride bytes apart, the next row's
- * row_bytes on) against one row of x. */
+/* What a decoding kernel takes: groups of R rows of W (nsb records each, a row's records stride bytes apart, the
+ * next row's row_bytes on, the next group's advance bytes on) against one row of x, into out (plus bias, or NULL). */
 struct kquant_rows {
     const uint8_t *row;
     const int8_t *xq;
     const float *xs;
     const int32_t *xsum;
-    int64_t nsb, row_bytes, stride;
+    int64_t nsb, row_bytes, stride, groups, advance;
+    const float *bias;
 };
 
 AVX2 INLINE float half_f16c(const uint8_t *p) {
@@ -217,15 +218,15 @@ AVX2 INLINE __m128 kquant_step(int kind, int R, const uint8_t *const *rec, const
 }
 
 #define X_VECTOR(s, vector) _mm256_loadu_si256((const __m256i *)(t->xq + (s) * SUPER) + (vector))
-#define RECORD(r, s) (t->row + (r) * t->row_bytes + (s) * t->stride)
+#define RECORD(r, s) (row + (r) * t->row_bytes + (s) * t->stride)
 
-/* NAME(t, out): Q4_K or Q5_K (KIND), R rows of W against one row of x into out[r]: each vector of x's codes loaded
- * once for the R rows. Q5_K's fifth bits: byte-vector b's bit b of their vector, moved to bit 4 as Q6_K's crumbs
+/* NAME##_rows(t, row): Q4_K or Q5_K (KIND), R rows of W from row against one row of x, row r's chain in lane r: each
+ * vector of x's codes loaded once for the R rows. Q5_K's fifth bits: byte-vector b's bit b of their vector, moved to bit 4 as Q6_K's crumbs
  * are. */
 #define AFFINE_TILE(NAME, TARGET, MADD, R, KIND)                                                                       \
-    TARGET static void NAME(const struct kquant_rows *t, float *out) {                                                 \
+    TARGET INLINE __m128 NAME##_rows(const struct kquant_rows *t, const uint8_t *row) {                                \
         const int FIFTH = KIND == KIND_Q5_K;                                                                           \
-        const __m256i low4 = _mm256_set1_epi8(15), bit4 = _mm256_set1_epi8(16);                                       \
+        const __m256i low4 = _mm256_set1_epi8(15), bit4 = _mm256_set1_epi8(16);                                        \
         __m128 acc = _mm_setzero_ps();                                                                                 \
         for (int64_t s = 0; s < t->nsb; s++) {                                                                         \
             __m256i sums[R][2], fifth[R];                                                                              \
@@ -252,9 +253,7 @@ AVX2 INLINE __m128 kquant_step(int kind, int R, const uint8_t *const *rec, const
             __m256i corr = _mm256_loadu_si256((const __m256i *)(t->xsum + 8 * s));                                     \
             acc = kquant_step(KIND, R, rec, sums, corr, t->xs[s], acc);                                                \
         }                                                                                                              \
-        float lanes[4];                                                                                                \
-        _mm_storeu_ps(lanes, acc);                                                                                     \
-        UNROLL for (int r = 0; r < R; r++) out[r] = lanes[r];                                                          \
+        return acc;                                                                                                    \
     }
 
 /* Byte-vector b of a record's codes u, for the kinds whose blocks' halves have their scales: Q6_K's (its nibbles and
@@ -276,10 +275,10 @@ AVX2 INLINE __m256i halves_codes(int kind, const uint8_t *rec, int b) {
     return _mm256_or_si256(low, _mm256_and_si256(third, _mm256_set1_epi8(4)));
 }
 
-/* NAME(t, out): a kind whose blocks' halves have their scales (Q6_K, Q3_K, Q2_K), R rows of W against one row of x,
- * as AFFINE_TILE: byte-vectors 0-3 sum the blocks' first halves, 4-7 their second. */
+/* NAME##_rows(t, row): a kind whose blocks' halves have their scales (Q6_K, Q3_K, Q2_K), R rows of W against one row
+ * of x, as AFFINE_TILE: byte-vectors 0-3 sum the blocks' first halves, 4-7 their second. */
 #define HALVES_TILE(NAME, TARGET, MADD, R, KIND)                                                                       \
-    TARGET static void NAME(const struct kquant_rows *t, float *out) {                                                 \
+    TARGET INLINE __m128 NAME##_rows(const struct kquant_rows *t, const uint8_t *row) {                                \
         __m128 acc = _mm_setzero_ps();                                                                                 \
         for (int64_t s = 0; s < t->nsb; s++) {                                                                         \
             __m256i sums[R][2];                                                                                        \
@@ -294,15 +293,25 @@ AVX2 INLINE __m256i halves_codes(int kind, const uint8_t *rec, int b) {
             __m256i corr = _mm256_loadu_si256((const __m256i *)(t->xsum + 8 * s));                                     \
             acc = kquant_step(KIND, R, rec, sums, corr, t->xs[s], acc);                                                \
         }                                                                                                              \
-        float lanes[4];                                                                                                \
-        _mm_storeu_ps(lanes, acc);                                                                                     \
-        UNROLL for (int r = 0; r < R; r++) out[r] = lanes[r];                                                          \
+        return acc;                                                                                                    \
     }
 
-/* A kind's decoding kernels at a level: [0] one row of W, [1] two rows. */
+/* NAME(t, out): t's groups of R rows of W, each by its tile NAME##_rows, into out (plus the bias). */
+#define KQUANT_GROUPS(NAME, TARGET, R)                                                                                 \
+    TARGET static void NAME(const struct kquant_rows *t, float *out) {                                                 \
+        for (int64_t g = 0; g < t->groups; g++, out += R) {                                                            \
+            const float *bias = t->bias ? t->bias + g * R : NULL;                                                      \
+            float lanes[4];                                                                                            \
+            _mm_storeu_ps(lanes, NAME##_rows(t, t->row + g * t->advance));                                             \
+            UNROLL for (int r = 0; r < R; r++) out[r] = bias ? lanes[r] + bias[r] : lanes[r];                          \
+        }                                                                                                              \
+    }
+
+/* A kind's decoding kernels at a level: [0] groups of one row of W, [1] of two rows. */
 typedef void (*kquant_fn)(const struct kquant_rows *, float *);
 #define KQUANT_SET(TILE, NAME, TARGET, MADD, KIND)                                                                     \
     TILE(NAME##_1, TARGET, MADD, 1, KIND) TILE(NAME##_2, TARGET, MADD, 2, KIND)                                        \
+    KQUANT_GROUPS(NAME##_1, TARGET, 1) KQUANT_GROUPS(NAME##_2, TARGET, 2)                                              \
     static const kquant_fn NAME[2] = {NAME##_1, NAME##_2};
 KQUANT_SET(AFFINE_TILE, q4_k_avx2, AVX2, madd_avx2, KIND_Q4_K)
 KQUANT_SET(AFFINE_TILE, q4_k_vnni, VNNI, madd_vnni, KIND_Q4_K)
@@ -486,11 +495,9 @@ static const kquant_band_fn (*kquant_band_kernels(int kind, int level))[2] {
 }
 #endif
 
-/* Whether a kind's records are paired where its layer is tiled, so that a decoding step reads two rows of W in one
- * stream: Q4_K 2816 x 1024 took 0.081 ms against 0.096 in rows, Q2_K 8000 x 4096 0.62 against 0.77 (one thread, AMD
- * EPYC). Q6_K's stay in rows, read one row at a time: two rows of it at once, even paired, took 1.9-2.0 ms against
- * 1.4-1.9 on 8000 x 4096, beyond the L2 cache. */
-static inline int kquant_paired(int kind) { return kind != KIND_Q6_K; }
+/* A tiled layer's records are paired, so that a decoding step reads two rows of W in one stream: Q4_K 2816 x 1024
+ * took 0.081 ms against 0.096 in rows, Q2_K 8000 x 4096 0.62 against 0.77, Q6_K 8192 x 1024 0.204 against 0.256
+ * (one thread, AMD EPYC, a call taking every pair of the thread's rows). */
 
 /* Row j of K-quant layer l: its first record (the next super-block's stride bytes on). */
 static inline const uint8_t *kquant_row(const struct linear_args *a, int l, int64_t j, int pairs) {
@@ -563,14 +570,14 @@ static int kquant_band_range(const struct linear_args *a, int l, int64_t first, 
 #endif
 
 /* Rows [first, last) of K-quant layer l (kind) against x's m rows, its records in rows (nsb a row, in order) or paired
- * (a->tiled and kquant_paired: rows 2p and 2p + 1 with their records interleaved, super-block s of row j at record
+ * (a->tiled: rows 2p and 2p + 1 with their records interleaved, super-block s of row j at record
  * 2(p nsb + s) + j % 2), so that two rows are one stream. A prompt with x in bands takes them (kquant_band_range); a
  * decoding step (one row of x), or a prompt where no memory is left, reads the records as they are: two rows of W at
  * a time where they are paired, else one. */
 static void kquant_range(const struct linear_args *a, int l, int64_t first, int64_t last) {
     int kind = a->kinds[l];
     int64_t k = a->k, nb = k / BLOCK, nsb = k / SUPER, n = a->n[l], bytes = kquant_bytes(kind);
-    int pairs = a->tiled && kquant_paired(kind);
+    int pairs = a->tiled;
     int64_t stride = pairs ? 2 * bytes : bytes, next = pairs ? bytes : nsb * bytes; /* next: row j + 1's */
     const float *bias = a->bias[l];
     float *out = a->out[l];
@@ -578,24 +585,26 @@ static void kquant_range(const struct linear_args *a, int l, int64_t first, int6
     if (a->bands && kquant_band_range(a, l, first, last, pairs, stride)) return;
     const kquant_fn *kernels = a->level >= LEVEL_AVX2 ? kquant_kernels(kind, a->level) : NULL;
 #endif
-    for (int64_t j = first; j < last;) {
-        int64_t rows = 1; /* two where they are paired and a kernel takes them */
 #ifdef CPU_X86
-        if (kernels && pairs && j % 2 == 0 && last - j >= 2) rows = 2;
-#endif
+    for (int64_t j = first; kernels && j < last;) { /* a call takes pairs of rows where they are paired, else rows */
+        int64_t rows = pairs && j % 2 == 0 && last - j >= 2 ? 2 : 1;
+        int64_t groups = rows == 2 ? (last - j) / 2 : pairs ? 1 : last - j;
         const uint8_t *row = kquant_row(a, l, j, pairs);
-        float totals[2];
         for (int64_t i = 0; i < a->m; i++) {
-#ifdef CPU_X86
-            if (kernels) {
-                struct kquant_rows t = {row, a->xq + i * k, a->xs + i * nsb, a->corr + i * nb, nsb, next, stride};
-                kernels[rows - 1](&t, totals);
-            } else
-#endif
-                totals[0] = kquant_dot_c(kind, row, stride, a->xq + i * k, a->xs + i * nsb, a->corr + i * nb, nsb);
-            for (int64_t r = 0; r < rows; r++) out[i * n + j + r] = bias ? totals[r] + bias[j + r] : totals[r];
+            struct kquant_rows t = {row,    a->xq + i * k, a->xs + i * nsb,       a->corr + i * nb, nsb, next,
+                                    stride, groups,        rows * nsb * bytes, bias ? bias + j : NULL};
+            kernels[rows - 1](&t, out + i * n + j);
         }
-        j += rows;
+        j += groups * rows;
+    }
+    if (kernels) return;
+#endif
+    for (int64_t j = first; j < last; j++) {
+        const uint8_t *row = kquant_row(a, l, j, pairs);
+        for (int64_t i = 0; i < a->m; i++) {
+            float total = kquant_dot_c(kind, row, stride, a->xq + i * k, a->xs + i * nsb, a->corr + i * nb, nsb);
+            out[i * n + j] = bias ? total + bias[j] : total;
+        }
     }
 }
 

@@ -157,7 +157,7 @@ def linear_kquants_many(x: Tensor, layers: list[tuple[Tensor, str, Tensor | None
                         tiled: bool = False) -> list[Tensor] | None:
     """Each layer's ``x @ W.T + bias`` for K-quant W (``layers``: records ``[out, in / 256 * bytes]`` in
     ``kquant_dot.h``'s layout, the format's name in :data:`KQUANT_KINDS`, bias; at most 8, ``in`` a multiple of 256;
-    ``tiled``: every layer's records paired where :func:`kquant_paired`, ``kernels/kquants/records.py``), ``x``
+    ``tiled``: every layer's records paired, ``kernels/kquants/records.py``), ``x``
     quantized to int8 per super-block of 256 (:func:`quantize_activations`, as llama.cpp's Q8_K), from one call; in
     ``x``'s dtype. None where the kernel does not apply."""
     if len(layers) > MAX_LAYERS:
@@ -170,12 +170,6 @@ def linear_kquants_many(x: Tensor, layers: list[tuple[Tensor, str, Tensor | None
         return lib.int8_linear_kquants(x, rows, k, count, q, kinds, bias, out, n, int(tiled), lvl, workers, scratch)
     return _many("int8_kquants", x, k, [(data, data, bias) for data, _, bias in layers], launch)
 
-
-def kquant_paired(name: str) -> bool:
-    """Whether the kernels take K-quant ``name``'s records paired (``kquant_dot.h``: a decoding step then reads two
-    rows in one stream) where its layer is tiled; False without the library."""
-    lib = _library()
-    return lib is not None and bool(lib.int8_kquant_paired(KQUANT_KINDS[name][0]))
 
 
 TILE_ROWS = 8

@@ -48,8 +48,8 @@ def reference_int8(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 class KQuantLinear(TiledWeights, FormatLayer, nn.Module):
     """``y = x @ W.T + b`` with W held as ``blocks`` (uint8 ``[out, in / 256 * bytes]``: the records of
     ``fmt`` (``q2_k`` .. ``q6_k``), each row's super-blocks in order; tiled in place for the kernel from its first
-    int8 call where ``out`` is even, :class:`TiledWeights`: paired where the kernels take the kind so,
-    :func:`~mase_lite.kernels.int8_activations.cpu_kernel.kquant_paired`). ``in`` is a multiple of 256."""
+    int8 call where ``out`` is even, :class:`TiledWeights`: paired, :func:`~mase_lite.kernels.kquants.records.paired`).
+    ``in`` is a multiple of 256."""
 
     mase_op = "linear"
     _tiled_names = ("blocks",)
@@ -94,10 +94,10 @@ class KQuantLinear(TiledWeights, FormatLayer, nn.Module):
         return F.linear(x, self.dequantized_weight().to(x.dtype), self.bias)
 
     def _tiled_order(self, blocks: Tensor) -> tuple[Tensor]:
-        return (paired(self.fmt["name"], blocks) if int8_kernel.kquant_paired(self.fmt["name"]) else blocks,)
+        return (paired(self.fmt["name"], blocks),)
 
     def _row_order(self, blocks: Tensor) -> tuple[Tensor]:
-        return (in_rows(self.fmt["name"], blocks) if int8_kernel.kquant_paired(self.fmt["name"]) else blocks,)
+        return (in_rows(self.fmt["name"], blocks),)
 
     @staticmethod
     def fused(layers: list[nn.Module]) -> Callable[[Tensor], list[Tensor]] | None:

@@ -18,7 +18,7 @@ its high ones.
 - Q6_K (210 bytes): ``d`` (float16), the scales of the 8 blocks' first 16 codes, then of their last 16 (int8), 4 vectors
   of the codes' low 4 bits, 2 vectors of their high 2 bits (byte-vector t's in vector t % 2 from bit 2(t / 2) up).
 
-The kernels run records in rows or paired (:func:`paired`): rows 2p and 2p + 1 with their records interleaved, so
+A tiled layer holds its records paired (:func:`paired`): rows 2p and 2p + 1 with their records interleaved, so
 that a decoding step reads two rows in one stream.
 
 >>> import torch
