@@ -47,6 +47,14 @@ def _float32(t: Tensor | None) -> bool:
     return t is None or (t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous())
 
 
+def _formats(layers: ctypes.Array, head: _Group) -> tuple:
+    """The weights' formats as the kernels meet them (each group's nibbles, float16 scales, tiling and K-quant kinds):
+    with the sizes, what sets a step's cost, so that steps of other formats are timed apart (a step of Q8_0 weights
+    gains less from a second thread than one of Q4_K's)."""
+    groups = [g for layer in layers for g in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [head]
+    return tuple(sorted({(g.nibbles, g.half, g.tiled, tuple(g.kinds[:g.count])) for g in groups}))
+
+
 class DecoderStep:
     """Logits (or, with a head the kernel does not run, the normed hidden state) of one token from its embedding,
     its keys and values written into the cache at its position. Holds the tensors it points to: the weights as they
@@ -57,7 +65,7 @@ class DecoderStep:
         self.head, self._out = head, out  # out: the size of what a call returns
         lib = _library()
         self._scratch = torch.empty(lib.int8_decoder_scratch(ctypes.byref(model)), dtype=torch.uint8)
-        self._key = ("int8_decoder", model.layers, model.hidden, model.inter, out)
+        self._key = ("int8_decoder", model.layers, model.hidden, model.inter, out, _formats(layers, model.head))
 
     @classmethod
     def of(cls, model: nn.Module, keys: Tensor, values: Tensor, cos: Tensor, sin: Tensor,

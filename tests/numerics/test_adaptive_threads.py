@@ -154,3 +154,39 @@ def test_the_panel_path_runs_torchs_gemm_on_the_count_it_chose(adaptive, monkeyp
         pytest.skip("no native kernel here")
     assert seen == [1, 2] and after == 2
     torch.testing.assert_close(outs[0], outs[1])
+
+
+def test_calls_of_other_formats_are_timed_apart(adaptive, monkeypatch):
+    """Layers of one size in Q4_K and Q6_K, decoding steps of one model's shape with Q4_0 and MXINT8 weights: each a
+    kind of call of its own, so that the timings of one never choose the threads of the other (a step of 8-bit
+    weights gains less from a second thread than one of 4-bit weights)."""
+    import transformers
+
+    from mase_lite.kernels import kquants, mxint8, packed4
+    from mase_lite.kernels.int8_activations import cpu_kernel as int8_kernel
+    from mase_lite.runtime.decoder import Decoder
+
+    monkeypatch.setattr(int8_kernel, "PARALLEL_FROM_MACS", 0)
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
+    decoders = []
+    for pack in (lambda m: packed4.pack_linears(m, "q4_0", activations="int8"),
+                 lambda m: mxint8.pack_linears(m, activations="int8")):
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(config).eval()
+        pack(model)
+        decoders.append(Decoder.of(model, 8))
+    layers = [kquants.KQuantLinear.from_linear(torch.nn.Linear(256, 4), {"name": kind}, activations="int8")
+              for kind in ("q4_k", "q6_k")]
+    count = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with torch.no_grad():
+            outs = [layer(torch.randn(1, 256)) for layer in layers]
+            outs += [decoder(torch.tensor([[3]])) for decoder in decoders]
+    finally:
+        torch.set_num_threads(count)
+    if any(decoder.step is None for decoder in decoders) or outs[0] is None:
+        pytest.skip("no native kernel here")
+    kinds = [key[0] for key in threads._kinds]
+    assert kinds.count("int8_kquants") == 2 and kinds.count("int8_decoder") == 2

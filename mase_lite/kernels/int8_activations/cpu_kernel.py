@@ -73,9 +73,10 @@ _local = threading.local()  # this thread's argument arrays
 
 
 def _many(kind: str, x: Tensor, in_features: int, layers: list[tuple[Tensor, Tensor, Tensor | None]],
-          launch) -> list[Tensor] | None:
+          launch, formats: tuple = ()) -> list[Tensor] | None:
     """Each layer's ``x @ W.T + bias`` (``layers``: weights (a row each), scales, bias; at most 8, all of
-    ``in_features`` inputs) from one call: x quantized once, the layers' rows split over the threads together."""
+    ``in_features`` inputs) from one call: x quantized once, the layers' rows split over the threads together.
+    ``formats``: what else sets the call's cost (its thread count is chosen per kernel, sizes and formats)."""
     prepared = _prepared(x, in_features)
     if prepared is None or len(layers) > MAX_LAYERS:
         return None
@@ -86,7 +87,7 @@ def _many(kind: str, x: Tensor, in_features: int, layers: list[tuple[Tensor, Ten
     biases = [None if bias is None else bias.to(torch.float32).contiguous() for _, _, bias in layers]
     total = sum(sizes)
     most = torch.get_num_threads() if rows * total * in_features >= PARALLEL_FROM_MACS else 1
-    workers, probe = threads.begin((kind, rows, *sizes, in_features, lvl), most)
+    workers, probe = threads.begin((kind, formats, rows, *sizes, in_features, lvl), most)
     arrays = getattr(_local, "arrays", None)
     if arrays is None:  # this thread's argument arrays, filled in place (building them costs microseconds)
         arrays = _local.arrays = (_Pointers(), _Pointers(), _Pointers(), _Pointers(), _Rows())
@@ -168,7 +169,8 @@ def linear_kquants_many(x: Tensor, layers: list[tuple[Tensor, str, Tensor | None
 
     def launch(lib, x, rows, count, q, scales, bias, out, n, lvl, workers, scratch):
         return lib.int8_linear_kquants(x, rows, k, count, q, kinds, bias, out, n, int(tiled), lvl, workers, scratch)
-    return _many("int8_kquants", x, k, [(data, data, bias) for data, _, bias in layers], launch)
+    return _many("int8_kquants", x, k, [(data, data, bias) for data, _, bias in layers], launch,
+                 tuple(name for _, name, _ in layers))
 
 
 

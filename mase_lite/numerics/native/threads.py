@@ -7,10 +7,10 @@ longer on two threads than on one beside two busy processes on two cores, and 2x
 call first takes no more threads than the cores this process may use less the threads running elsewhere
 (:func:`mase_lite.infra.cores.running_elsewhere`, looked at every :data:`LOOK_EVERY` seconds, the median of the latest
 :data:`LOOKS`): what the CLI chooses at its start, kept up to date as the load changes. Where that leaves more than
-one, each kind of call (its ``key``: the kernel and the sizes that set its cost) is timed on the most threads, then on
-one, on its first :data:`PROBE_CALLS` calls and again on that many in every :data:`PROBE_EVERY`, and runs on
-whichever count's mean time over its latest probe was lower (one timing alone is the scheduler's noise on a busy
-machine). The kernels split rows, never a sum, so the count changes no result.
+one, each kind of call (its ``key``: the kernel, sizes and weight formats that set its cost) is timed on the most
+threads, then on one, on its first :data:`PROBE_CALLS` calls and again on that many in every :data:`PROBE_EVERY`, and
+runs on whichever count's mean time over its latest probe was lower (one timing alone is the scheduler's noise on a
+busy machine). The kernels split rows, never a sum, so the count changes no result.
 ``MASE_LITE_ADAPTIVE_THREADS=0`` (or :data:`ADAPTIVE` set false) runs every call on the most.
 
 >>> threads, probe = begin(("doc", 64), 1)
