@@ -500,11 +500,10 @@ static const kquant_band_fn (*kquant_band_kernels(int kind, int level))[2] {
 }
 #endif
 
-/* A tiled layer's records are paired, so that a decoding step reads two rows of W in one stream: Q4_K 2816 x 1024
- * took 0.081 ms against 0.096 in rows, Q2_K 8000 x 4096 0.62 against 0.77, Q6_K 8192 x 1024 0.204 against 0.256
- * (one thread, AMD EPYC, a call taking every pair of the thread's rows). */
-
-/* Row j of K-quant layer l: its first record (the next super-block's stride bytes on). */
+/* Row j of K-quant layer l: its first record (the next super-block's stride bytes on). A tiled layer's records are
+ * paired (`pairs`), so that a decoding step reads two rows of W in one stream: Q4_K 2816 x 1024 took 0.081 ms against
+ * 0.096 in rows, Q2_K 8000 x 4096 0.62 against 0.77, Q6_K 8192 x 1024 0.204 against 0.256 (one thread, AMD EPYC, a
+ * call taking every pair of the thread's rows). */
 static inline const uint8_t *kquant_row(const struct linear_args *a, int l, int64_t j, int pairs) {
     int64_t bytes = kquant_bytes(a->kinds[l]), nsb = a->k / SUPER;
     return a->q[l] + (pairs ? (j - j % 2) * nsb * bytes + j % 2 * bytes : j * nsb * bytes);
@@ -577,8 +576,8 @@ static int kquant_band_range(const struct linear_args *a, int l, int64_t first, 
 /* Rows [first, last) of K-quant layer l (kind) against x's m rows, its records in rows (nsb a row, in order) or paired
  * (a->tiled: rows 2p and 2p + 1 with their records interleaved, super-block s of row j at record
  * 2(p nsb + s) + j % 2), so that two rows are one stream. A prompt with x in bands takes them (kquant_band_range); a
- * decoding step (one row of x), or a prompt where no memory is left, reads the records as they are: two rows of W at
- * a time where they are paired, else one. */
+ * decoding step (one row of x), or a prompt where no memory is left, reads the records as they are, a kernel's call
+ * taking the rows from j on: two rows of W at a time where they are paired, else one. */
 static void kquant_range(const struct linear_args *a, int l, int64_t first, int64_t last) {
     int kind = a->kinds[l];
     int64_t k = a->k, nb = k / BLOCK, nsb = k / SUPER, n = a->n[l], bytes = kquant_bytes(kind);
@@ -589,8 +588,6 @@ static void kquant_range(const struct linear_args *a, int l, int64_t first, int6
 #ifdef CPU_X86
     if (a->bands && kquant_band_range(a, l, first, last, pairs, stride)) return;
     const kquant_fn *kernels = a->level >= LEVEL_AVX2 ? kquant_kernels(kind, a->level) : NULL;
-#endif
-#ifdef CPU_X86
     for (int64_t j = first; kernels && j < last;) { /* a call takes pairs of rows where they are paired, else rows */
         int64_t rows = pairs && j % 2 == 0 && last - j >= 2 ? 2 : 1;
         int64_t groups = rows == 2 ? (last - j) / 2 : pairs ? 1 : last - j;
