@@ -130,8 +130,8 @@ int int8_linear_codes(const float *x, int64_t m, int64_t k, int count, const int
 
 /* The same for GGML's K-quants (kquant_dot.h: x quantized per super-block of 256, as llama.cpp's Q8_K): q[l] n[l] rows
  * of k / 256 records of kinds[l] (KIND_Q2_K .. KIND_Q6_K; k a multiple of 256); `tiled`: every layer's records paired
- * (n[l] even). scratch: int8_scratch_bytes(m, k, 1) bytes, where a prompt
- * (m > 1, a vector level) also lays x out in bands of 8 rows. */
+ * (n[l] even). scratch: int8_scratch_bytes(m, k, 1) bytes, where a prompt (m > 1, a vector level) also lays x out in
+ * bands of 8 rows. */
 int int8_linear_kquants(const float *x, int64_t m, int64_t k, int count, const uint8_t *const *q, const int *kinds,
                         const float *const *bias, float *const *out, const int64_t *n, int tiled, int level,
                         int threads, void *scratch) {

@@ -173,7 +173,6 @@ def linear_kquants_many(x: Tensor, layers: list[tuple[Tensor, str, Tensor | None
                  tuple(name for _, name, _ in layers))
 
 
-
 TILE_ROWS = 8
 
 
