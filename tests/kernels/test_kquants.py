@@ -223,6 +223,17 @@ def test_same_bits_at_every_level_thread_count_and_batch(kind, monkeypatch):
 
 
 @native
+@pytest.mark.parametrize("kind", ("q4_k", "q5_k", "q6_k"))
+def test_a_prompt_past_a_run_of_bands_has_each_rows_bits_alone(kind):
+    layer = packed(kind, rows=6, columns=4096)  # 4096 inputs: a run of bands is 128 rows of x (BAND_X_BYTES)
+    x = torch.randn(137, 4096)  # two runs, the last band of one row; rows of W by 4, then 2
+    with torch.no_grad():
+        together = layer(x)
+        alone = torch.cat([layer(x[i:i + 1]) for i in range(137)])
+    assert torch.equal(bits32(together), bits32(alone))
+
+
+@native
 @pytest.mark.parametrize("kind", KINDS)
 def test_follows_the_reference_for_dtypes_and_ranks(kind):
     layer = packed(kind, rows=11, columns=256)
