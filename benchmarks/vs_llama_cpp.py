@@ -10,6 +10,8 @@ tool's ``iq4_nl``, packed as 4-bit codes with its 16-value table).
 Each round times every (type, threads) pair once per tool, the tools in turn, so drifting load hits them alike:
 prefill is tokens per second over a 512-token prompt (llama-bench's pp512; its n_batch 512), decode is tokens per second
 over N tokens after a short prompt (llama-bench's tgN from an empty cache; the tool's decoder after 8 prompt tokens).
+Each tool warms up in each round before its timed runs, as llama-bench does: the whole prompt once, one token (the
+first prompt after the other tool's run took the tool 5-10 % longer than the next on an Intel Xeon).
 Ratios (tool / llama.cpp, above 1: the tool faster) are per round, given as the median and the range.
 
     python benchmarks/vs_llama_cpp.py --llama-bench /path/to/llama-bench          # 1 and 2 threads, 5 rounds
@@ -94,14 +96,17 @@ def packed_decoder(model: torch.nn.Module, packing: str, max_length: int):
 
 
 def tool_rates(decoder, prompt: torch.Tensor, start: torch.Tensor, tokens: int) -> tuple[float, float]:
-    """The tool's prefill and decode tokens per second."""
+    """The tool's prefill and decode tokens per second, each after a warm-up as llama-bench's (in the same process,
+    before its timed runs: the whole prompt once, one generated token)."""
     with torch.no_grad():
-        decoder.reset()
-        began = time.perf_counter()
-        decoder(prompt)
-        prefill = prompt.shape[1] / (time.perf_counter() - began)
+        for _ in range(2):  # the first run is the warm-up
+            decoder.reset()
+            began = time.perf_counter()
+            decoder(prompt)
+            prefill = prompt.shape[1] / (time.perf_counter() - began)
         decoder.reset()
         token = torch.argmax(decoder(start)).view(1, 1)
+        token = torch.argmax(decoder(token)).view(1, 1)  # the warm-up token
         began = time.perf_counter()
         for _ in range(tokens):
             token = torch.argmax(decoder(token)).view(1, 1)
