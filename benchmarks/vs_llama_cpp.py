@@ -18,7 +18,10 @@ Ratios (tool / llama.cpp, above 1: the tool faster) are per round, given as the 
     python benchmarks/vs_llama_cpp.py --llama-bench ... --busy 2                  # beside two busy processes
     python benchmarks/vs_llama_cpp.py --llama-bench ... --layers 2 --rounds 1     # a quick look
 
-llama-bench comes with llama.cpp (``cmake --build build --target llama-bench``); ``$LLAMA_BENCH`` names it too.
+llama-bench comes with llama.cpp (``cmake --build build --target llama-bench``); ``$LLAMA_BENCH`` names it too. Where
+the CPU has AMX but the kernel does not grant a process its tiles (a VM: llama-bench dies of a general protection fault
+at ``ldtilecfg``), build it without AMX: ``-DGGML_NATIVE=OFF`` with ``-DGGML_AVX2=ON -DGGML_AVX512=ON
+-DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON``.
 """
 
 from __future__ import annotations
