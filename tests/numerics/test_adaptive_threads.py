@@ -157,12 +157,12 @@ def test_the_panel_path_runs_torchs_gemm_on_the_count_it_chose(adaptive, monkeyp
 
 
 def test_calls_of_other_formats_are_timed_apart(adaptive, monkeypatch):
-    """Layers of one size in Q4_K and Q6_K, decoding steps of one model's shape with Q4_0 and MXINT8 weights: each a
-    kind of call of its own, so that the timings of one never choose the threads of the other (a step of 8-bit
-    weights gains less from a second thread than one of 4-bit weights)."""
+    """Layers of one size in Q4_K and Q6_K, in MXINT8 and Q8_0, decoding steps of one model's shape with Q4_0 and
+    MXINT8 weights: each a kind of call of its own, so that the timings of one never choose the threads of the other
+    (a step of 8-bit weights gains less from a second thread than one of 4-bit weights)."""
     import transformers
 
-    from mase_lite.kernels import kquants, mxint8, packed4
+    from mase_lite.kernels import kquants, mxint8, packed4, q8_0
     from mase_lite.kernels.int8_activations import cpu_kernel as int8_kernel
     from mase_lite.runtime.decoder import Decoder
 
@@ -178,6 +178,11 @@ def test_calls_of_other_formats_are_timed_apart(adaptive, monkeypatch):
         decoders.append(Decoder.of(model, 8))
     layers = [kquants.KQuantLinear.from_linear(torch.nn.Linear(256, 4), {"name": kind}, activations="int8")
               for kind in ("q4_k", "q6_k")]
+    for pack in (lambda m: mxint8.pack_linears(m, activations="int8"),
+                 lambda m: q8_0.pack_linears(m, activations="int8")):
+        coded = torch.nn.Sequential(torch.nn.Linear(256, 4))
+        pack(coded)
+        layers.append(coded[0])
     count = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -189,4 +194,4 @@ def test_calls_of_other_formats_are_timed_apart(adaptive, monkeypatch):
     if any(decoder.step is None for decoder in decoders) or outs[0] is None:
         pytest.skip("no native kernel here")
     kinds = [key[0] for key in threads._kinds]
-    assert kinds.count("int8_kquants") == 2 and kinds.count("int8_decoder") == 2
+    assert kinds.count("int8_kquants") == 2 and kinds.count("int8_decoder") == 2 and kinds.count("int8_codes") == 2

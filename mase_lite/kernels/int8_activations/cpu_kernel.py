@@ -123,7 +123,7 @@ def linear_nibbles_many(x: Tensor, layers: list[tuple[Tensor, Tensor, Tensor | N
     def launch(lib, x, rows, count, q, scales, bias, out, n, lvl, workers, scratch):
         return lib.int8_linear_nibbles(x, rows, in_features, count, q, scales, int(half), bias, out, n,
                                        itable.data_ptr(), unit, int(tiled), lvl, workers, scratch)
-    return _many("int8_nibbles", x, in_features, layers, launch)
+    return _many("int8_nibbles", x, in_features, layers, launch, (half, tiled))
 
 
 def linear_codes(x: Tensor, codes: Tensor, scales: Tensor, bias: Tensor | None, tiled: bool = False) -> Tensor | None:
@@ -145,7 +145,7 @@ def linear_codes_many(x: Tensor, layers: list[tuple[Tensor, Tensor, Tensor | Non
     def launch(lib, x, rows, count, q, scales, bias, out, n, lvl, workers, scratch):
         return lib.int8_linear_codes(x, rows, layers[0][0].shape[1], count, q, scales, int(half), bias, out, n,
                                      int(tiled), lvl, workers, scratch)
-    return _many("int8_codes", x, layers[0][0].shape[1], layers, launch)
+    return _many("int8_codes", x, layers[0][0].shape[1], layers, launch, (half, tiled))
 
 
 KQUANT_KINDS = {"q2_k": (4, 84), "q3_k": (5, 114), "q4_k": (1, 148), "q5_k": (3, 180), "q6_k": (2, 210)}
