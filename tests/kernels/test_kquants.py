@@ -187,16 +187,17 @@ def transcribed(kind, layer, x_row):
 @native
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_output_is_the_documented_arithmetic_exactly(kind, monkeypatch):
-    """Every tile of the kernels: 7 rows of W (pairs and the one left over) against batches of 7, 6, 5 and 1
-    rows of x (tiles of 4 rows of x and 3, 2 or 1 left over; a row alone is a decoding step)."""
+    """Every tile of the kernels: 7 rows of W (a prompt's by 4, 2 and 1; a decoding step's by pairs and the one left
+    over) against batches of 43, 40, 24, 7 and 1 rows of x: bands of 8 rows, the last of 3 or 7, and AVX-512's pairs
+    of bands, two at a time and one, the last with one band or none past m."""
     layer = packed(kind, rows=7, columns=512)
-    x = torch.randn(7, 512) * torch.linspace(0.01, 30, 512) * torch.arange(1, 8)[:, None]
+    x = torch.randn(43, 512) * torch.linspace(0.01, 30, 512) * torch.arange(1, 44)[:, None] / 6
     x[:, 40:64] = 0  # an all-zero block of x: scale 0
     expected = torch.stack([transcribed(kind, layer, row) for row in x])
     for level in cpu.available_levels():
         monkeypatch.setenv(cpu.LEVEL_ENV, level)
         with torch.no_grad():
-            for rows in (7, 6, 5):
+            for rows in (43, 40, 24, 7):
                 assert torch.equal(bits32(layer(x[:rows])), bits32(expected[:rows])), (level, rows)
             for i in range(7):
                 assert torch.equal(bits32(layer(x[i:i + 1])), bits32(expected[i:i + 1])), (level, i)

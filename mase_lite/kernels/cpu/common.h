@@ -3,7 +3,8 @@
  *
  * Levels: bit LEVEL_C always; LEVEL_AVX2 where the CPU has AVX2, FMA and F16C; LEVEL_AVX512 where it has those and
  * AVX-512 F, BW and VL (__builtin_cpu_supports also checks that the OS saves the vector registers). The int8 dot
- * products of LEVEL_AVX512 take AVX-512 VNNI on 256-bit vectors where the CPU has it (cpu_vnni). */
+ * products of LEVEL_AVX512 take AVX-512 VNNI where the CPU has it (cpu_vnni): on 256-bit vectors, and a K-quant
+ * prompt's on 512-bit ones (kquant_dot.h). */
 #ifndef MASE_LITE_KERNELS_COMMON_H
 #define MASE_LITE_KERNELS_COMMON_H
 #include <stdint.h>
@@ -33,7 +34,7 @@ static inline int cpu_levels(void) {
     return levels;
 }
 
-/* Whether the CPU has AVX-512 VNNI on 256-bit vectors. */
+/* Whether the CPU has AVX-512 VNNI, on 256-bit vectors too. */
 static inline int cpu_vnni(void) {
 #ifdef CPU_X86
     __builtin_cpu_init();

@@ -468,7 +468,7 @@ struct linear_args {
     const int8_t *xq;
     const float *xs;
     const int32_t *corr;
-    const void *bands; /* K-quants: a prompt's x in bands (kquant_dot.h's struct kquant_band), or NULL */
+    const void *bands; /* K-quants: a prompt's x in pairs of bands (kquant_dot.h's struct kquant_band), or NULL */
     int64_t m, k;
     int level;
 };

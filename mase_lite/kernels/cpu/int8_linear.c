@@ -27,8 +27,9 @@
  * (a decoding step) as by many; weights in rows are formed and transposed once per run of rows of x, and one row of x
  * meets each row's whole block instead, its eight lanes summed across the tile's rows.
  *
- * Three levels, chosen by the caller from cpu_kernels_levels(): plain C, AVX2 and AVX-512 (VNNI on 256-bit vectors
- * where the CPU has it, else AVX2's instructions). Compiled without -ffast-math and with C11 (no contraction).
+ * Three levels, chosen by the caller from cpu_kernels_levels(): plain C, AVX2 and AVX-512 (VNNI where the CPU has
+ * it, else AVX2's instructions; on 256-bit vectors, a K-quant prompt's on 512-bit ones). Compiled without
+ * -ffast-math and with C11 (no contraction).
  */
 #include "int8_dot.h"
 
@@ -65,7 +66,7 @@ static int whole_tiles(const int64_t *n, int count, int tiled, int64_t rows) {
 size_t int8_scratch_bytes(int64_t m, int64_t k, int kquants) {
     size_t bytes = (size_t)(m * k + m * k / 4);
 #ifdef CPU_X86
-    if (kquants && m > 1) bytes += 31 + (size_t)((m + 7) / 8) * (size_t)(k / SUPER) * sizeof(struct kquant_band);
+    if (kquants && m > 1) bytes += 63 + (size_t)((m + 15) / 16) * (size_t)(k / SUPER) * sizeof(struct kquant_band);
 #endif
     return bytes;
 }
@@ -87,8 +88,8 @@ static void run(struct linear_args *a, const float *x, int threads, void *scratc
 #ifdef CPU_X86
     if (a->kinds && a->m > 1 && a->level >= LEVEL_AVX2) { /* a K-quant prompt: x in bands, after x's codes */
         size_t codes = int8_scratch_bytes(a->m, a->k, 0);
-        a->bands = (void *)(((uintptr_t)scratch + codes + 31) & ~(uintptr_t)31);
-        split_rows(bands_part, a, (a->m + 7) / 8, 1, mk >= QUANTIZE_PARALLEL ? threads : 1);
+        a->bands = (void *)(((uintptr_t)scratch + codes + 63) & ~(uintptr_t)63);
+        split_rows(bands_part, a, (a->m + 15) / 16, 1, mk >= QUANTIZE_PARALLEL ? threads : 1);
     }
 #endif
     split_rows(rows_part, a, total_rows(a), row_align(a), threads);
@@ -131,7 +132,7 @@ int int8_linear_codes(const float *x, int64_t m, int64_t k, int count, const int
 /* The same for GGML's K-quants (kquant_dot.h: x quantized per super-block of 256, as llama.cpp's Q8_K): q[l] n[l] rows
  * of k / 256 records of kinds[l] (KIND_Q2_K .. KIND_Q6_K; k a multiple of 256); `tiled`: every layer's records paired
  * (n[l] even). scratch: int8_scratch_bytes(m, k, 1) bytes, where a prompt (m > 1, a vector level) also lays x out in
- * bands of 8 rows. */
+ * pairs of bands of 8 rows. */
 int int8_linear_kquants(const float *x, int64_t m, int64_t k, int count, const uint8_t *const *q, const int *kinds,
                         const float *const *bias, float *const *out, const int64_t *n, int tiled, int level,
                         int threads, void *scratch) {
