@@ -30,6 +30,7 @@ import contextlib
 import io
 import json
 import logging
+import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,8 +78,15 @@ def write(mg, path: str | Path, tokenizer: Any = None) -> dict[str, Any]:
     dq = {name: spec for name, spec in dq.items() if spec is not None}
     with _quiet_exporter():
         program, inputs, outputs = inference_program(mg, TARGET, unpack=True)
-        program = torch.onnx.export(program, dynamo=True, optimize=False, opset_version=OPSET, input_names=inputs,
-                                    output_names=outputs, custom_translation_table=_translations(), verbose=False)
+        _copies_before_reshapes(program)
+        try:
+            program = torch.onnx.export(program, dynamo=True, optimize=False, opset_version=OPSET, input_names=inputs,
+                                        output_names=outputs, custom_translation_table=_translations(), verbose=False)
+        except Exception as err:  # torch.onnx's refusal, in one line (its summary names the cause)
+            lines = str(err).splitlines() or [type(err).__name__]
+            cause = next((line for line in lines if line.startswith("<class '")), lines[0])
+            cause = re.sub(r"^<class '(?:\w+\.)*(\w+)'>", r"\1", cause)
+            raise ExportError(f"{TARGET}: torch.onnx cannot convert this model: {cause}") from None
     proto = program.model_proto
     prefix = "model."
     replaced = _replace_initializers(onnx, proto, dq, prefix)
@@ -102,6 +110,23 @@ def is_export(path: Path) -> bool:
         end += 1
     marker = bytes([0x12, len(PRODUCER)]) + PRODUCER.encode()
     return head[:1] == b"\x08" and head[end + 1:end + 1 + len(marker)] == marker
+
+
+def _copies_before_reshapes(program: torch.export.ExportedProgram) -> None:
+    """A contiguous copy of each computed tensor a reshape or view takes. torch.onnx decomposes attention into plain
+    products, whose outputs are laid out otherwise than the fused kernel's it was traced with, and then turned T5's
+    reshape of a transposed attention output into a view it cannot take ("Cannot view a tensor with shape ..."). ONNX
+    has no strides: a copy is an Identity, which onnxruntime removes."""
+    graph = program.graph
+    for node in list(graph.nodes):
+        source = node.args[0] if node.target in (torch.ops.aten.reshape.default, torch.ops.aten.view.default) else None
+        if isinstance(source, torch.fx.Node) and source.op == "call_function":
+            with graph.inserting_before(node):
+                copy = graph.call_function(torch.ops.aten.clone.default, (source,),
+                                           {"memory_format": torch.contiguous_format})
+            copy.meta["val"] = source.meta["val"].clone(memory_format=torch.contiguous_format)
+            node.replace_input_with(source, copy)
+    program.graph_module.recompile()
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, T5Config, T5ForConditionalGeneration
 
 import mase_lite as ml
 from mase_lite import UserError
@@ -88,6 +88,31 @@ def test_logits_equal_the_tools_within_float32_accumulation(exported):
     assert 1e-5 * np.abs(ours).max() < np.abs(default - ours).max() < 0.02 * np.abs(ours).max()
 
 
+def test_an_encoder_decoder_exports_and_runs_at_other_sizes(tmp_path):
+    """T5 (its attention output transposed, then reshaped), W8 per channel: onnxruntime's logits are the tool's at
+    a batch and lengths other than the example's, encoder and decoder apart, within float32 accumulation."""
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=1,
+                                                num_heads=4, decoder_start_token_id=0)).eval()
+    mg = ml.MaseGraph(model, hf_input_names=["input_ids", "attention_mask", "decoder_input_ids"])
+    w8 = {"name": "scaled_integer", "width": 8, "granularity": "channel"}
+    mg, _ = ml.passes.quantize(mg, {"by": "type", "rules": {"linear": {"weight": w8}}})
+    info = export(mg, "onnx", tmp_path / "t5.onnx")
+    assert info["inputs"] == ["input_ids", "attention_mask", "decoder_input_ids"] and info["outputs"] == ["logits"]
+    assert len(info["dequantize_linear"]) == 17  # every Linear: 6 in the encoder, 10 in the decoder, the head
+    feed = {"input_ids": torch.randint(0, 100, (2, 7)), "attention_mask": torch.ones(2, 7, dtype=torch.long),
+            "decoder_input_ids": torch.randint(0, 100, (2, 4))}
+    feed["attention_mask"][1, 5:] = 0
+    with torch.no_grad():
+        ours = mg.model(**feed).logits.numpy()
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "1")
+    (logits,) = ort.InferenceSession(str(tmp_path / "t5.onnx"), options).run(
+        ["logits"], {k: v.numpy() for k, v in feed.items()})
+    assert logits.shape == (2, 4, 100)
+    assert np.abs(logits - ours).max() <= 1e-5 * np.abs(ours).max()
+
+
 def test_the_model_is_left_as_it_was(exported):
     mg, _, _ = exported
     layer = mg.model.get_submodule("model.layers.0.self_attn.q_proj")
@@ -133,3 +158,18 @@ def test_a_format_onnx_has_no_operator_for_is_refused_before_anything_is_written
                                         r"8-bit scaled_integer per tensor with a static scale and full_range true"):
         export(mm, "onnx", tmp_path / "m.onnx")
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_a_model_torch_onnx_cannot_convert_is_refused_in_one_line(exported, tmp_path, monkeypatch):
+    """torch.onnx's many-line report (here a stand-in's) becomes one ExportError naming its cause; nothing is
+    written."""
+    def refuse(*args, **kwargs):
+        raise RuntimeError("Failed to decompose the FX graph for ONNX compatibility.\n- Create an issue ...\n\n"
+                           "## Exception summary\n\n<class 'ValueError'>: Cannot view a tensor with shape [2, 3]\n")
+    monkeypatch.setattr(torch.onnx, "export", refuse)
+    mg = exported[0]
+    with pytest.raises(UserError) as refused:
+        export(mg, "onnx", tmp_path / "m.onnx")
+    assert str(refused.value) == ("onnx: torch.onnx cannot convert this model: "
+                                  "ValueError: Cannot view a tensor with shape [2, 3]")
+    assert list(tmp_path.iterdir()) == []
