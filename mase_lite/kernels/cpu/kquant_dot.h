@@ -567,7 +567,8 @@ AVX2 static void kquant_store(const float *totals, int64_t apart, int64_t rows, 
  * where no memory is left to form rows (nothing done). */
 static int kquant_band_range(const struct linear_args *a, int l, int64_t first, int64_t last, int pairs,
                              int64_t stride) {
-    int kind = a->kinds[l], per = vnni_at(a->level) ? 2 : 1, widest = per;
+    int kind = a->kinds[l], vnni = vnni_at(a->level);
+    int per = vnni ? 2 : 1, widest = vnni ? 2 : 1; /* bands a unit; units a tile (AVX2's 16 registers take one) */
     int64_t k = a->k, nsb = k / SUPER, n = a->n[l], bands = (a->m + 7) / 8, units = (bands + per - 1) / per;
     int64_t run = max64(1, BAND_X_BYTES / k / 8 / per);
     struct kquant_formed *formed = aligned_alloc(32, 4 * (size_t)nsb * sizeof *formed);
