@@ -334,7 +334,7 @@ static const kquant_fn *kquant_kernels(int kind, int level) {
 /* Prompts. x in bands of 8 rows (rows past m zero), laid out in pairs of bands, a pair's super-block as kquant_band:
  * vector i * 8 + t holds in dword j the 4 codes of row j's byte-vector t, lane i (codes 4t..4t+3 of block i); corr[i]
  * in dword j row j's corr of block i; xs[j] row j's scale; rows 0-7 the first band's, 8-15 the second's. A band is
- * either half of each: AVX2's tiles read one band (BAND_VIEW: its vectors 64 bytes apart), AVX-512's a pair. */
+ * either half of each: AVX2's tiles read one band (band_view: its vectors 64 bytes apart), AVX-512's a pair. */
 struct kquant_band {
     _Alignas(64) int8_t q[64][64];
     int32_t corr[8][16];
@@ -354,7 +354,7 @@ AVX2 static void kquant_bands(const int8_t *xq, const float *xs, const int32_t *
     for (int64_t band = 2 * first; band < 2 * last; band++)
         for (int64_t s = 0; s < nsb; s++) {
             struct kquant_band *out = pairs + band / 2 * nsb + s;
-            int64_t rows = max64(0, min64(8, m - 8 * band)), half = 8 * (band % 2);
+            int64_t rows = max64(0, min64(8, m - 8 * band)), lane = 8 * (band % 2); /* of its first row */
             __m256i v[8], w[8];
             float scales[8] = {0};
             for (int t = 0; t < 8; t++) {
@@ -362,7 +362,7 @@ AVX2 static void kquant_bands(const int8_t *xq, const float *xs, const int32_t *
                     v[j] = j < rows ? _mm256_loadu_si256((const __m256i *)(xq + (8 * band + j) * k + s * SUPER) + t)
                                     : _mm256_setzero_si256();
                 transpose8(v, w);
-                for (int i = 0; i < 8; i++) _mm256_store_si256((__m256i *)(out->q[8 * i + t] + 4 * half), w[i]);
+                for (int i = 0; i < 8; i++) _mm256_store_si256((__m256i *)(out->q[8 * i + t] + 4 * lane), w[i]);
             }
             for (int j = 0; j < 8; j++) {
                 v[j] = j < rows ? _mm256_loadu_si256((const __m256i *)(corr + (8 * band + j) * (k / BLOCK) + 8 * s))
@@ -370,8 +370,8 @@ AVX2 static void kquant_bands(const int8_t *xq, const float *xs, const int32_t *
                 if (j < rows) scales[j] = xs[(8 * band + j) * nsb + s];
             }
             transpose8(v, w);
-            for (int i = 0; i < 8; i++) _mm256_store_si256((__m256i *)(out->corr[i] + half), w[i]);
-            memcpy(out->xs + half, scales, sizeof scales);
+            for (int i = 0; i < 8; i++) _mm256_store_si256((__m256i *)(out->corr[i] + lane), w[i]);
+            memcpy(out->xs + lane, scales, sizeof scales);
         }
 }
 
